@@ -1,0 +1,206 @@
+package payment
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Errors of the client, matched with errors.Is.
+var (
+	// ErrUnavailable means the outcome is unknown (5xx, 429, timeout, lost
+	// connection): retry with the same key, or look the key up.
+	ErrUnavailable = errors.New("payment channel unavailable, outcome unknown")
+	// ErrRejected means the channel refused the request without acting on it
+	// (400, 422 idempotency key reused, 422 refund invalid, …).
+	ErrRejected = errors.New("payment channel rejected the request")
+	// ErrNotFound means the channel holds nothing under the key or charge id.
+	ErrNotFound = errors.New("payment channel has no such charge or refund")
+)
+
+// maxResponseBody bounds what the client reads from one response.
+const maxResponseBody = 1 << 20
+
+// StatusError is a non-success HTTP answer of the channel. It unwraps to
+// ErrUnavailable, ErrRejected or ErrNotFound according to its status.
+type StatusError struct {
+	// StatusCode is the HTTP status the channel answered.
+	StatusCode int
+	// Code is the problem's stable code, e.g. "idempotency_key_reused".
+	Code string
+	// Detail is the problem's detail, or the start of a non-problem body.
+	Detail string
+	// RetryAfter is the channel's Retry-After hint, zero when absent.
+	RetryAfter time.Duration
+}
+
+// Error describes the answer in one line.
+func (e *StatusError) Error() string {
+	msg := fmt.Sprintf("payment channel answered %d", e.StatusCode)
+	if e.Code != "" {
+		msg += " " + e.Code
+	}
+	if e.Detail != "" {
+		msg += ": " + e.Detail
+	}
+	return msg
+}
+
+// Unwrap classifies the status so that callers can use errors.Is.
+func (e *StatusError) Unwrap() error {
+	switch {
+	case e.StatusCode == http.StatusNotFound:
+		return ErrNotFound
+	case e.StatusCode == http.StatusRequestTimeout,
+		e.StatusCode == http.StatusConflict, // request_in_progress: the first attempt is still running
+		e.StatusCode == http.StatusTooEarly,
+		e.StatusCode == http.StatusTooManyRequests,
+		e.StatusCode >= 500:
+		return ErrUnavailable
+	case e.StatusCode >= 400:
+		return ErrRejected
+	default: // an unexpected 1xx/2xx/3xx tells us nothing definitive
+		return ErrUnavailable
+	}
+}
+
+// Client calls a payment channel over HTTP. It never retries: the caller owns
+// the retry policy and must resend the same idempotency key.
+type Client struct {
+	baseURL    string
+	httpClient *http.Client
+}
+
+// NewClient returns a client for the channel at baseURL (e.g.
+// "http://127.0.0.1:8081"). A nil httpClient gets one with a 30s timeout.
+func NewClient(baseURL string, httpClient *http.Client) *Client {
+	if httpClient == nil {
+		httpClient = &http.Client{Timeout: 30 * time.Second}
+	}
+	return &Client{baseURL: strings.TrimRight(baseURL, "/"), httpClient: httpClient}
+}
+
+// Charge asks the channel to charge req under the idempotency key. A declined
+// charge is a definitive outcome: it is returned with Status "declined" and a
+// nil error. ErrUnavailable means the charge may or may not have been made.
+func (c *Client) Charge(ctx context.Context, key string, req ChargeRequest) (Result[Charge], error) {
+	httpReq, err := c.newPost(ctx, "/v1/charges", key, req)
+	if err != nil {
+		return Result[Charge]{}, err
+	}
+	return send[Charge](c, httpReq, http.StatusOK, http.StatusCreated, http.StatusPaymentRequired)
+}
+
+// LookupCharge returns the charge the channel made under the idempotency key,
+// or ErrNotFound when no charge was made: how recovery learns the real outcome.
+func (c *Client) LookupCharge(ctx context.Context, key string) (Charge, error) {
+	httpReq, err := c.newLookup(ctx, "/v1/charges", key)
+	if err != nil {
+		return Charge{}, err
+	}
+	res, err := send[Charge](c, httpReq, http.StatusOK)
+	return res.Value, err
+}
+
+// Refund asks the channel to refund req under the idempotency key.
+// ErrNotFound means the charge is unknown; ErrRejected covers a refund of a
+// declined charge or of more than remains refundable.
+func (c *Client) Refund(ctx context.Context, key string, req RefundRequest) (Result[Refund], error) {
+	httpReq, err := c.newPost(ctx, "/v1/refunds", key, req)
+	if err != nil {
+		return Result[Refund]{}, err
+	}
+	return send[Refund](c, httpReq, http.StatusOK, http.StatusCreated)
+}
+
+// LookupRefund returns the refund the channel made under the idempotency key,
+// or ErrNotFound when none was made.
+func (c *Client) LookupRefund(ctx context.Context, key string) (Refund, error) {
+	httpReq, err := c.newLookup(ctx, "/v1/refunds", key)
+	if err != nil {
+		return Refund{}, err
+	}
+	res, err := send[Refund](c, httpReq, http.StatusOK)
+	return res.Value, err
+}
+
+func (c *Client) newPost(ctx context.Context, path, key string, body any) (*http.Request, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return nil, fmt.Errorf("encoding %s body: %w", path, err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.baseURL+path, bytes.NewReader(b))
+	if err != nil {
+		return nil, fmt.Errorf("building %s request: %w", path, err)
+	}
+	// Without GetBody, net/http cannot silently resend a POST carrying an
+	// Idempotency-Key on a dead keep-alive connection: retries stay the caller's.
+	req.GetBody = nil
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	return req, nil
+}
+
+func (c *Client) newLookup(ctx context.Context, path, key string) (*http.Request, error) {
+	u := c.baseURL + path + "?" + url.Values{"idempotency_key": {key}}.Encode()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, fmt.Errorf("building %s lookup: %w", path, err)
+	}
+	req.Header.Set("Accept", "application/json")
+	return req, nil
+}
+
+// send performs one exchange; a status in definitive has a T as its body.
+func send[T any](c *Client, req *http.Request, definitive ...int) (Result[T], error) {
+	resp, err := c.httpClient.Do(req)
+	if err != nil {
+		return Result[T]{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBody))
+	if err != nil {
+		// A response cut short may follow an action taken: outcome unknown.
+		return Result[T]{}, fmt.Errorf("%w: reading %d response: %w", ErrUnavailable, resp.StatusCode, err)
+	}
+	if !slices.Contains(definitive, resp.StatusCode) {
+		return Result[T]{}, newStatusError(resp, body)
+	}
+	var v T
+	if err := json.Unmarshal(body, &v); err != nil {
+		return Result[T]{}, fmt.Errorf("%w: decoding %d response: %w", ErrUnavailable, resp.StatusCode, err)
+	}
+	replayed := strings.EqualFold(resp.Header.Get("Idempotent-Replayed"), "true")
+	return Result[T]{Value: v, Replayed: replayed}, nil
+}
+
+func newStatusError(resp *http.Response, body []byte) *StatusError {
+	e := &StatusError{StatusCode: resp.StatusCode}
+	var problem struct {
+		Code   string `json:"code"`
+		Title  string `json:"title"`
+		Detail string `json:"detail"`
+	}
+	if json.Unmarshal(body, &problem) == nil && (problem.Code != "" || problem.Detail != "") {
+		e.Code, e.Detail = problem.Code, problem.Detail
+		if e.Detail == "" {
+			e.Detail = problem.Title
+		}
+	} else {
+		e.Detail = strings.TrimSpace(string(body[:min(len(body), 200)]))
+	}
+	if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs > 0 {
+		e.RetryAfter = time.Duration(secs) * time.Second
+	}
+	return e
+}
