@@ -1,0 +1,183 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/orderservice/orderservice/internal/database"
+	"github.com/orderservice/orderservice/internal/httpapi"
+	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/order"
+	"github.com/orderservice/orderservice/internal/payment"
+	"github.com/orderservice/orderservice/internal/payment/channel"
+)
+
+// Run is the whole program: `orderservice` serves until ctx ends,
+// `orderservice migrate` applies the migrations and exits.
+func Run(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
+	cfg, err := LoadConfig(environ)
+	if err != nil {
+		return err
+	}
+	level, _ := cfg.slogLevel()
+	logger := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: level}))
+
+	cmd := "serve"
+	if len(args) > 0 {
+		cmd = args[0]
+	}
+	switch cmd {
+	case "serve":
+		m, err := Start(ctx, cfg, logger)
+		if err != nil {
+			return err
+		}
+		<-ctx.Done()
+		logger.Info("shutting down")
+		return m.Close()
+	case "migrate":
+		db, err := database.Open(ctx, cfg.DatabaseURL, database.Options{MaxConns: 1, StatementTimeout: time.Minute, LockTimeout: time.Minute})
+		if err != nil {
+			return err
+		}
+		defer database.Close(db)
+		v, err := database.Migrate(cfg.DatabaseURL)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "database schema at version %d\n", v)
+		return nil
+	}
+	return fmt.Errorf("unknown command %q (want serve or migrate)", cmd)
+}
+
+// Main is a running service. Tests start it on 127.0.0.1:0 and Close it.
+type Main struct {
+	Config Config
+	Logger *slog.Logger
+	DB     *gorm.DB
+	Orders *order.Service
+	// Addr is the address the order API listens on.
+	Addr string
+	// Channel is the embedded mock payment channel, nil when
+	// PAYMENT_CHANNEL_URL names an external one.
+	Channel     *channel.Server
+	ChannelAddr string
+
+	servers []*http.Server
+	stop    context.CancelFunc
+	workers sync.WaitGroup
+}
+
+// Start opens the database (creating it if missing), applies migrations,
+// binds the listeners (so a bind error shows now, not later) and starts
+// serving and sweeping.
+func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Main, error) {
+	m := &Main{Config: cfg, Logger: logger}
+	if err := m.start(ctx); err != nil {
+		m.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+func (m *Main) start(ctx context.Context) error {
+	cfg := m.Config
+	db, err := database.Open(ctx, cfg.DatabaseURL, database.Options{
+		MaxConns: cfg.DBMaxConns, StatementTimeout: cfg.DBStatementTimeout, LockTimeout: cfg.DBLockTimeout})
+	if err != nil {
+		return err
+	}
+	m.DB = db
+	version, err := database.Migrate(cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+
+	channelURL := cfg.PaymentChannelURL
+	if channelURL == "" {
+		m.Channel = channel.New(channel.Options{SlowDelay: cfg.ChannelSlowDelay, Logger: m.Logger.With("component", "paymentchannel")})
+		ln, err := net.Listen("tcp", cfg.ChannelAddr)
+		if err != nil {
+			return fmt.Errorf("listen for the embedded payment channel on %s: %w", cfg.ChannelAddr, err)
+		}
+		m.ChannelAddr = ln.Addr().String()
+		m.serve(ln, m.Channel.Handler())
+		channelURL = "http://" + m.ChannelAddr
+	}
+
+	policy := cfg.Policy()
+	records := &idempotency.Store{Lease: cfg.Lease, Policy: policy}
+	m.Orders = &order.Service{
+		DB: db, Records: records, Logger: m.Logger,
+		Channel: payment.NewClient(channelURL, &http.Client{Transport: &http.Transport{
+			MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}}),
+		Money: order.MoneyConfig{ChannelTimeout: cfg.ChannelTimeout, RetryAfter: cfg.RetryAfter},
+	}
+	api := &httpapi.Server{Orders: m.Orders, Records: records, DB: db, Logger: m.Logger,
+		Tenants: httpapi.NewTenants(cfg.APIKeys), Policy: policy}
+
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("listen on HTTP_ADDR %s: %w", cfg.HTTPAddr, err)
+	}
+	m.Addr = ln.Addr().String()
+	m.serve(ln, api.Handler())
+
+	workCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	m.stop = stop
+	m.workers.Add(1)
+	go func() {
+		defer m.workers.Done()
+		m.Orders.RunSweeper(workCtx, cfg.SweepInterval, cfg.SweepBatch)
+	}()
+
+	m.Logger.Info("orderservice started", "addr", m.Addr, "schema_version", version,
+		"payment_channel", channelURL, "lease", cfg.Lease.String(), "retention", policy.Describe(cfg.Lease))
+	return nil
+}
+
+func (m *Main) serve(ln net.Listener, h http.Handler) {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 2 * time.Minute,
+		ErrorLog: slog.NewLogLogger(m.Logger.Handler(), slog.LevelWarn)}
+	m.servers = append(m.servers, srv)
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			m.Logger.Error("server stopped", "addr", ln.Addr().String(), "err", err)
+		}
+	}()
+}
+
+// URL is the base URL of the order API.
+func (m *Main) URL() string { return "http://" + strings.Replace(m.Addr, "[::]", "127.0.0.1", 1) }
+
+// Close stops accepting requests, lets in-flight ones finish (bounded by
+// SHUTDOWN_TIMEOUT), stops the background workers and closes the pool.
+// The order API stops first, the embedded channel last, so a payment in
+// flight can still reach it.
+func (m *Main) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), m.Config.ShutdownTimeout)
+	defer cancel()
+	var errs []error
+	for i := len(m.servers) - 1; i >= 0; i-- {
+		errs = append(errs, m.servers[i].Shutdown(ctx))
+		if i == len(m.servers)-1 && m.stop != nil { // the API is drained: stop the sweeper next
+			m.stop()
+			m.workers.Wait()
+		}
+	}
+	if m.DB != nil {
+		errs = append(errs, database.Close(m.DB))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,31 @@
+package database
+
+import (
+	"context"
+
+	"gorm.io/gorm"
+)
+
+// maxAttempts bounds how often Transact reruns a transaction the database
+// aborted to resolve a conflict.
+const maxAttempts = 3
+
+// Transact runs fn in one transaction: committed when fn returns nil, rolled
+// back when it returns an error or panics. Serialization failures (40001) and
+// deadlocks (40P01) are retried here, and only here, because the database
+// chose a victim and a rerun is the documented cure.
+func Transact(ctx context.Context, db *gorm.DB, fn func(tx *gorm.DB) error) error {
+	var err error
+	for attempt := 1; attempt <= maxAttempts; attempt++ {
+		err = db.WithContext(ctx).Transaction(fn)
+		if !isRetryable(err) || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
+}
+
+func isRetryable(err error) bool {
+	code := SQLState(err)
+	return code == "40001" || code == "40P01"
+}

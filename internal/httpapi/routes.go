@@ -1,0 +1,25 @@
+package httpapi
+
+import (
+	"github.com/labstack/echo/v4"
+
+	"github.com/orderservice/orderservice/internal/order"
+)
+
+// routes lists every route of the service in one place.
+func (s *Server) routes(e *echo.Echo) {
+	e.GET("/healthz", s.healthz)
+	e.GET("/readyz", s.readyz)
+
+	v1 := e.Group("/v1", s.authenticate)
+	v1.POST("/orders", idempotent(s, order.OpCreate, s.Orders.Create))
+	v1.GET("/orders", s.listOrders)
+	v1.GET("/orders/:id", s.getOrder)
+	v1.GET("/orders/:id/events", s.orderEvents)
+	v1.POST("/orders/:id/pay", idempotentOn(s, order.OpPay, s.Orders.Pay))
+	v1.POST("/orders/:id/cancel", idempotentOn(s, order.OpCancel, s.Orders.Cancel))
+	v1.POST("/orders/:id/ship", idempotentOn(s, order.OpShip, s.Orders.Ship))
+	v1.POST("/orders/:id/deliver", idempotentOn(s, order.OpDeliver, s.Orders.Deliver))
+	v1.GET("/idempotency-records", s.idempotencyRecords)
+	v1.GET("/idempotency-policy", s.idempotencyPolicy)
+}

@@ -1,0 +1,64 @@
+package idempotency
+
+import (
+	"strings"
+
+	"github.com/orderservice/orderservice/internal/problem"
+)
+
+// MaxKeyLength is the longest Idempotency-Key accepted, after unquoting.
+const MaxKeyLength = 255
+
+// ParseKey validates an Idempotency-Key header value. Keys are 1 to 255
+// printable ASCII characters without spaces; the quoted structured-field form
+// ("abc", RFC 8941 sf-string, as the IETF idempotency draft writes it) is
+// accepted and unquoted, so "abc" and abc name the same intent.
+func ParseKey(raw string) (string, error) {
+	if raw == "" {
+		return "", problem.Errorf(problem.KeyMissing, "The Idempotency-Key header is required for this operation.")
+	}
+	key := raw
+	if len(raw) >= 2 && raw[0] == '"' && raw[len(raw)-1] == '"' {
+		var ok bool
+		if key, ok = unquote(raw[1 : len(raw)-1]); !ok {
+			return "", invalidKey("it is not a valid quoted string")
+		}
+	}
+	if key == "" {
+		return "", invalidKey("it is empty")
+	}
+	if len(key) > MaxKeyLength {
+		return "", invalidKey("it is longer than 255 characters")
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] < 0x21 || key[i] > 0x7e {
+			return "", invalidKey("it may hold only printable ASCII characters without spaces")
+		}
+	}
+	return key, nil
+}
+
+// unquote reverses sf-string escaping: only \" and \\ are escapes.
+func unquote(s string) (string, bool) {
+	if !strings.ContainsAny(s, `"\`) {
+		return s, true
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '"':
+			return "", false
+		case '\\':
+			if i+1 == len(s) || (s[i+1] != '"' && s[i+1] != '\\') {
+				return "", false
+			}
+			i++
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String(), true
+}
+
+func invalidKey(why string) error {
+	return problem.Errorf(problem.KeyInvalid, "The Idempotency-Key header is malformed: %s.", why)
+}

@@ -1,0 +1,100 @@
+package idempotency
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Window is a source that can send the same intent again, and for how long:
+// client retries, message redelivery, manual compensation.
+type Window struct {
+	Name     string        `json:"name"`
+	Duration time.Duration `json:"duration"`
+}
+
+// Policy derives how long a finished record is kept. Deleting a record while
+// any source can still replay its intent would let the replay run again, so
+// retention is the longest replay window plus a margin, and money operations
+// may be kept longer still (and are archived, not just deleted).
+type Policy struct {
+	Windows []Window
+	// Retention overrides the derived retention when set; CheckRetention
+	// refuses one shorter than a replay window.
+	Retention       time.Duration
+	Margin          time.Duration
+	MoneyFloor      time.Duration
+	MoneyOperations []string
+	// Operations lists every operation the policy covers, for Describe.
+	Operations []string
+}
+
+// Longest is the longest replay window.
+func (p Policy) Longest() Window {
+	var longest Window
+	for _, w := range p.Windows {
+		if w.Duration > longest.Duration {
+			longest = w
+		}
+	}
+	return longest
+}
+
+// IsMoney reports whether operation moves money, so its records are archived.
+func (p Policy) IsMoney(operation string) bool { return slices.Contains(p.MoneyOperations, operation) }
+
+// RetentionFor is how long a finished record of operation is kept.
+func (p Policy) RetentionFor(operation string) time.Duration {
+	r := p.Longest().Duration + p.Margin
+	if p.Retention > 0 {
+		r = p.Retention
+	}
+	if p.IsMoney(operation) && p.MoneyFloor > r {
+		r = p.MoneyFloor
+	}
+	return r
+}
+
+// Check refuses a configured retention that some replay window outlives,
+// naming the window that makes it unsafe.
+func (p Policy) Check() error {
+	if p.Retention == 0 {
+		return nil
+	}
+	for _, w := range p.Windows {
+		if p.Retention < w.Duration+p.Margin {
+			return fmt.Errorf("retention %s is unsafe: the %s window replays for %s, so records must be kept at least %s", p.Retention, w.Name, w.Duration, w.Duration+p.Margin)
+		}
+	}
+	return nil
+}
+
+// PolicyView is the policy as GET /v1/idempotency-policy shows it.
+type PolicyView struct {
+	ReplayWindows map[string]string    `json:"replay_windows"`
+	LongestWindow string               `json:"longest_window"`
+	Margin        string               `json:"margin"`
+	MoneyFloor    string               `json:"money_floor"`
+	Lease         string               `json:"lease"`
+	Operations    []OperationRetention `json:"operations"`
+}
+
+// OperationRetention is how long one operation's records are kept.
+type OperationRetention struct {
+	Operation string `json:"operation"`
+	Retention string `json:"retention"`
+	Archived  bool   `json:"archived"`
+}
+
+// Describe explains the policy: each window, and the retention it implies.
+func (p Policy) Describe(lease time.Duration) PolicyView {
+	v := PolicyView{ReplayWindows: map[string]string{}, LongestWindow: p.Longest().Name,
+		Margin: p.Margin.String(), MoneyFloor: p.MoneyFloor.String(), Lease: lease.String()}
+	for _, w := range p.Windows {
+		v.ReplayWindows[w.Name] = w.Duration.String()
+	}
+	for _, op := range p.Operations {
+		v.Operations = append(v.Operations, OperationRetention{Operation: op, Retention: p.RetentionFor(op).String(), Archived: p.IsMoney(op)})
+	}
+	return v
+}

@@ -1,0 +1,109 @@
+// Package idempotency makes an operation run at most once per intent.
+//
+// An intent is named by its Scope: the tenant, the operation and the
+// client's Idempotency-Key. The first request claims the scope with a unique
+// insert and executes; later requests with the same scope replay the stored
+// outcome, are told the first is still in flight, or are refused when their
+// parameters differ. The package knows nothing of orders: the use cases call
+// ClaimOrReplay and Complete inside their own transaction, so the record and
+// the business write commit together.
+package idempotency
+
+import (
+	"time"
+)
+
+// State is where a record is in its life:
+//
+//	ABSENT -> PROCESSING -> SUCCEEDED | FAILED_RETRYABLE | FAILED_FINAL
+//
+// FAILED_RETRYABLE goes back to PROCESSING when a retry or the sweeper takes
+// the intent over.
+type State string
+
+// The four stored states.
+const (
+	Processing      State = "PROCESSING"
+	Succeeded       State = "SUCCEEDED"
+	FailedRetryable State = "FAILED_RETRYABLE"
+	FailedFinal     State = "FAILED_FINAL"
+)
+
+// Definitive reports whether s holds an outcome that is replayed as it is.
+func (s State) Definitive() bool { return s == Succeeded || s == FailedFinal }
+
+// Scope names one intent. The database's primary key is exactly this triple.
+type Scope struct {
+	TenantID  string
+	Operation string
+	Key       string
+}
+
+// Intent is a Scope with what the request asks for: its fingerprint, and the
+// resource it acts on when that is known before execution.
+type Intent struct {
+	Scope
+	Fingerprint string
+	ResourceID  string
+}
+
+// Response is the outcome a client receives, stored so that a replay is the
+// same status, the same Location and the same body bytes.
+type Response struct {
+	Status      int
+	Location    string
+	ContentType string
+	Body        []byte
+	// Replayed is true when the response came from a stored record.
+	Replayed bool
+	// RetryAfter is sent with transient failures; it is never stored.
+	RetryAfter time.Duration
+}
+
+// Record is one row of idempotency_records.
+type Record struct {
+	TenantID            string `gorm:"primaryKey"`
+	Operation           string `gorm:"primaryKey"`
+	IdempotencyKey      string `gorm:"primaryKey"`
+	Fingerprint         string
+	State               State
+	ResourceID          *string
+	ResponseStatus      *int
+	ResponseLocation    *string
+	ResponseContentType *string
+	ResponseBody        []byte
+	LeaseToken          int64
+	LeaseExpiresAt      *time.Time
+	Attempts            int
+	CreatedAt           time.Time
+	UpdatedAt           time.Time
+	CompletedAt         *time.Time
+	ExpiresAt           *time.Time
+}
+
+// TableName tells GORM the table the migration created.
+func (Record) TableName() string { return "idempotency_records" }
+
+// Scope returns the triple that names the record's intent.
+func (r *Record) Scope() Scope {
+	return Scope{TenantID: r.TenantID, Operation: r.Operation, Key: r.IdempotencyKey}
+}
+
+// Resource is the bound resource id, or "".
+func (r *Record) Resource() string { return deref(r.ResourceID) }
+
+// Response returns the stored outcome of a definitive record.
+func (r *Record) Response() Response {
+	resp := Response{Location: deref(r.ResponseLocation), ContentType: deref(r.ResponseContentType), Body: r.ResponseBody}
+	if r.ResponseStatus != nil {
+		resp.Status = *r.ResponseStatus
+	}
+	return resp
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}

@@ -1,0 +1,224 @@
+package idempotency
+
+import (
+	"errors"
+	"math"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/orderservice/orderservice/internal/database"
+	"github.com/orderservice/orderservice/internal/problem"
+)
+
+// ErrFenced is returned when a write names a lease token that is no longer
+// current: another owner took the intent over, and this one must stop.
+var ErrFenced = errors.New("idempotency: lease superseded by a newer owner")
+
+// Store reads and writes idempotency records. Every method takes the
+// transaction (or *gorm.DB) it runs in, chosen by the caller.
+type Store struct {
+	// Lease is how long an owner may work on an intent before a retry or
+	// the sweeper may take it over.
+	Lease  time.Duration
+	Policy Policy
+}
+
+// Claim is the answer of ClaimOrReplay: either a stored outcome to replay,
+// or the right to execute, fenced by Token.
+type Claim struct {
+	Record Record
+	// Replay, when set, is the definitive outcome to send back unchanged.
+	Replay *Response
+	// Resumed is true when an earlier attempt of this intent exists (it
+	// failed retryably, or its owner's lease expired): the caller resumes
+	// that attempt rather than starting a new one.
+	Resumed bool
+}
+
+// Token is the fencing token the caller must present to complete the intent.
+func (c Claim) Token() int64 { return c.Record.LeaseToken }
+
+// observed is a record with the database clock's view of its lease.
+type observed struct {
+	Record
+	LeaseSecondsLeft float64
+}
+
+// ClaimOrReplay is the first step of every idempotent operation. It inserts
+// a PROCESSING record for the intent; the primary key decides the race. When
+// the scope is already taken it:
+//   - refuses a different fingerprint (422 idempotency_key_reused),
+//   - returns a definitive outcome for replay,
+//   - answers 409 request_in_progress while another owner's lease runs,
+//   - takes the intent over when the lease expired or the last attempt failed
+//     retryably, bumping the fencing token.
+//
+// Inside a transaction, a duplicate of an uncommitted claim waits on the
+// unique index until the first commits (then replays) or rolls back (then
+// claims); lock_timeout bounds that wait and turns it into a 409.
+func (s *Store) ClaimOrReplay(tx *gorm.DB, in Intent) (Claim, error) {
+	var rec Record
+	res := tx.Raw(`
+		INSERT INTO idempotency_records
+			(tenant_id, operation, idempotency_key, fingerprint, state, resource_id, lease_token, lease_expires_at, attempts)
+		VALUES (?, ?, ?, ?, 'PROCESSING', NULLIF(?, ''), 1, now() + make_interval(secs => ?), 1)
+		ON CONFLICT DO NOTHING
+		RETURNING *`,
+		in.TenantID, in.Operation, in.Key, in.Fingerprint, in.ResourceID, s.Lease.Seconds()).Scan(&rec)
+	if res.Error != nil {
+		return Claim{}, s.waitError(res.Error)
+	}
+	if res.RowsAffected == 1 {
+		return Claim{Record: rec}, nil
+	}
+
+	var cur observed
+	err := tx.Raw(`
+		SELECT *, COALESCE(EXTRACT(EPOCH FROM lease_expires_at - now()), 0)::float8 AS lease_seconds_left
+		FROM idempotency_records
+		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?`,
+		in.TenantID, in.Operation, in.Key).Scan(&cur).Error
+	if err != nil {
+		return Claim{}, err
+	}
+	switch {
+	case cur.Fingerprint != in.Fingerprint:
+		return Claim{}, problem.Errorf(problem.KeyReused,
+			"This Idempotency-Key was already used for a different %s request; use a new key for a new intent.", in.Operation)
+	case cur.State.Definitive():
+		resp := cur.Response()
+		resp.Replayed = true
+		return Claim{Record: cur.Record, Replay: &resp}, nil
+	case cur.State == Processing && cur.LeaseSecondsLeft > 0:
+		return Claim{}, inProgress(cur.LeaseSecondsLeft)
+	}
+	return s.takeOver(tx, cur.Record)
+}
+
+// takeOver moves an unfinished intent to a new owner. The token in the WHERE
+// clause makes it a compare-and-swap: of two racing retries, one wins.
+func (s *Store) takeOver(tx *gorm.DB, rec Record) (Claim, error) {
+	var next Record
+	res := tx.Raw(`
+		UPDATE idempotency_records
+		SET state = 'PROCESSING', lease_token = lease_token + 1,
+		    lease_expires_at = now() + make_interval(secs => ?),
+		    attempts = attempts + 1, updated_at = now()
+		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?
+		  AND lease_token = ? AND state IN ('PROCESSING', 'FAILED_RETRYABLE')
+		RETURNING *`,
+		s.Lease.Seconds(), rec.TenantID, rec.Operation, rec.IdempotencyKey, rec.LeaseToken).Scan(&next)
+	if res.Error != nil {
+		return Claim{}, s.waitError(res.Error)
+	}
+	if res.RowsAffected == 0 {
+		return Claim{}, inProgress(s.Lease.Seconds())
+	}
+	return Claim{Record: next, Resumed: true}, nil
+}
+
+// Complete stores the definitive outcome (Succeeded or FailedFinal) of the
+// intent owned with token. ErrFenced means a newer owner took over: the
+// caller's transaction must roll back so its business write is undone too.
+func (s *Store) Complete(tx *gorm.DB, scope Scope, token int64, state State, resp Response, resourceID string) error {
+	if !state.Definitive() {
+		return errors.New("idempotency: Complete needs a definitive state")
+	}
+	contentType := resp.ContentType
+	res := tx.Exec(`
+		UPDATE idempotency_records
+		SET state = ?, resource_id = COALESCE(NULLIF(?, ''), resource_id),
+		    response_status = ?, response_location = NULLIF(?, ''), response_content_type = ?, response_body = ?,
+		    completed_at = now(), expires_at = now() + make_interval(secs => ?),
+		    lease_expires_at = NULL, updated_at = now()
+		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?
+		  AND lease_token = ? AND state = 'PROCESSING'`,
+		state, resourceID, resp.Status, resp.Location, contentType, resp.Body,
+		s.Policy.RetentionFor(scope.Operation).Seconds(),
+		scope.TenantID, scope.Operation, scope.Key, token)
+	if res.Error != nil {
+		return res.Error
+	}
+	if res.RowsAffected == 0 {
+		return ErrFenced
+	}
+	return nil
+}
+
+// Fail marks the intent FAILED_RETRYABLE: the outcome is unknown or the
+// failure transient. The same key may retry at once; the sweeper resumes
+// the intent itself after retryAfter if no client does.
+func (s *Store) Fail(tx *gorm.DB, scope Scope, token int64, retryAfter time.Duration) error {
+	res := tx.Exec(`
+		UPDATE idempotency_records
+		SET state = 'FAILED_RETRYABLE', lease_expires_at = now() + make_interval(secs => ?), updated_at = now()
+		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?
+		  AND lease_token = ? AND state = 'PROCESSING'`,
+		retryAfter.Seconds(), scope.TenantID, scope.Operation, scope.Key, token)
+	if res.Error != nil {
+		return res.Error
+	}
+	if res.RowsAffected == 0 {
+		return ErrFenced
+	}
+	return nil
+}
+
+// ClaimDue takes over, for the sweeper, up to limit unfinished intents of
+// the given operations whose lease has expired. SKIP LOCKED lets every
+// instance sweep at once without two of them taking the same record; each
+// returned record carries its new fencing token.
+func (s *Store) ClaimDue(tx *gorm.DB, operations []string, limit int) ([]Record, error) {
+	var recs []Record
+	err := tx.Raw(`
+		WITH due AS (
+			SELECT tenant_id, operation, idempotency_key
+			FROM idempotency_records
+			WHERE state IN ('PROCESSING', 'FAILED_RETRYABLE') AND lease_expires_at <= now()
+			  AND operation = ANY(?)
+			ORDER BY lease_expires_at
+			LIMIT ?
+			FOR UPDATE SKIP LOCKED)
+		UPDATE idempotency_records r
+		SET state = 'PROCESSING', lease_token = r.lease_token + 1,
+		    lease_expires_at = now() + make_interval(secs => ?),
+		    attempts = r.attempts + 1, updated_at = now()
+		FROM due
+		WHERE r.tenant_id = due.tenant_id AND r.operation = due.operation AND r.idempotency_key = due.idempotency_key
+		RETURNING r.*`,
+		operations, limit, s.Lease.Seconds()).Scan(&recs).Error
+	return recs, err
+}
+
+// Find returns the tenant's records for key, one per operation that used it.
+func (s *Store) Find(db *gorm.DB, tenantID, key string) ([]Record, error) {
+	var recs []Record
+	err := db.Where("tenant_id = ? AND idempotency_key = ?", tenantID, key).
+		Order("created_at, operation").Find(&recs).Error
+	return recs, err
+}
+
+// Get returns one record, or gorm.ErrRecordNotFound.
+func (s *Store) Get(db *gorm.DB, scope Scope) (Record, error) {
+	var rec Record
+	err := db.Where("tenant_id = ? AND operation = ? AND idempotency_key = ?", scope.TenantID, scope.Operation, scope.Key).
+		Take(&rec).Error
+	return rec, err
+}
+
+// waitError turns a lock wait that ran out into request_in_progress: the
+// first request of this intent is still inside its transaction.
+func (s *Store) waitError(err error) error {
+	if database.IsLockTimeout(err) {
+		return inProgress(1)
+	}
+	return err
+}
+
+func inProgress(secondsLeft float64) error {
+	e := problem.Errorf(problem.RequestInProgress,
+		"A request with this Idempotency-Key is still being processed; retry after the Retry-After interval to receive its result.")
+	e.RetryAfter = time.Duration(math.Max(1, math.Ceil(secondsLeft))) * time.Second
+	return e
+}

@@ -1,0 +1,167 @@
+package order
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+	"slices"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/orderservice/orderservice/internal/problem"
+)
+
+// Limits of a create request, as the contract states them.
+const (
+	maxItems         = 100
+	maxQuantity      = 1000
+	maxMetadata      = 20
+	maxMetadataKey   = 64
+	maxMetadataValue = 500
+	maxIDLength      = 100
+	maxSKULength     = 64
+)
+
+// CreateRequest is the body of POST /v1/orders. Server-owned fields (id,
+// status, total, tenant, timestamps) have no place here; a decoder that
+// refuses unknown fields keeps them out.
+type CreateRequest struct {
+	CustomerID string            `json:"customer_id"`
+	Currency   string            `json:"currency"`
+	Items      []ItemRequest     `json:"items"`
+	Metadata   map[string]string `json:"metadata,omitempty"`
+	// ClientTraceID is trace-only: accepted, logged, never fingerprinted.
+	ClientTraceID string `json:"client_trace_id,omitempty"`
+}
+
+// ItemRequest is one line of a create request.
+type ItemRequest struct {
+	SKU       string `json:"sku"`
+	Quantity  int    `json:"quantity"`
+	UnitPrice int64  `json:"unit_price"`
+}
+
+// ShipRequest is the body of POST /v1/orders/{id}/ship.
+type ShipRequest struct {
+	Carrier        string `json:"carrier"`
+	TrackingNumber string `json:"tracking_number"`
+}
+
+// CancelRequest is the optional body of POST /v1/orders/{id}/cancel.
+type CancelRequest struct {
+	Reason string `json:"reason,omitempty"`
+}
+
+// DeliverRequest is the optional, empty body of POST /v1/orders/{id}/deliver.
+type DeliverRequest struct{}
+
+// PayRequest is the body of POST /v1/orders/{id}/pay.
+type PayRequest struct {
+	PaymentMethod string `json:"payment_method"`
+}
+
+func invalid(field, format string, args ...any) error {
+	return problem.Errorf(problem.InvalidRequest, "%s: %s", field, fmt.Sprintf(format, args...)).With("field", field)
+}
+
+// normalize validates r and returns the canonical form of its business
+// fields, the one that is stored and fingerprinted: trimmed strings, an
+// upper-case currency and items sorted, so that the same purchase written
+// in another order or case is recognised as the same intent.
+func (r CreateRequest) normalize() (CreateRequest, int64, error) {
+	n := CreateRequest{
+		CustomerID: strings.TrimSpace(r.CustomerID),
+		Currency:   strings.ToUpper(strings.TrimSpace(r.Currency)),
+		Metadata:   r.Metadata,
+	}
+	if err := checkText("customer_id", n.CustomerID, maxIDLength); err != nil {
+		return n, 0, err
+	}
+	if len(n.Currency) != 3 || strings.Trim(n.Currency, "ABCDEFGHIJKLMNOPQRSTUVWXYZ") != "" {
+		return n, 0, invalid("currency", "must be a three-letter ISO 4217 code")
+	}
+	if len(r.Items) < 1 || len(r.Items) > maxItems {
+		return n, 0, invalid("items", "must hold between 1 and %d items", maxItems)
+	}
+	var total int64
+	for i, it := range r.Items {
+		field := fmt.Sprintf("items[%d]", i)
+		it.SKU = strings.TrimSpace(it.SKU)
+		if err := checkText(field+".sku", it.SKU, maxSKULength); err != nil {
+			return n, 0, err
+		}
+		if it.Quantity < 1 || it.Quantity > maxQuantity {
+			return n, 0, invalid(field+".quantity", "must be between 1 and %d", maxQuantity)
+		}
+		if it.UnitPrice < 0 {
+			return n, 0, invalid(field+".unit_price", "must be zero or more minor units")
+		}
+		line, ok := mulInt64(it.UnitPrice, int64(it.Quantity))
+		if ok {
+			total, ok = addInt64(total, line)
+		}
+		if !ok {
+			return n, 0, invalid(field+".unit_price", "the order total would overflow")
+		}
+		n.Items = append(n.Items, it)
+	}
+	slices.SortStableFunc(n.Items, func(a, b ItemRequest) int {
+		return strings.Compare(fmt.Sprintf("%s\x00%020d\x00%04d", a.SKU, a.UnitPrice, a.Quantity),
+			fmt.Sprintf("%s\x00%020d\x00%04d", b.SKU, b.UnitPrice, b.Quantity))
+	})
+	if len(n.Metadata) > maxMetadata {
+		return n, 0, invalid("metadata", "may hold at most %d entries", maxMetadata)
+	}
+	for k, v := range n.Metadata {
+		if err := checkText("metadata key", k, maxMetadataKey); err != nil {
+			return n, 0, err
+		}
+		if len(v) > maxMetadataValue || !utf8.ValidString(v) {
+			return n, 0, invalid("metadata."+k, "must be valid text of at most %d bytes", maxMetadataValue)
+		}
+	}
+	if len(n.Metadata) == 0 {
+		n.Metadata = nil // absent and empty metadata are the same intent
+	}
+	return n, total, nil
+}
+
+func (r ShipRequest) normalize() (ShipRequest, error) {
+	n := ShipRequest{Carrier: strings.TrimSpace(r.Carrier), TrackingNumber: strings.TrimSpace(r.TrackingNumber)}
+	if err := checkText("carrier", n.Carrier, maxIDLength); err != nil {
+		return n, err
+	}
+	return n, checkText("tracking_number", n.TrackingNumber, maxIDLength)
+}
+
+func (r CancelRequest) normalize() (CancelRequest, error) {
+	n := CancelRequest{Reason: strings.TrimSpace(r.Reason)}
+	if len(n.Reason) > maxMetadataValue || !utf8.ValidString(n.Reason) {
+		return n, invalid("reason", "must be valid text of at most %d bytes", maxMetadataValue)
+	}
+	return n, nil
+}
+
+// checkText requires 1..max bytes of valid UTF-8 without control characters.
+func checkText(field, s string, max int) error {
+	if s == "" {
+		return invalid(field, "is required")
+	}
+	if len(s) > max {
+		return invalid(field, "must be at most %d bytes", max)
+	}
+	if !utf8.ValidString(s) || strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+		return invalid(field, "must be text without control characters")
+	}
+	return nil
+}
+
+func mulInt64(a, b int64) (int64, bool) {
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	return int64(lo), hi == 0 && lo <= math.MaxInt64
+}
+
+func addInt64(a, b int64) (int64, bool) {
+	s := a + b
+	return s, s >= a
+}

@@ -1,0 +1,285 @@
+package order
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"gorm.io/gorm"
+
+	"github.com/orderservice/orderservice/internal/database"
+	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/problem"
+)
+
+// Caller is who asks, as the API key proved it, and the Idempotency-Key
+// that names this intent.
+type Caller struct {
+	TenantID string
+	Key      string
+}
+
+func (c Caller) intent(op, resource string, fields any) (idempotency.Intent, error) {
+	fp, err := idempotency.Fingerprint(op, resource, fields)
+	return idempotency.Intent{
+		Scope:       idempotency.Scope{TenantID: c.TenantID, Operation: op, Key: c.Key},
+		Fingerprint: fp,
+		ResourceID:  resource,
+	}, err
+}
+
+// Service runs the order use cases.
+type Service struct {
+	DB      *gorm.DB
+	Records *idempotency.Store
+	Channel Channel
+	Money   MoneyConfig
+	Observe Observer
+	Logger  *slog.Logger
+	// Hooks inject failures at the points where a crash would hurt most.
+	Hooks Hooks
+}
+
+// Hooks are fault-injection points for tests; nil functions do nothing.
+// Each may return an error or panic, as a crashing process would stop there.
+type Hooks struct {
+	// AfterOrderInsert runs inside the create transaction once the order
+	// rows are written.
+	AfterOrderInsert func() error
+	// AfterPhase1 runs after a money intent's phase 1 committed, before the
+	// channel is called.
+	AfterPhase1 func() error
+	// AfterChannelCall runs once the channel answered, before phase 3.
+	AfterChannelCall func() error
+	// BeforeSettleCommit runs inside phase 3, just before it commits.
+	BeforeSettleCommit func() error
+}
+
+func (h Hooks) run(f func() error) error {
+	if f == nil {
+		return nil
+	}
+	return f()
+}
+
+// Observer is told what the metrics count. A nil Observer is fine.
+type Observer interface {
+	// ChannelCall reports one call to the payment channel.
+	ChannelCall(kind string, took time.Duration, err error, replayed bool)
+	// Takeover reports that an unfinished intent got a new owner.
+	Takeover(operation, by string)
+}
+
+type noObserver struct{}
+
+func (noObserver) ChannelCall(string, time.Duration, error, bool) {}
+func (noObserver) Takeover(string, string)                        {}
+
+func (s *Service) observe() Observer {
+	if s.Observe == nil {
+		return noObserver{}
+	}
+	return s.Observe
+}
+
+func (s *Service) logger() *slog.Logger {
+	if s.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return s.Logger
+}
+
+// outcome is what an operation's body produces: the response to store and
+// send, and the resource the intent created or acted on.
+type outcome struct {
+	resp     idempotency.Response
+	resource string
+}
+
+// once runs a single-transaction operation exactly once per intent:
+//
+//  1. claim the intent, or replay its stored outcome;
+//  2. execute the business write;
+//  3. store the outcome on the record,
+//
+// all in ONE transaction, so a crash leaves both or neither. A definitive
+// business failure (order_not_found, invalid_transition) is stored as
+// FAILED_FINAL and replayed like a success; exec must return it before it
+// writes anything. Any other error rolls everything back and records
+// nothing, so the same key may simply be sent again.
+func (s *Service) once(ctx context.Context, in idempotency.Intent, exec func(tx *gorm.DB) (outcome, error)) (idempotency.Response, error) {
+	var resp idempotency.Response
+	err := database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
+		claim, err := s.Records.ClaimOrReplay(tx, in)
+		if err != nil {
+			return err
+		}
+		if claim.Replay != nil {
+			resp = *claim.Replay
+			return nil
+		}
+		out, err := exec(tx)
+		state := idempotency.Succeeded
+		if err != nil {
+			if !isFinal(err) {
+				return err
+			}
+			state, out = idempotency.FailedFinal, failure(err, in.ResourceID)
+		}
+		resp = out.resp
+		return s.Records.Complete(tx, in.Scope, claim.Token(), state, out.resp, out.resource)
+	})
+	return resp, err
+}
+
+// isFinal reports whether err is a definitive business answer that is
+// stored and replayed, rather than a transient failure.
+func isFinal(err error) bool {
+	switch problem.CodeOf(err) {
+	case problem.OrderNotFound, problem.InvalidTransition, problem.PaymentDeclined:
+		return true
+	}
+	return false
+}
+
+// failure renders a definitive business failure as the outcome to store.
+func failure(err error, resource string) outcome {
+	status, body := problem.Render(err)
+	return outcome{resp: idempotency.Response{Status: status, ContentType: problem.ContentType, Body: body}, resource: resource}
+}
+
+// Create makes a new order. The Idempotency-Key is what makes a lost
+// response safe to retry: the client has no order id yet, so only the key
+// can lead the retry to the order the first attempt created.
+func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (idempotency.Response, error) {
+	n, total, err := req.normalize()
+	if err != nil {
+		return idempotency.Response{}, err
+	}
+	in, err := c.intent(OpCreate, "", n)
+	if err != nil {
+		return idempotency.Response{}, err
+	}
+	return s.once(ctx, in, func(tx *gorm.DB) (outcome, error) {
+		o, err := newOrder(c.TenantID, n, total)
+		if err != nil {
+			return outcome{}, err
+		}
+		if err := insertOrder(tx, o, OpCreate, c.Key); err != nil {
+			return outcome{}, err
+		}
+		if s.Hooks.AfterOrderInsert != nil {
+			if err := s.Hooks.AfterOrderInsert(); err != nil {
+				return outcome{}, err
+			}
+		}
+		resp, err := respond(http.StatusCreated, o, "/v1/orders/"+o.ID.String())
+		return outcome{resp: resp, resource: o.ID.String()}, err
+	})
+}
+
+func newOrder(tenantID string, n CreateRequest, total int64) (*Order, error) {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return nil, err
+	}
+	// PostgreSQL keeps microseconds; so does the response we store.
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	o := &Order{ID: id, TenantID: tenantID, CustomerID: n.CustomerID, Status: StatusCreated,
+		Currency: n.Currency, TotalAmount: total, Metadata: n.Metadata, Version: 1,
+		CreatedAt: now, UpdatedAt: now, Items: make([]Item, len(n.Items))}
+	for i, it := range n.Items {
+		o.Items[i] = Item{OrderID: id, LineNo: i + 1, SKU: it.SKU, Quantity: it.Quantity,
+			UnitPrice: it.UnitPrice, LineTotal: it.UnitPrice * int64(it.Quantity)}
+	}
+	return o, nil
+}
+
+// transition runs a one-transaction state change under an idempotency key:
+// lock the order, apply change (pure: it only fires the state machine and
+// sets fields, so a refusal comes before any write), save the transition.
+func (s *Service) transition(ctx context.Context, c Caller, op string, ev Event, orderID string, fields any, change func(*Order) error) (idempotency.Response, error) {
+	id, err := parseID(orderID)
+	if err != nil {
+		return idempotency.Response{}, err
+	}
+	in, err := c.intent(op, id.String(), fields)
+	if err != nil {
+		return idempotency.Response{}, err
+	}
+	return s.once(ctx, in, func(tx *gorm.DB) (outcome, error) {
+		o, err := lockOrder(tx, c.TenantID, id)
+		if err != nil {
+			return outcome{}, err
+		}
+		from := o.Status
+		if err := change(o); err != nil {
+			return outcome{}, err
+		}
+		if err := saveTransition(tx, o, from, ev, op, c.Key); err != nil {
+			return outcome{}, err
+		}
+		resp, err := ok(o)
+		return outcome{resp: resp, resource: id.String()}, err
+	})
+}
+
+// Ship marks a paid order shipped.
+func (s *Service) Ship(ctx context.Context, c Caller, orderID string, req ShipRequest) (idempotency.Response, error) {
+	n, err := req.normalize()
+	if err != nil {
+		return idempotency.Response{}, err
+	}
+	return s.transition(ctx, c, OpShip, EventShip, orderID, n, func(o *Order) error {
+		return o.Ship(n.Carrier, n.TrackingNumber)
+	})
+}
+
+// Deliver marks a shipped order delivered.
+func (s *Service) Deliver(ctx context.Context, c Caller, orderID string, _ DeliverRequest) (idempotency.Response, error) {
+	return s.transition(ctx, c, OpDeliver, EventDeliver, orderID, DeliverRequest{}, (*Order).Deliver)
+}
+
+// Get reads one of the tenant's orders.
+func (s *Service) Get(ctx context.Context, tenantID, orderID string) (*Order, error) {
+	id, err := parseID(orderID)
+	if err != nil {
+		return nil, err
+	}
+	return getOrder(s.DB.WithContext(ctx), tenantID, id)
+}
+
+// List pages through the tenant's orders, newest first.
+func (s *Service) List(ctx context.Context, tenantID string, f ListFilter) (Page, error) {
+	if f.Status != "" && !slices.Contains(Statuses, f.Status) {
+		return Page{}, invalid("status", "must be one of the order statuses")
+	}
+	if f.Limit == 0 {
+		f.Limit = 20
+	}
+	if f.Limit < 1 || f.Limit > 100 {
+		return Page{}, invalid("limit", "must be between 1 and 100")
+	}
+	return listOrders(s.DB.WithContext(ctx), tenantID, f)
+}
+
+// History returns the order's transitions with the keys that caused them.
+func (s *Service) History(ctx context.Context, tenantID, orderID string) ([]HistoryEntry, error) {
+	o, err := s.Get(ctx, tenantID, orderID)
+	if err != nil {
+		return nil, err
+	}
+	return history(s.DB.WithContext(ctx), o.ID)
+}
+
+// parseID reads an order id from a path. A malformed id names no order.
+func parseID(s string) (uuid.UUID, error) {
+	id, err := uuid.Parse(s)
+	if err != nil || len(s) != 36 {
+		return uuid.UUID{}, problem.Errorf(problem.OrderNotFound, "No order exists with this id.")
+	}
+	return id, nil
+}

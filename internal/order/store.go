@@ -1,0 +1,176 @@
+package order
+
+import (
+	"encoding/base64"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+
+	"github.com/orderservice/orderservice/internal/problem"
+)
+
+// The SQL of the order capability: unexported helpers that take the
+// transaction their use case opened.
+
+// insertOrder writes a new order, its items and its "create" history entry.
+func insertOrder(tx *gorm.DB, o *Order, op, key string) error {
+	if err := tx.Omit(clause.Associations).Create(o).Error; err != nil {
+		return err
+	}
+	if err := tx.Create(&o.Items).Error; err != nil {
+		return err
+	}
+	return tx.Create(&HistoryEntry{OrderID: o.ID, Event: EventCreate, Operation: op, IdempotencyKey: key,
+		ToStatus: o.Status, CreatedAt: o.CreatedAt}).Error
+}
+
+// lockOrder reads the tenant's order with SELECT … FOR UPDATE: concurrent
+// transitions of one order, from any instance, queue here.
+func lockOrder(tx *gorm.DB, tenantID string, id uuid.UUID) (*Order, error) {
+	var o Order
+	err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).
+		Where("tenant_id = ? AND id = ?", tenantID, id).Take(&o).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, errNotFound(id.String())
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &o, loadDetails(tx, &o)
+}
+
+// getOrder reads the tenant's order without locking it.
+func getOrder(db *gorm.DB, tenantID string, id uuid.UUID) (*Order, error) {
+	var o Order
+	err := db.Where("tenant_id = ? AND id = ?", tenantID, id).Take(&o).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return nil, errNotFound(id.String())
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &o, loadDetails(db, &o)
+}
+
+func loadDetails(db *gorm.DB, o *Order) error {
+	if err := db.Where("order_id = ?", o.ID).Order("line_no").Find(&o.Items).Error; err != nil {
+		return err
+	}
+	return db.Where("order_id = ?", o.ID).Order("created_at, id").Find(&o.payments).Error
+}
+
+// saveTransition writes the order's new status (and shipment fields) and the
+// history entry of the transition, in the caller's transaction. The version
+// check is a second guard behind the row lock.
+func saveTransition(tx *gorm.DB, o *Order, from Status, ev Event, op, key string) error {
+	now := tx.NowFunc()
+	res := tx.Model(&Order{}).Where("id = ? AND version = ?", o.ID, o.Version).Updates(map[string]any{
+		"status": o.Status, "carrier": o.Carrier, "tracking_number": o.TrackingNumber,
+		"version": o.Version + 1, "updated_at": now,
+	})
+	if res.Error != nil {
+		return res.Error
+	}
+	if res.RowsAffected != 1 {
+		return fmt.Errorf("order %s changed under its row lock", o.ID)
+	}
+	o.Version++
+	o.UpdatedAt = now
+	return tx.Create(&HistoryEntry{OrderID: o.ID, Event: ev, Operation: op, IdempotencyKey: key,
+		FromStatus: from, ToStatus: o.Status, CreatedAt: now}).Error
+}
+
+// ListFilter selects and pages a tenant's orders, newest first.
+type ListFilter struct {
+	Status     Status
+	CustomerID string
+	Limit      int
+	Cursor     string
+}
+
+// Page is one page of orders and the cursor of the next page ("" at the end).
+type Page struct {
+	Orders     []*Order `json:"orders"`
+	NextCursor string   `json:"next_cursor,omitempty"`
+}
+
+// listOrders pages with a keyset on the id: UUIDv7 ids sort by creation
+// time, so "WHERE id < cursor ORDER BY id DESC" is newest first and stays
+// stable while new orders arrive.
+func listOrders(db *gorm.DB, tenantID string, f ListFilter) (Page, error) {
+	q := db.Where("tenant_id = ?", tenantID)
+	if f.Status != "" {
+		q = q.Where("status = ?", f.Status)
+	}
+	if f.CustomerID != "" {
+		q = q.Where("customer_id = ?", f.CustomerID)
+	}
+	if f.Cursor != "" {
+		after, err := decodeCursor(f.Cursor)
+		if err != nil {
+			return Page{}, err
+		}
+		q = q.Where("id < ?", after)
+	}
+	var orders []*Order
+	if err := q.Order("id DESC").Limit(f.Limit + 1).Find(&orders).Error; err != nil {
+		return Page{}, err
+	}
+	page := Page{Orders: orders}
+	if len(orders) > f.Limit {
+		page.Orders = orders[:f.Limit]
+		page.NextCursor = encodeCursor(page.Orders[f.Limit-1].ID)
+	}
+	if err := loadPageDetails(db, page.Orders); err != nil {
+		return Page{}, err
+	}
+	return page, nil
+}
+
+// loadPageDetails loads items and payments of a page in two queries.
+func loadPageDetails(db *gorm.DB, orders []*Order) error {
+	if len(orders) == 0 {
+		return nil
+	}
+	ids := make([]uuid.UUID, len(orders))
+	byID := make(map[uuid.UUID]*Order, len(orders))
+	for i, o := range orders {
+		ids[i], byID[o.ID] = o.ID, o
+		o.Items = []Item{}
+	}
+	var items []Item
+	if err := db.Where("order_id IN ?", ids).Order("order_id, line_no").Find(&items).Error; err != nil {
+		return err
+	}
+	for _, it := range items {
+		byID[it.OrderID].Items = append(byID[it.OrderID].Items, it)
+	}
+	var payments []Payment
+	if err := db.Where("order_id IN ?", ids).Order("created_at, id").Find(&payments).Error; err != nil {
+		return err
+	}
+	for _, p := range payments {
+		byID[p.OrderID].payments = append(byID[p.OrderID].payments, p)
+	}
+	return nil
+}
+
+func encodeCursor(id uuid.UUID) string { return base64.RawURLEncoding.EncodeToString(id[:]) }
+
+func decodeCursor(s string) (uuid.UUID, error) {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil || len(b) != 16 {
+		return uuid.UUID{}, problem.Errorf(problem.InvalidRequest, "cursor: is not a cursor this service returned").With("field", "cursor")
+	}
+	return uuid.UUID(b), nil
+}
+
+// history returns the order's transitions, oldest first.
+func history(db *gorm.DB, orderID uuid.UUID) ([]HistoryEntry, error) {
+	var entries []HistoryEntry
+	err := db.Where("order_id = ?", orderID).Order("id").Find(&entries).Error
+	return entries, err
+}
