@@ -71,7 +71,8 @@ func open(ctx context.Context, url string, opts Options) (*gorm.DB, error) {
 		// Every write here already runs in an explicit transaction.
 		SkipDefaultTransaction: true,
 		Logger:                 logger.Discard,
-		NowFunc:                func() time.Time { return time.Now().UTC() },
+		// PostgreSQL keeps microseconds: so does every time we write and echo.
+		NowFunc: func() time.Time { return time.Now().UTC().Truncate(time.Microsecond) },
 	})
 	if err != nil {
 		sqlDB.Close()
@@ -140,8 +141,8 @@ func IsUnavailable(err error) bool {
 	switch {
 	case strings.HasPrefix(code, "08"), // connection exception
 		strings.HasPrefix(code, "57P"), // operator intervention: shutdown, crash recovery
-		code == "53300", // too many connections
-		code == "57014": // query canceled (statement_timeout)
+		code == "53300",                // too many connections
+		code == "57014":                // query canceled (statement_timeout)
 		return true
 	case code != "":
 		return false

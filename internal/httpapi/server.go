@@ -66,7 +66,10 @@ func (s *Server) handleError(err error, c echo.Context) {
 	p := toProblem(err)
 	status, body := problem.Render(p)
 	c.Set(ctxCode, string(p.Code))
-	if status >= http.StatusInternalServerError {
+	switch {
+	case status == http.StatusServiceUnavailable: // transient, and the client was told to retry
+		s.Logger.WarnContext(c.Request().Context(), "request postponed", "err", err, "method", c.Request().Method, "path", c.Path())
+	case status >= http.StatusInternalServerError:
 		s.Logger.ErrorContext(c.Request().Context(), "request failed", "err", err, "code", p.Code,
 			"method", c.Request().Method, "path", c.Path())
 	}

@@ -34,6 +34,10 @@ type Claim struct {
 	// failed retryably, or its owner's lease expired): the caller resumes
 	// that attempt rather than starting a new one.
 	Resumed bool
+	// ResumedFrom is the state the intent was taken over from: PROCESSING
+	// means its owner died mid-flight, FAILED_RETRYABLE that it gave up
+	// cleanly on an unknown outcome.
+	ResumedFrom State
 }
 
 // Token is the fencing token the caller must present to complete the intent.
@@ -115,7 +119,7 @@ func (s *Store) takeOver(tx *gorm.DB, rec Record) (Claim, error) {
 	if res.RowsAffected == 0 {
 		return Claim{}, inProgress(s.Lease.Seconds())
 	}
-	return Claim{Record: next, Resumed: true}, nil
+	return Claim{Record: next, Resumed: true, ResumedFrom: rec.State}, nil
 }
 
 // Complete stores the definitive outcome (Succeeded or FailedFinal) of the

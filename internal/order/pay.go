@@ -187,7 +187,14 @@ func (s *Service) moneyIntent(ctx context.Context, c Caller, op, orderID string,
 	}
 	// The client may hang up; the money phases still run to the end, so the
 	// outcome is recorded and its retry gets the replay.
-	return s.settle(context.WithoutCancel(ctx), claim.Record, *pay, claim.Resumed)
+	// An owner that died mid-flight left no word of the channel's answer,
+	// so its successor asks the channel first; an intent that failed
+	// retryably simply sends the same request under the same key again.
+	lookupFirst := claim.ResumedFrom == idempotency.Processing
+	if claim.Resumed {
+		s.observe().Takeover(op, "retry")
+	}
+	return s.settle(context.WithoutCancel(ctx), claim.Record, *pay, lookupFirst)
 }
 
 // pendingPayment finds the payment an earlier attempt of the intent wrote.
@@ -210,8 +217,8 @@ type channelResult struct {
 // settle drives a pending payment to its outcome (phases 2 and 3). It is
 // used by the request that started the payment, by a client retry, and by
 // the sweeper after a takeover.
-func (s *Service) settle(ctx context.Context, rec idempotency.Record, p Payment, resumed bool) (idempotency.Response, error) {
-	res, err := s.askChannel(ctx, p, resumed)
+func (s *Service) settle(ctx context.Context, rec idempotency.Record, p Payment, lookupFirst bool) (idempotency.Response, error) {
+	res, err := s.askChannel(ctx, p, lookupFirst)
 	if err == nil {
 		err = s.Hooks.run(s.Hooks.AfterChannelCall)
 	}
@@ -271,11 +278,11 @@ func outcomeEvent(kind PaymentKind, status PaymentStatus) Event {
 	return EventPaymentFailed
 }
 
-// askChannel is phase 2. A resumed intent first asks the channel what
-// happened under its key (the real outcome of the attempt that died), and
-// only when the channel has nothing sends the request again, with the same
-// key. Only a definitive answer leaves here as succeeded or failed.
-func (s *Service) askChannel(ctx context.Context, p Payment, resumed bool) (channelResult, error) {
+// askChannel is phase 2. With lookupFirst (a takeover from an owner that
+// died) it first asks the channel what happened under the key, and only when
+// the channel has nothing sends the request, with the same key. Only a
+// definitive answer leaves here as succeeded or failed.
+func (s *Service) askChannel(ctx context.Context, p Payment, lookupFirst bool) (channelResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.Money.ChannelTimeout)
 	defer cancel()
 	var res channelResult
@@ -284,10 +291,10 @@ func (s *Service) askChannel(ctx context.Context, p Payment, resumed bool) (chan
 	switch p.Kind {
 	case KindCharge:
 		var ch payment.Charge
-		if resumed {
+		if lookupFirst {
 			ch, err = s.Channel.LookupCharge(ctx, p.ChannelKey)
 		}
-		if !resumed || errors.Is(err, payment.ErrNotFound) {
+		if !lookupFirst || errors.Is(err, payment.ErrNotFound) {
 			var r payment.Result[payment.Charge]
 			r, err = s.Channel.Charge(ctx, p.ChannelKey, payment.ChargeRequest{Amount: p.Amount, Currency: p.Currency,
 				Reference: p.OrderID.String(), PaymentMethod: deref(p.PaymentMethod)})
@@ -296,10 +303,10 @@ func (s *Service) askChannel(ctx context.Context, p Payment, resumed bool) (chan
 		res.status, res.ref = chargeStatus(ch), ch.ID
 	case KindRefund:
 		var rf payment.Refund
-		if resumed {
+		if lookupFirst {
 			rf, err = s.Channel.LookupRefund(ctx, p.ChannelKey)
 		}
-		if !resumed || errors.Is(err, payment.ErrNotFound) {
+		if !lookupFirst || errors.Is(err, payment.ErrNotFound) {
 			var r payment.Result[payment.Refund]
 			r, err = s.Channel.Refund(ctx, p.ChannelKey, payment.RefundRequest{ChargeID: deref(p.RefundOf), Amount: p.Amount})
 			rf, res.replayed = r.Value, r.Replayed

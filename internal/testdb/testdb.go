@@ -1,0 +1,83 @@
+// Package testdb gives each test package a fresh, migrated PostgreSQL
+// database. It never skips: a test run that cannot reach PostgreSQL fails
+// and says why.
+package testdb
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/orderservice/orderservice/internal/database"
+)
+
+// ServerURL is the server tests use: TEST_DATABASE_URL, or the local
+// PostgreSQL that `make test` expects.
+func ServerURL() string {
+	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	return "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+}
+
+// Create makes a new database named after prefix, applies the migrations,
+// and returns its URL and a function that drops it.
+func Create(prefix string) (dbURL string, drop func(), err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	server := ServerURL()
+	conn, err := pgx.Connect(ctx, server)
+	if err != nil {
+		return "", nil, fmt.Errorf("tests need PostgreSQL at %s (set TEST_DATABASE_URL): %w", redact(server), err)
+	}
+	defer conn.Close(ctx)
+
+	suffix := make([]byte, 4)
+	_, _ = rand.Read(suffix)
+	name := "test_" + strings.ReplaceAll(prefix, "-", "_") + "_" + hex.EncodeToString(suffix)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return "", nil, fmt.Errorf("create test database: %w", err)
+	}
+	u, _ := url.Parse(server)
+	u.Path = "/" + name
+	dbURL = u.String()
+	if _, err := database.Migrate(dbURL); err != nil {
+		return "", nil, err
+	}
+	drop = func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if c, err := pgx.Connect(ctx, server); err == nil {
+			_, _ = c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+			c.Close(ctx)
+		}
+	}
+	return dbURL, drop, nil
+}
+
+// Main is the body of a TestMain: it creates the package's database, runs
+// the tests with its URL, and drops it.
+func Main(run func(dbURL string) int, prefix string) int {
+	dbURL, drop, err := Create(prefix)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		return 1
+	}
+	defer drop()
+	return run(dbURL)
+}
+
+func redact(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
+}
