@@ -24,12 +24,6 @@ const maxBody = 1 << 20
 // its zero value; the use case then names the first missing field.
 func decode(c echo.Context, v any) error {
 	r := c.Request()
-	if r.ContentLength == 0 {
-		return nil
-	}
-	if !isJSON(r.Header.Get(echo.HeaderContentType)) {
-		return echo.ErrUnsupportedMediaType
-	}
 	body, err := io.ReadAll(http.MaxBytesReader(c.Response(), r.Body, maxBody))
 	var tooLarge *http.MaxBytesError
 	if errors.As(err, &tooLarge) {
@@ -40,6 +34,9 @@ func decode(c echo.Context, v any) error {
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil
+	}
+	if !isJSON(r.Header.Get(echo.HeaderContentType)) {
+		return echo.ErrUnsupportedMediaType
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()

@@ -59,7 +59,7 @@ func (s *Server) listOrders(c echo.Context) error {
 	f := order.ListFilter{Status: order.Status(q.Get("status")), CustomerID: q.Get("customer_id"), Cursor: q.Get("cursor")}
 	if l := q.Get("limit"); l != "" {
 		n, err := strconv.Atoi(l)
-		if err != nil {
+		if err != nil || n < 1 || n > 100 {
 			return problem.Errorf(problem.InvalidRequest, "limit: must be an integer between 1 and 100").With("field", "limit")
 		}
 		f.Limit = n

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v4/middleware"
 	"gorm.io/gorm"
 
 	"github.com/orderservice/orderservice/internal/database"
@@ -50,6 +51,9 @@ func (s *Server) Handler() *echo.Echo {
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.handleError
 	e.Use(s.logRequests)
+	// A panic in a handler rolls its transaction back (GORM re-panics after
+	// ROLLBACK) and becomes a 500 here instead of a dropped connection.
+	e.Use(middleware.RecoverWithConfig(middleware.RecoverConfig{DisableStackAll: true, DisablePrintStack: true}))
 	s.routes(e)
 	if s.Extra != nil {
 		s.Extra(e)

@@ -56,7 +56,7 @@ func (s *Service) RunSweeper(ctx context.Context, interval time.Duration, batch 
 		case <-t.C:
 			for {
 				n, err := s.Sweep(ctx, batch)
-				if err != nil {
+				if err != nil && ctx.Err() == nil {
 					s.logger().WarnContext(ctx, "sweep failed", "err", err)
 				}
 				if err != nil || n < batch {
