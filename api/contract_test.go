@@ -87,6 +87,7 @@ func TestResponsesMatchOpenAPI(t *testing.T) {
 		{name: "cancel a paid order (refund)", method: "POST", path: "/v1/orders/{order}/cancel", key: "x-5", body: `{"reason":"changed my mind"}`, status: 200},
 		{name: "healthz", method: "GET", path: "/healthz", status: 200},
 		{name: "readyz", method: "GET", path: "/readyz", status: 200},
+		{name: "metrics", method: "GET", path: "/metrics", status: 200},
 	}
 	for _, ex := range scenario {
 		t.Run(ex.name, func(t *testing.T) {

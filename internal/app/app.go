@@ -17,6 +17,7 @@ import (
 	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/httpapi"
 	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/metrics"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/payment"
 	"github.com/orderservice/orderservice/internal/payment/channel"
@@ -57,16 +58,35 @@ func Run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		}
 		fmt.Fprintf(stdout, "database schema at version %d\n", v)
 		return nil
+	case "cleanup":
+		return cleanupOnce(ctx, cfg, logger, stdout)
 	}
-	return fmt.Errorf("unknown command %q (want serve or migrate)", cmd)
+	return fmt.Errorf("unknown command %q (want serve, migrate or cleanup)", cmd)
+}
+
+// cleanupOnce is `orderservice cleanup`: one pass of the cleanup job by hand.
+func cleanupOnce(ctx context.Context, cfg Config, logger *slog.Logger, stdout io.Writer) error {
+	db, err := database.Open(ctx, cfg.DatabaseURL, database.Options{MaxConns: 2, StatementTimeout: time.Minute, LockTimeout: cfg.DBLockTimeout})
+	if err != nil {
+		return err
+	}
+	defer database.Close(db)
+	policy := cfg.Policy()
+	c := &idempotency.Cleaner{DB: db, Store: &idempotency.Store{Lease: cfg.Lease, Policy: policy},
+		Batch: cfg.CleanupBatch, Pause: cfg.CleanupPause, Logger: logger}
+	res, err := c.Pass(ctx)
+	fmt.Fprintf(stdout, "cleanup: deleted %d expired idempotency records, %d of them archived first (money operations: %v)\n",
+		res.Deleted, res.Archived, policy.MoneyOperations)
+	return err
 }
 
 // Main is a running service. Tests start it on 127.0.0.1:0 and Close it.
 type Main struct {
-	Config Config
-	Logger *slog.Logger
-	DB     *gorm.DB
-	Orders *order.Service
+	Config  Config
+	Logger  *slog.Logger
+	DB      *gorm.DB
+	Orders  *order.Service
+	Metrics *metrics.Metrics
 	// Addr is the address the order API listens on.
 	Addr string
 	// Channel is the embedded mock payment channel, nil when
@@ -117,15 +137,16 @@ func (m *Main) start(ctx context.Context) error {
 	}
 
 	policy := cfg.Policy()
+	m.Metrics = metrics.New(db, m.Logger)
 	records := &idempotency.Store{Lease: cfg.Lease, Policy: policy}
 	m.Orders = &order.Service{
-		DB: db, Records: records, Logger: m.Logger,
+		DB: db, Records: records, Logger: m.Logger, Observe: m.Metrics,
 		Channel: payment.NewClient(channelURL, &http.Client{Transport: &http.Transport{
 			MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}}),
 		Money: order.MoneyConfig{ChannelTimeout: cfg.ChannelTimeout, RetryAfter: cfg.RetryAfter},
 	}
 	api := &httpapi.Server{Orders: m.Orders, Records: records, DB: db, Logger: m.Logger,
-		Tenants: httpapi.NewTenants(cfg.APIKeys), Policy: policy}
+		Tenants: httpapi.NewTenants(cfg.APIKeys), Policy: policy, Metrics: m.Metrics}
 
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
@@ -136,10 +157,16 @@ func (m *Main) start(ctx context.Context) error {
 
 	workCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	m.stop = stop
-	m.workers.Add(1)
+	cleaner := &idempotency.Cleaner{DB: db, Store: records, Batch: cfg.CleanupBatch, Pause: cfg.CleanupPause,
+		Logger: m.Logger, Observe: func(r idempotency.CleanupResult) { m.Metrics.Cleaned(r.Deleted, r.Archived) }}
+	m.workers.Add(2)
 	go func() {
 		defer m.workers.Done()
 		m.Orders.RunSweeper(workCtx, cfg.SweepInterval, cfg.SweepBatch)
+	}()
+	go func() {
+		defer m.workers.Done()
+		cleaner.Run(workCtx, cfg.CleanupInterval)
 	}()
 
 	m.Logger.Info("orderservice started", "addr", m.Addr, "schema_version", version,

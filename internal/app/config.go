@@ -46,6 +46,10 @@ type Config struct {
 	MoneyRetentionFloor      time.Duration `env:"MONEY_RETENTION_FLOOR" envDefault:"2160h"`
 	Retention                time.Duration `env:"IDEMPOTENCY_RETENTION"`
 
+	CleanupInterval time.Duration `env:"CLEANUP_INTERVAL" envDefault:"1h"`
+	CleanupBatch    int           `env:"CLEANUP_BATCH" envDefault:"1000"`
+	CleanupPause    time.Duration `env:"CLEANUP_PAUSE" envDefault:"50ms"`
+
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"15s"`
 }
 
@@ -86,14 +90,17 @@ func (c Config) validate() error {
 	for name, d := range map[string]time.Duration{
 		"DB_STATEMENT_TIMEOUT": c.DBStatementTimeout, "DB_LOCK_TIMEOUT": c.DBLockTimeout,
 		"IDEMPOTENCY_LEASE": c.Lease, "PAYMENT_CHANNEL_TIMEOUT": c.ChannelTimeout, "PAYMENT_RETRY_AFTER": c.RetryAfter,
-		"SWEEP_INTERVAL": c.SweepInterval, "SHUTDOWN_TIMEOUT": c.ShutdownTimeout,
+		"SWEEP_INTERVAL": c.SweepInterval, "SHUTDOWN_TIMEOUT": c.ShutdownTimeout, "CLEANUP_INTERVAL": c.CleanupInterval,
 	} {
 		if d <= 0 {
 			return fmt.Errorf("%s must be a positive duration", name)
 		}
 	}
-	if c.DBMaxConns < 1 || c.SweepBatch < 1 {
-		return fmt.Errorf("DB_MAX_CONNS and SWEEP_BATCH must be at least 1")
+	if c.DBMaxConns < 1 || c.SweepBatch < 1 || c.CleanupBatch < 1 {
+		return fmt.Errorf("DB_MAX_CONNS, SWEEP_BATCH and CLEANUP_BATCH must be at least 1")
+	}
+	if c.CleanupPause < 0 {
+		return fmt.Errorf("CLEANUP_PAUSE must not be negative")
 	}
 	// An owner must be able to finish a channel call within its lease, or
 	// a takeover would race a call that is still running.

@@ -51,12 +51,15 @@ func (s *Server) logRequests(next echo.HandlerFunc) echo.HandlerFunc {
 			c.Error(err)
 		}
 		req, res := c.Request(), c.Response()
+		took, result := time.Since(start), outcome(c, res.Status)
+		s.Metrics.HTTP(req.Method, c.Path(), res.Status, took)
+		s.Metrics.Request(stringOf(c.Get(ctxOperation)), result)
 		attrs := []slog.Attr{
 			slog.String("method", req.Method),
 			slog.String("route", c.Path()),
 			slog.Int("status", res.Status),
-			slog.Duration("latency", time.Since(start)),
-			slog.String("outcome", outcome(c, res.Status)),
+			slog.Duration("latency", took),
+			slog.String("outcome", result),
 		}
 		for _, k := range []string{ctxTenant, ctxOperation, ctxKey, ctxOrderID} {
 			if v, ok := c.Get(k).(string); ok && v != "" {

@@ -10,6 +10,7 @@ import (
 func (s *Server) routes(e *echo.Echo) {
 	e.GET("/healthz", s.healthz)
 	e.GET("/readyz", s.readyz)
+	e.GET("/metrics", echo.WrapHandler(s.Metrics.Handler()))
 
 	v1 := e.Group("/v1", s.authenticate)
 	v1.POST("/orders", idempotent(s, order.OpCreate, s.Orders.Create))

@@ -17,6 +17,7 @@ import (
 
 	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/metrics"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/problem"
 )
@@ -30,9 +31,8 @@ type Server struct {
 	// Tenants maps the SHA-256 of an API key to its tenant.
 	Tenants map[[32]byte]string
 	// Policy is the retention policy in force, shown read-only.
-	Policy idempotency.Policy
-	// Extra mounts more routes (metrics, admin) owned by the caller.
-	Extra func(e *echo.Echo)
+	Policy  idempotency.Policy
+	Metrics *metrics.Metrics
 }
 
 // NewTenants builds the API-key table from tenant -> key pairs. Keys are
@@ -55,9 +55,6 @@ func (s *Server) Handler() *echo.Echo {
 	// ROLLBACK) and becomes a 500 here instead of a dropped connection.
 	e.Use(middleware.RecoverWithConfig(middleware.RecoverConfig{DisableStackAll: true, DisablePrintStack: true}))
 	s.routes(e)
-	if s.Extra != nil {
-		s.Extra(e)
-	}
 	return e
 }
 

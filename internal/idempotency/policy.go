@@ -56,15 +56,15 @@ func (p Policy) RetentionFor(operation string) time.Duration {
 }
 
 // Check refuses a configured retention that some replay window outlives,
-// naming the window that makes it unsafe.
+// naming the longest such window: it is the one that makes it unsafe.
 func (p Policy) Check() error {
 	if p.Retention == 0 {
 		return nil
 	}
-	for _, w := range p.Windows {
-		if p.Retention < w.Duration+p.Margin {
-			return fmt.Errorf("retention %s is unsafe: the %s window replays for %s, so records must be kept at least %s", p.Retention, w.Name, w.Duration, w.Duration+p.Margin)
-		}
+	longest := p.Longest()
+	if need := longest.Duration + p.Margin; p.Retention < need {
+		return fmt.Errorf("retention %s is unsafe: the %s window replays for %s, so records must be kept at least %s (window plus margin)",
+			p.Retention, longest.Name, longest.Duration, need)
 	}
 	return nil
 }

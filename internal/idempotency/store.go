@@ -180,7 +180,7 @@ func (s *Store) ClaimDue(tx *gorm.DB, operations []string, limit int) ([]Record,
 			SELECT tenant_id, operation, idempotency_key
 			FROM idempotency_records
 			WHERE state IN ('PROCESSING', 'FAILED_RETRYABLE') AND lease_expires_at <= now()
-			  AND operation = ANY(?)
+			  AND operation IN ?
 			ORDER BY lease_expires_at
 			LIMIT ?
 			FOR UPDATE SKIP LOCKED)

@@ -1,0 +1,116 @@
+package idempotency
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/orderservice/orderservice/internal/database"
+)
+
+// CleanupResult says what one cleanup batch did.
+type CleanupResult struct {
+	Deleted  int // records removed, archived ones included
+	Archived int // of those, copied to idempotency_archive first
+}
+
+// CleanupBatch removes up to limit finished records whose retention has
+// run out, in one statement: the records of money operations are copied to
+// the archive in the same transaction as their delete, so none is lost
+// between the two. PROCESSING and FAILED_RETRYABLE records are never
+// touched, nor anything not yet expired. SKIP LOCKED lets every instance
+// clean at once, and keeps the batch off rows a request is using.
+func (s *Store) CleanupBatch(tx *gorm.DB, limit int) (CleanupResult, error) {
+	var res CleanupResult
+	money := s.Policy.MoneyOperations
+	err := tx.Raw(`
+		WITH doomed AS (
+			SELECT tenant_id, operation, idempotency_key
+			FROM idempotency_records
+			WHERE state IN ('SUCCEEDED', 'FAILED_FINAL') AND expires_at < now()
+			ORDER BY expires_at
+			LIMIT ?
+			FOR UPDATE SKIP LOCKED
+		), gone AS (
+			DELETE FROM idempotency_records r
+			USING doomed d
+			WHERE r.tenant_id = d.tenant_id AND r.operation = d.operation AND r.idempotency_key = d.idempotency_key
+			RETURNING r.*
+		), archived AS (
+			INSERT INTO idempotency_archive
+				(tenant_id, operation, idempotency_key, fingerprint, state, resource_id,
+				 response_status, response_sha256, attempts, created_at, completed_at, expires_at)
+			SELECT tenant_id, operation, idempotency_key, fingerprint, state, resource_id,
+			       response_status, sha256(response_body), attempts, created_at, completed_at, expires_at
+			FROM gone
+			WHERE operation IN ?
+			RETURNING 1
+		)
+		SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM archived) AS archived`,
+		limit, money).Scan(&res).Error
+	return res, err
+}
+
+// Cleaner runs the cleanup job: expired records go in bounded batches with
+// a pause between them, so a large backlog never holds many locks at once.
+type Cleaner struct {
+	DB    *gorm.DB
+	Store *Store
+	Batch int
+	Pause time.Duration
+	// Observe, when set, is told what each batch did (for metrics).
+	Observe func(CleanupResult)
+	Logger  *slog.Logger
+}
+
+// Pass removes every record expired now, batch by batch, and returns the
+// totals. It stops early, with what it did so far, when ctx ends.
+func (c *Cleaner) Pass(ctx context.Context) (CleanupResult, error) {
+	var total CleanupResult
+	for {
+		var res CleanupResult
+		err := database.Transact(ctx, c.DB, func(tx *gorm.DB) error {
+			var err error
+			res, err = c.Store.CleanupBatch(tx, c.Batch)
+			return err
+		})
+		if err != nil {
+			return total, err
+		}
+		total.Deleted += res.Deleted
+		total.Archived += res.Archived
+		if c.Observe != nil {
+			c.Observe(res)
+		}
+		if res.Deleted < c.Batch {
+			return total, nil
+		}
+		select {
+		case <-ctx.Done():
+			return total, ctx.Err()
+		case <-time.After(c.Pause):
+		}
+	}
+}
+
+// Run makes a pass every interval until ctx ends.
+func (c *Cleaner) Run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			res, err := c.Pass(ctx)
+			switch {
+			case err != nil && ctx.Err() == nil:
+				c.Logger.WarnContext(ctx, "cleanup pass failed", "err", err)
+			case res.Deleted > 0:
+				c.Logger.InfoContext(ctx, "cleanup pass", "deleted", res.Deleted, "archived", res.Archived)
+			}
+		}
+	}
+}

@@ -1,0 +1,189 @@
+// Package metrics holds the service's Prometheus metrics: the five things
+// the seed document says to watch (replays, parameter conflicts, stuck
+// PROCESSING, record growth, downstream duplicates) plus request latency.
+// Every method is safe on a nil *Metrics, which records nothing.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"gorm.io/gorm"
+
+	"github.com/orderservice/orderservice/internal/payment"
+)
+
+// Metrics is the registry and every collector of the service.
+type Metrics struct {
+	registry   *prometheus.Registry
+	requests   *prometheus.CounterVec
+	conflicts  *prometheus.CounterVec
+	takeovers  *prometheus.CounterVec
+	channel    *prometheus.HistogramVec
+	duplicates *prometheus.CounterVec
+	http       *prometheus.HistogramVec
+	cleaned    *prometheus.CounterVec
+}
+
+// New registers every metric. db feeds the gauges read at scrape time
+// (records by state, stuck PROCESSING, table size).
+func New(db *gorm.DB, logger *slog.Logger) *Metrics {
+	m := &Metrics{
+		registry: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "orderservice_idempotent_requests_total",
+			Help: "Idempotent requests by operation and what the idempotency layer did: executed, replayed, key_reused, in_progress, validation_rejected, unavailable, failed.",
+		}, []string{"operation", "outcome"}),
+		conflicts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "orderservice_idempotency_key_conflicts_total",
+			Help: "Requests refused with 422 because their key was used with other parameters.",
+		}, []string{"operation"}),
+		takeovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "orderservice_idempotency_takeovers_total",
+			Help: "Unfinished intents taken over by a new owner, by operation and by whom (retry or sweeper).",
+		}, []string{"operation", "by"}),
+		channel: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "orderservice_payment_channel_call_duration_seconds",
+			Help:    "Calls to the payment channel by kind (charge, refund) and outcome (ok, unavailable, rejected).",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"kind", "outcome"}),
+		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "orderservice_payment_channel_duplicates_absorbed_total",
+			Help: "Channel answers marked Idempotent-Replayed: duplicates the channel absorbed because we sent a stable key.",
+		}, []string{"kind"}),
+		http: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "orderservice_http_request_duration_seconds",
+			Help:    "HTTP request latency by method, route and status.",
+			Buckets: prometheus.DefBuckets,
+		}, []string{"method", "route", "status"}),
+		cleaned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "orderservice_idempotency_records_cleaned_total",
+			Help: "Expired records removed by the cleanup job; action is deleted or archived (copied to the archive, then deleted).",
+		}, []string{"action"}),
+	}
+	m.registry.MustRegister(m.requests, m.conflicts, m.takeovers, m.channel, m.duplicates, m.http, m.cleaned,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		&recordCollector{db: db, logger: logger})
+	return m
+}
+
+// Handler serves the metrics in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{Registry: m.registry})
+}
+
+// Request counts one idempotent request and what came of it.
+func (m *Metrics) Request(operation, outcome string) {
+	if m == nil || operation == "" {
+		return
+	}
+	m.requests.WithLabelValues(operation, outcome).Inc()
+	if outcome == "key_reused" {
+		m.conflicts.WithLabelValues(operation).Inc()
+	}
+}
+
+// HTTP observes one request's latency.
+func (m *Metrics) HTTP(method, route string, status int, took time.Duration) {
+	if m == nil {
+		return
+	}
+	m.http.WithLabelValues(method, route, strconv.Itoa(status)).Observe(took.Seconds())
+}
+
+// ChannelCall observes one call to the payment channel.
+func (m *Metrics) ChannelCall(kind string, took time.Duration, err error, replayed bool) {
+	if m == nil {
+		return
+	}
+	outcome := "ok"
+	switch {
+	case errors.Is(err, payment.ErrRejected):
+		outcome = "rejected"
+	case err != nil:
+		outcome = "unavailable"
+	}
+	m.channel.WithLabelValues(kind, outcome).Observe(took.Seconds())
+	if replayed {
+		m.duplicates.WithLabelValues(kind).Inc()
+	}
+}
+
+// Takeover counts an unfinished intent that got a new owner.
+func (m *Metrics) Takeover(operation, by string) {
+	if m == nil {
+		return
+	}
+	m.takeovers.WithLabelValues(operation, by).Inc()
+}
+
+// Cleaned counts records the cleanup job removed.
+func (m *Metrics) Cleaned(deleted, archived int) {
+	if m == nil {
+		return
+	}
+	m.cleaned.WithLabelValues("deleted").Add(float64(deleted - archived))
+	m.cleaned.WithLabelValues("archived").Add(float64(archived))
+}
+
+// recordCollector reads the idempotency table's gauges at scrape time.
+type recordCollector struct {
+	db     *gorm.DB
+	logger *slog.Logger
+}
+
+var (
+	recordsDesc = prometheus.NewDesc("orderservice_idempotency_records",
+		"Idempotency records by state.", []string{"state"}, nil)
+	stuckDesc = prometheus.NewDesc("orderservice_idempotency_processing_expired",
+		"PROCESSING records whose lease has expired: work a dead owner left, waiting for a takeover.", nil, nil)
+	sizeDesc = prometheus.NewDesc("orderservice_idempotency_table_bytes",
+		"Total size of the idempotency_records table with its indexes.", nil, nil)
+	archiveDesc = prometheus.NewDesc("orderservice_idempotency_archive_records",
+		"Records in the archive of money operations.", nil, nil)
+)
+
+func (c *recordCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- recordsDesc
+	ch <- stuckDesc
+	ch <- sizeDesc
+	ch <- archiveDesc
+}
+
+func (c *recordCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	db := c.db.WithContext(ctx)
+	var byState []struct {
+		State string
+		N     int64
+	}
+	var stuck, size, archived int64
+	err := errors.Join(
+		db.Raw("SELECT state, count(*) AS n FROM idempotency_records GROUP BY state").Scan(&byState).Error,
+		db.Raw("SELECT count(*) FROM idempotency_records WHERE state = 'PROCESSING' AND lease_expires_at < now()").Scan(&stuck).Error,
+		db.Raw("SELECT pg_total_relation_size('idempotency_records')").Scan(&size).Error,
+		db.Raw("SELECT count(*) FROM idempotency_archive").Scan(&archived).Error,
+	)
+	if err != nil {
+		c.logger.Warn("metrics: could not read idempotency gauges", "err", err)
+		return
+	}
+	counts := map[string]int64{"PROCESSING": 0, "SUCCEEDED": 0, "FAILED_RETRYABLE": 0, "FAILED_FINAL": 0}
+	for _, s := range byState {
+		counts[s.State] = s.N
+	}
+	for state, n := range counts {
+		ch <- prometheus.MustNewConstMetric(recordsDesc, prometheus.GaugeValue, float64(n), state)
+	}
+	ch <- prometheus.MustNewConstMetric(stuckDesc, prometheus.GaugeValue, float64(stuck))
+	ch <- prometheus.MustNewConstMetric(sizeDesc, prometheus.GaugeValue, float64(size))
+	ch <- prometheus.MustNewConstMetric(archiveDesc, prometheus.GaugeValue, float64(archived))
+}
