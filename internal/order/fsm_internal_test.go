@@ -1,0 +1,153 @@
+package order
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/orderservice/orderservice/internal/problem"
+)
+
+// The expectations below are written out by hand, not derived from the
+// lifecycle table, so that a change to the table fails here until someone
+// decides it was meant.
+
+// allStatuses and allEvents are every status and event the lifecycle knows.
+var (
+	allStatuses = []Status{
+		StatusCreated, StatusPaymentPending, StatusPaid, StatusPaymentFailed,
+		StatusRefundPending, StatusShipped, StatusDelivered, StatusCancelled,
+	}
+	allEvents = []Event{
+		EventCreate, EventPay, EventPaymentSucceeded, EventPaymentFailed,
+		EventShip, EventDeliver, EventCancel, EventRefund, EventRefundSucceeded,
+	}
+)
+
+// wantMoves is the contract's state machine: from -> event -> to. Every
+// (status, event) pair missing here must be refused.
+var wantMoves = map[Status]map[Event]Status{
+	StatusCreated: {
+		EventPay:    StatusPaymentPending,
+		EventCancel: StatusCancelled,
+	},
+	StatusPaymentPending: {
+		EventPaymentSucceeded: StatusPaid,
+		EventPaymentFailed:    StatusPaymentFailed,
+	},
+	StatusPaid: {
+		EventShip:   StatusShipped,
+		EventRefund: StatusRefundPending,
+	},
+	StatusPaymentFailed: {
+		EventPay:    StatusPaymentPending,
+		EventCancel: StatusCancelled,
+	},
+	StatusRefundPending: {
+		EventRefundSucceeded: StatusCancelled,
+	},
+	StatusShipped: {
+		EventDeliver: StatusDelivered,
+	},
+	StatusDelivered: {},
+	StatusCancelled: {},
+}
+
+func TestLifecycleTableAllowsExactlyTheContractsMoves(t *testing.T) {
+	allowedPairs := 0
+	for _, from := range allStatuses {
+		for _, ev := range allEvents {
+			to, allowed := wantMoves[from][ev]
+			if !allowed {
+				t.Run(fmt.Sprintf("%s on a %s order is refused as invalid_transition", ev, from), func(t *testing.T) {
+					if from.Can(ev) {
+						t.Fatalf("Can(%s) from %s = true, want false", ev, from)
+					}
+					o := &Order{Status: from, TotalAmount: 2500}
+					err := o.fire(ev)
+					wantRefusal(t, err, from, ev)
+					if o.Status != from {
+						t.Errorf("a refused %s moved the order from %s to %s", ev, from, o.Status)
+					}
+				})
+				continue
+			}
+			allowedPairs++
+			t.Run(fmt.Sprintf("%s on a %s order moves it to %s", ev, from, to), func(t *testing.T) {
+				if !from.Can(ev) {
+					t.Fatalf("Can(%s) from %s = false, want true", ev, from)
+				}
+				o := &Order{Status: from, TotalAmount: 2500}
+				if err := o.fire(ev); err != nil {
+					t.Fatalf("fire(%s) from %s: %v", ev, from, err)
+				}
+				if o.Status != to {
+					t.Errorf("fire(%s) from %s left status %s, want %s", ev, from, o.Status, to)
+				}
+			})
+		}
+	}
+	if allowedPairs != 10 {
+		t.Errorf("the contract has 10 transitions, the expectations list %d", allowedPairs)
+	}
+}
+
+func TestLifecycleTableNamesOnlyKnownStatusesAndEvents(t *testing.T) {
+	t.Run("Statuses lists every status, in lifecycle order", func(t *testing.T) {
+		if !slices.Equal(Statuses, allStatuses) {
+			t.Errorf("Statuses = %v, want %v", Statuses, allStatuses)
+		}
+	})
+	t.Run("every event and status in the table is one the test knows", func(t *testing.T) {
+		// A new event or status must come with its expectations above.
+		for _, e := range lifecycle {
+			if !slices.Contains(allEvents, Event(e.Name)) {
+				t.Errorf("table event %q is not in allEvents", e.Name)
+			}
+			for _, s := range append(slices.Clone(e.Src), e.Dst) {
+				if !slices.Contains(allStatuses, Status(s)) {
+					t.Errorf("table event %q names unknown status %q", e.Name, s)
+				}
+			}
+		}
+	})
+	t.Run("create is not a transition of any status", func(t *testing.T) {
+		for _, s := range allStatuses {
+			if s.Can(EventCreate) {
+				t.Errorf("create is allowed from %s", s)
+			}
+		}
+	})
+}
+
+func TestPayGuardRefusesAnOrderWithNothingToCharge(t *testing.T) {
+	o := &Order{Status: StatusCreated, TotalAmount: 0}
+	err := o.fire(EventPay)
+	wantRefusal(t, err, StatusCreated, EventPay)
+	var p *problem.Error
+	if errors.As(err, &p) && p.Detail != "An order in status CREATED cannot pay: the order total is zero, so there is nothing to charge." {
+		t.Errorf("detail = %q, want the guard's reason", p.Detail)
+	}
+	if o.Status != StatusCreated {
+		t.Errorf("a guarded pay moved the order to %s", o.Status)
+	}
+}
+
+// wantRefusal checks err is 409 invalid_transition naming from and ev.
+func wantRefusal(t *testing.T, err error, from Status, ev Event) {
+	t.Helper()
+	var p *problem.Error
+	if !errors.As(err, &p) {
+		t.Fatalf("fire(%s) from %s = %v, want a problem", ev, from, err)
+	}
+	if p.Code != problem.InvalidTransition || problem.Status(p.Code) != 409 {
+		t.Errorf("code = %s (%d), want invalid_transition (409)", p.Code, problem.Status(p.Code))
+	}
+	if got := p.Extensions["current_status"]; got != from {
+		t.Errorf("current_status = %v, want %s", got, from)
+	}
+	if got := p.Extensions["event"]; got != ev {
+		t.Errorf("event = %v, want %s", got, ev)
+	}
+}
