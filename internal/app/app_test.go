@@ -1,0 +1,175 @@
+package app_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/orderservice/orderservice/internal/app"
+	"github.com/orderservice/orderservice/internal/apptest"
+	"github.com/orderservice/orderservice/internal/testdb"
+)
+
+var dbURL string
+
+func TestMain(m *testing.M) {
+	os.Exit(testdb.Main(func(url string) int { dbURL = url; return m.Run() }, "app"))
+}
+
+func TestBadConfigurationStopsTheStart(t *testing.T) {
+	for name, env := range map[string]map[string]string{
+		"an unknown log level":                  {"LOG_LEVEL": "loud"},
+		"a duration that is not one":            {"IDEMPOTENCY_LEASE": "soon"},
+		"a lease shorter than a channel call":   {"IDEMPOTENCY_LEASE": "5s", "PAYMENT_CHANNEL_TIMEOUT": "10s"},
+		"a retention of one day":                {"IDEMPOTENCY_RETENTION": "24h"},
+		"a payment channel URL that is not one": {"PAYMENT_CHANNEL_URL": "ftp://x"},
+		"two tenants sharing a key":             {"API_KEYS": "a=same-key-1,b=same-key-1"},
+		"a database URL of another kind":        {"DATABASE_URL": "mysql://x"},
+	} {
+		t.Run(name+" is refused in one line", func(t *testing.T) {
+			var out bytes.Buffer
+			err := app.Run(context.Background(), nil, env, &out, &out)
+			if err == nil || strings.Contains(err.Error(), "\n") {
+				t.Fatalf("err = %v", err)
+			}
+			t.Log(err)
+		})
+	}
+	t.Run("the unsafe retention names the window that makes it unsafe", func(t *testing.T) {
+		err := app.Run(context.Background(), nil, map[string]string{"IDEMPOTENCY_RETENTION": "24h"}, io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "manual_compensation") {
+			t.Fatalf("err = %v", err)
+		}
+	})
+}
+
+func TestReadiness(t *testing.T) {
+	m := apptest.Start(t, dbURL, nil)
+	get := func(path string) int {
+		res, err := http.Get(m.URL() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	if s := get("/readyz"); s != 200 {
+		t.Fatalf("readyz = %d", s)
+	}
+	t.Run("readyz fails while migrations are pending, healthz stays up", func(t *testing.T) {
+		if err := m.DB.Exec("UPDATE schema_migrations SET version = 1").Error; err != nil {
+			t.Fatal(err)
+		}
+		defer m.DB.Exec("UPDATE schema_migrations SET version = (SELECT 3)")
+		if s := get("/readyz"); s != http.StatusServiceUnavailable {
+			t.Errorf("readyz = %d, want 503", s)
+		}
+		if s := get("/healthz"); s != 200 {
+			t.Errorf("healthz = %d", s)
+		}
+	})
+}
+
+func TestShutdownFinishesAcceptedRequests(t *testing.T) {
+	m := apptest.Start(t, dbURL, map[string]string{"API_KEYS": "drain=drain-key-1"})
+	c := apptest.NewClient(m, "drain-key-1")
+	// Orders to pay while the service stops; pm_slow keeps payments in flight.
+	ids := make([]string, 20)
+	for i := range ids {
+		r := c.Do(t, http.MethodPost, "/v1/orders", fmt.Sprintf("drain-create-%d", i),
+			`{"customer_id":"c","currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":100}]}`)
+		ids[i] = r.JSON(t)["id"].(string)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	answered, refused := 0, 0
+	started := make(chan struct{}, 40)
+	for i := range 40 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			started <- struct{}{}
+			var r apptest.Response
+			var err error
+			if i%2 == 0 {
+				r, err = c.Send(http.MethodPost, "/v1/orders/"+ids[i/2]+"/pay", fmt.Sprintf("drain-pay-%d", i), `{"payment_method":"pm_slow"}`, nil)
+			} else {
+				r, err = c.Send(http.MethodPost, "/v1/orders", fmt.Sprintf("drain-new-%d", i),
+					`{"customer_id":"c","currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":100}]}`, nil)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil: // the listener was already closed: never accepted
+				refused++
+			case r.Status >= 500:
+				t.Errorf("an accepted request got %d: %s", r.Status, r.Body)
+			default:
+				answered++
+			}
+		}()
+	}
+	for range 40 {
+		<-started
+	}
+	// Close while payments are inside the channel's slow path.
+	for deadline := time.Now().Add(5 * time.Second); m.Channel.Stats().Requests < 10 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	wg.Wait()
+	t.Logf("answered %d, refused before acceptance %d", answered, refused)
+	if answered == 0 {
+		t.Fatal("no request was in flight during the shutdown")
+	}
+	// Close ran the pool down; look at the records through a new connection.
+	check := apptest.Start(t, dbURL, map[string]string{"API_KEYS": "drain=drain-key-1"})
+	var processing int64
+	check.DB.Raw("SELECT count(*) FROM idempotency_records WHERE tenant_id = 'drain' AND state = 'PROCESSING'").Scan(&processing)
+	if processing != 0 {
+		t.Errorf("%d records left in PROCESSING by the shutdown", processing)
+	}
+}
+
+func TestMetricsNameTheSeedsFiveSignals(t *testing.T) {
+	m := apptest.Start(t, dbURL, nil)
+	c := apptest.NewClient(m, apptest.KeyAcme)
+	body := `{"customer_id":"c","currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":100}]}`
+	id := c.Do(t, http.MethodPost, "/v1/orders", "metrics-1", body).JSON(t)["id"].(string)
+	c.Do(t, http.MethodPost, "/v1/orders", "metrics-1", body)
+	c.Do(t, http.MethodPost, "/v1/orders", "metrics-1", strings.Replace(body, "EUR", "USD", 1))
+	c.Do(t, http.MethodPost, "/v1/orders/"+id+"/pay", "metrics-pay", `{"payment_method":"pm_unavailable_once"}`)
+	c.Do(t, http.MethodPost, "/v1/orders/"+id+"/pay", "metrics-pay", `{"payment_method":"pm_unavailable_once"}`)
+
+	res, err := http.Get(m.URL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	for _, want := range []string{
+		`orderservice_idempotent_requests_total{operation="order.create",outcome="executed"} 1`,
+		`orderservice_idempotent_requests_total{operation="order.create",outcome="replayed"} 1`,
+		`orderservice_idempotency_key_conflicts_total{operation="order.create"} 1`,
+		`orderservice_idempotency_takeovers_total{by="retry",operation="order.pay"} 1`,
+		`orderservice_idempotency_processing_expired 0`,
+		`orderservice_idempotency_records{state="SUCCEEDED"}`,
+		`orderservice_idempotency_table_bytes`,
+		`orderservice_payment_channel_call_duration_seconds_count{kind="charge",outcome="ok"} 1`,
+		`orderservice_payment_channel_call_duration_seconds_count{kind="charge",outcome="unavailable"} 1`,
+		`orderservice_http_request_duration_seconds_count{method="POST",route="/v1/orders",status="201"} 2`,
+	} {
+		if !bytes.Contains(text, []byte(want)) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
