@@ -150,6 +150,27 @@ func (s *Store) Complete(tx *gorm.DB, scope Scope, token int64, state State, res
 	return nil
 }
 
+// Hold locks the record of an intent owned with token, for the rest of the
+// caller's transaction, or returns ErrFenced when another owner took over.
+// A phase that finishes an intent holds it first, so a superseded owner
+// stops before it touches anything else.
+func (s *Store) Hold(tx *gorm.DB, scope Scope, token int64) error {
+	var held int
+	err := tx.Raw(`
+		SELECT 1 FROM idempotency_records
+		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?
+		  AND lease_token = ? AND state = 'PROCESSING'
+		FOR UPDATE`,
+		scope.TenantID, scope.Operation, scope.Key, token).Scan(&held).Error
+	if err != nil {
+		return s.waitError(err)
+	}
+	if held != 1 {
+		return ErrFenced
+	}
+	return nil
+}
+
 // Fail marks the intent FAILED_RETRYABLE: the outcome is unknown or the
 // failure transient. The same key may retry at once; the sweeper resumes
 // the intent itself after retryAfter if no client does.

@@ -231,6 +231,11 @@ func (s *Service) settle(ctx context.Context, rec idempotency.Record, p Payment,
 
 	var resp idempotency.Response
 	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
+		// The fence first: a superseded owner must not even try the
+		// transition, which its successor may already have made.
+		if err := s.Records.Hold(tx, rec.Scope(), rec.LeaseToken); err != nil {
+			return err
+		}
 		o, err := lockOrder(tx, p.TenantID, p.OrderID)
 		if err != nil {
 			return err

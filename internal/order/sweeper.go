@@ -36,13 +36,24 @@ func (s *Service) Sweep(ctx context.Context, batch int) (int, error) {
 			s.logger().ErrorContext(ctx, "unfinished money intent has no payment", "operation", rec.Operation, "key", rec.IdempotencyKey)
 			continue
 		}
-		// A postponed (503) or superseded outcome is normal here: the
-		// intent stays resumable and a later sweep or retry finishes it.
-		if _, err := s.settle(ctx, rec, *p, true); err != nil {
-			s.logger().DebugContext(ctx, "sweep left intent unfinished", "operation", rec.Operation, "key", rec.IdempotencyKey, "err", err)
-		}
+		s.resume(ctx, rec, *p)
 	}
 	return len(due), nil
+}
+
+// resume settles one intent the sweeper took over. A postponed (503) or
+// superseded outcome is normal here: the intent stays resumable and a later
+// sweep or retry finishes it. A panic is contained to this intent, as a
+// request's would be, so one bad record cannot stop the process.
+func (s *Service) resume(ctx context.Context, rec idempotency.Record, p Payment) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.logger().ErrorContext(ctx, "sweeper recovered from a panic", "operation", rec.Operation, "key", rec.IdempotencyKey, "panic", r)
+		}
+	}()
+	if _, err := s.settle(ctx, rec, p, true); err != nil {
+		s.logger().DebugContext(ctx, "sweep left intent unfinished", "operation", rec.Operation, "key", rec.IdempotencyKey, "err", err)
+	}
 }
 
 // RunSweeper sweeps every interval until ctx is done.

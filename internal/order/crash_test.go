@@ -1,0 +1,536 @@
+package order_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/orderservice/orderservice/internal/apptest"
+	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/order"
+	"github.com/orderservice/orderservice/internal/problem"
+)
+
+// crashOnce returns a hook that crashes (by error or by panic) the first
+// time it runs and does nothing afterwards, as a process that died once and
+// was replaced would behave.
+func crashOnce(panics bool) (hook func() error, calls *atomic.Int32) {
+	calls = new(atomic.Int32)
+	return func() error {
+		if calls.Add(1) != 1 {
+			return nil
+		}
+		if panics {
+			panic("injected crash")
+		}
+		return errors.New("injected crash")
+	}, calls
+}
+
+// expireLease makes the owner of the acme intent (op, key) look dead.
+func expireLease(t *testing.T, tenant, op, key string) {
+	t.Helper()
+	db := moneyDB(t)
+	res := db.Exec(`UPDATE idempotency_records SET lease_expires_at = now() - interval '1s'
+		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?`, tenant, op, key)
+	if res.Error != nil || res.RowsAffected != 1 {
+		t.Fatalf("expire lease of %s %s: %v (%d rows)", op, key, res.Error, res.RowsAffected)
+	}
+}
+
+func TestCrashAtAPhaseBoundaryIsRecovered(t *testing.T) {
+	boundaries := []struct {
+		name    string
+		set     func(h *order.Hooks, f func() error)
+		charged bool // the channel charged before the crash
+	}{
+		{"after phase 1", func(h *order.Hooks, f func() error) { h.AfterPhase1 = f }, false},
+		{"after the channel call", func(h *order.Hooks, f func() error) { h.AfterChannelCall = f }, true},
+		{"before phase 3 commits", func(h *order.Hooks, f func() error) { h.BeforeSettleCommit = f }, true},
+	}
+	for _, recoverer := range []struct {
+		name string
+		env  map[string]string
+	}{
+		{"the sweeper", nil},
+		{"a client retry after the lease", map[string]string{"SWEEP_INTERVAL": "1h"}},
+	} {
+		for _, b := range boundaries {
+			for _, panics := range []bool{false, true} {
+				crash := "an error"
+				if panics {
+					crash = "a panic"
+				}
+				name := fmt.Sprintf("%s %s is finished by %s with one charge", crash, b.name, recoverer.name)
+				t.Run(name, func(t *testing.T) {
+					m, c := startMoney(t, recoverer.env)
+					id := createOrder(t, c, moneyKey("create"))
+					key := moneyKey("R2-crash")
+					hook, _ := crashOnce(panics)
+					b.set(&m.Orders.Hooks, hook)
+
+					first, err := c.Send(http.MethodPost, "/v1/orders/"+id+"/pay", key, moneyPayBody("pm_ok"), nil)
+					if err != nil {
+						t.Fatalf("the crashed request got no HTTP answer (%v): a panic must become a 500, not a dropped connection", err)
+					}
+					moneyWantAnswer(t, "crashed pay", first, http.StatusInternalServerError, "internal")
+					if ready := c.Do(t, http.MethodGet, "/healthz", "", nil); ready.Status != http.StatusOK {
+						t.Fatalf("the service is not alive after the crash: %d", ready.Status)
+					}
+					if got := moneyReadOrder(t, c, id).Status; got != "PAYMENT_PENDING" {
+						t.Errorf("order right after the crash = %s, want PAYMENT_PENDING", got)
+					}
+					if rec := moneyRecord(t, m, order.OpPay, key); rec.State != idempotency.Processing || rec.LeaseToken != 1 {
+						t.Errorf("record right after the crash = %s token %d, want PROCESSING token 1", rec.State, rec.LeaseToken)
+					}
+					charged := int64(0)
+					if b.charged {
+						charged = 1
+					}
+					moneyCheckStats(t, m.Channel.Stats(), moneyStats{charges: charged, declined: 0, refunds: 0, requests: charged, lookups: 0, duplicates: 0})
+
+					var finisher apptest.Response
+					if recoverer.env == nil {
+						moneyEventually(t, 10*time.Second, "PAID by the sweeper", func() (bool, string) {
+							rec := moneyRecord(t, m, order.OpPay, key)
+							o := moneyReadOrder(t, c, id)
+							return rec.State == idempotency.Succeeded && o.Status == "PAID", fmt.Sprintf("record %s, order %s", rec.State, o.Status)
+						})
+					} else {
+						early := moneyPay(t, c, id, key, "pm_ok")
+						moneyWantAnswer(t, "a retry while the dead owner's lease runs", early, http.StatusConflict, "request_in_progress")
+						if s, _ := strconv.Atoi(early.Header.Get("Retry-After")); s < 1 || s > 3 {
+							t.Errorf("Retry-After = %q, want 1..3 (seconds left on a 3s lease)", early.Header.Get("Retry-After"))
+						}
+						moneyEventually(t, 10*time.Second, "taken over by a client retry", func() (bool, string) {
+							finisher = moneyPay(t, c, id, key, "pm_ok")
+							return !moneyTransient(finisher), fmt.Sprintf("%d %s", finisher.Status, finisher.Body)
+						})
+						if finisher.Status != http.StatusOK || moneyDecodeOrder(t, finisher.Body).Status != "PAID" {
+							t.Fatalf("retry after the lease = %d %s", finisher.Status, finisher.Body)
+						}
+						moneyWantFresh(t, finisher)
+					}
+
+					// The successor asked the channel under the same key first; it
+					// charged only if nothing had been charged before the crash.
+					moneyCheckStats(t, m.Channel.Stats(), moneyStats{charges: 1, declined: 0, refunds: 0, requests: 1, lookups: 1, duplicates: 0})
+					if got, want := moneyEventNames(moneyEvents(t, c, id)), "create,pay,payment_succeeded"; got != want {
+						t.Errorf("history = %s, want %s", got, want)
+					}
+					rec := moneyRecord(t, m, order.OpPay, key)
+					if rec.State != idempotency.Succeeded || rec.LeaseToken != 2 || rec.Attempts != 2 {
+						t.Errorf("record = %s token %d attempts %d, want SUCCEEDED token 2 attempts 2", rec.State, rec.LeaseToken, rec.Attempts)
+					}
+
+					replay := moneyPay(t, c, id, key, "pm_ok")
+					if replay.Status != http.StatusOK || replay.Header.Get("Idempotent-Replayed") != "true" {
+						t.Fatalf("client retry after recovery = %d %v %s, want the stored 200", replay.Status, replay.Header, replay.Body)
+					}
+					if o := moneyDecodeOrder(t, replay.Body); o.Status != "PAID" || o.Payment == nil || o.Payment.Status != "succeeded" {
+						t.Errorf("stored answer = %s", replay.Body)
+					}
+					if finisher.Status != 0 && !bytes.Equal(replay.Body, finisher.Body) {
+						t.Errorf("replay %s differs from the retry's answer %s", replay.Body, finisher.Body)
+					}
+					moneyWantReplay(t, moneyPay(t, c, id, key, "pm_ok"), replay)
+					if got := m.Channel.Stats().Requests; got != 1 {
+						t.Errorf("channel POSTs after the replays = %d, want 1", got)
+					}
+				})
+			}
+		}
+	}
+}
+
+func TestSupersededOwnerCannotWrite(t *testing.T) {
+	t.Run("a completion with the superseded token affects 0 rows and is ErrFenced", func(t *testing.T) {
+		m, _ := startMoney(t, map[string]string{"SWEEP_INTERVAL": "1h"})
+		store := m.Orders.Records
+		fp, err := idempotency.Fingerprint(order.OpPay, "fence-order", map[string]string{"payment_method": "pm_ok"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := idempotency.Intent{Scope: idempotency.Scope{TenantID: "fence-test", Operation: order.OpPay, Key: moneyKey("fence")},
+			Fingerprint: fp}
+		t.Cleanup(func() {
+			moneyDB(t).Exec("DELETE FROM idempotency_records WHERE tenant_id = ? AND idempotency_key = ?", in.TenantID, in.Key)
+		})
+		row := func() string { return recordText(t, in.Scope) }
+		resp := idempotency.Response{Status: http.StatusOK, ContentType: "application/json", Body: []byte(`{"late":true}`)}
+
+		old, err := store.ClaimOrReplay(m.DB, in)
+		if err != nil || old.Token() != 1 || old.Replay != nil || old.Resumed {
+			t.Fatalf("first claim = %+v, %v", old, err)
+		}
+		if _, err := store.ClaimOrReplay(m.DB, in); problem.CodeOf(err) != problem.RequestInProgress {
+			t.Fatalf("claim while the lease runs = %v, want request_in_progress", err)
+		}
+		expireLease(t, in.TenantID, in.Operation, in.Key)
+		next, err := store.ClaimOrReplay(m.DB, in)
+		if err != nil || next.Token() != 2 || !next.Resumed || next.ResumedFrom != idempotency.Processing {
+			t.Fatalf("takeover = %+v, %v; want token 2 resumed from PROCESSING", next, err)
+		}
+
+		before := row()
+		if err := store.Complete(m.DB, in.Scope, old.Token(), idempotency.Succeeded, resp, "late-resource"); !errors.Is(err, idempotency.ErrFenced) {
+			t.Errorf("Complete with the old token = %v, want ErrFenced", err)
+		}
+		if err := store.Fail(m.DB, in.Scope, old.Token(), time.Second); !errors.Is(err, idempotency.ErrFenced) {
+			t.Errorf("Fail with the old token = %v, want ErrFenced", err)
+		}
+		if after := row(); after != before {
+			t.Errorf("the superseded owner changed the record:\nbefore %s\nafter  %s", before, after)
+		}
+
+		// Inside a transaction the fence undoes the business write as well.
+		err = m.DB.Transaction(func(tx *gorm.DB) error {
+			if err := tx.Exec("UPDATE idempotency_records SET attempts = attempts + 100 WHERE tenant_id = ? AND idempotency_key = ?",
+				in.TenantID, in.Key).Error; err != nil {
+				return err
+			}
+			return store.Complete(tx, in.Scope, old.Token(), idempotency.Succeeded, resp, "")
+		})
+		if !errors.Is(err, idempotency.ErrFenced) || row() != before {
+			t.Errorf("fenced transaction = %v; record %s, want it rolled back to %s", err, row(), before)
+		}
+
+		if err := store.Complete(m.DB, in.Scope, next.Token(), idempotency.Succeeded, resp, "r-1"); err != nil {
+			t.Fatalf("Complete by the current owner: %v", err)
+		}
+		done := row()
+		if err := store.Complete(m.DB, in.Scope, old.Token(), idempotency.FailedFinal, resp, ""); !errors.Is(err, idempotency.ErrFenced) || row() != done {
+			t.Errorf("late Complete after the successor finished = %v, record changed: %v", err, row() != done)
+		}
+		if rec, _ := store.Get(m.DB, in.Scope); rec.State != idempotency.Succeeded || rec.LeaseToken != 2 {
+			t.Errorf("record = %s token %d, want SUCCEEDED token 2", rec.State, rec.LeaseToken)
+		}
+	})
+
+	// blockFirstSettle makes the first owner stop right after the channel
+	// answered, until release is closed; later owners pass through.
+	blockFirstSettle := func(t *testing.T, h *order.Hooks) (reached, release chan struct{}) {
+		reached, release = make(chan struct{}), make(chan struct{})
+		var calls atomic.Int32
+		h.AfterChannelCall = func() error {
+			if calls.Add(1) == 1 {
+				close(reached)
+				select {
+				case <-release:
+				case <-time.After(30 * time.Second):
+				}
+			}
+			return nil
+		}
+		t.Cleanup(func() {
+			select {
+			case <-release:
+			default:
+				close(release)
+			}
+		})
+		return reached, release
+	}
+
+	// payInBackground sends the pay of the first owner.
+	payInBackground := func(c *apptest.Client, id, key string) chan apptest.Response {
+		out := make(chan apptest.Response, 1)
+		go func() {
+			r, err := c.Send(http.MethodPost, "/v1/orders/"+id+"/pay", key, moneyPayBody("pm_ok"), nil)
+			if err != nil {
+				r = apptest.Response{Status: -1, Body: []byte(err.Error())}
+			}
+			out <- r
+		}()
+		return out
+	}
+
+	waitFor := func(t *testing.T, ch chan struct{}, what string) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+
+	t.Run("the first owner's late settle is fenced after a retry took over and finished", func(t *testing.T) {
+		m, c := startMoney(t, map[string]string{"SWEEP_INTERVAL": "1h"})
+		id := createOrder(t, c, moneyKey("create"))
+		key := moneyKey("R2-fenced")
+		reached, release := blockFirstSettle(t, &m.Orders.Hooks)
+
+		firstOwner := payInBackground(c, id, key)
+		waitFor(t, reached, "the first owner to reach the channel")
+		expireLease(t, moneyTenant, order.OpPay, key)
+		successor := moneyPay(t, c, id, key, "pm_ok")
+		if successor.Status != http.StatusOK || moneyDecodeOrder(t, successor.Body).Status != "PAID" {
+			t.Fatalf("the retry that took over = %d %s", successor.Status, successor.Body)
+		}
+		close(release)
+		late := <-firstOwner
+
+		moneyCheckStats(t, m.Channel.Stats(), moneyStats{charges: 1, declined: 0, refunds: 0, requests: 1, lookups: 1, duplicates: 0})
+		if got, want := moneyEventNames(moneyEvents(t, c, id)), "create,pay,payment_succeeded"; got != want {
+			t.Errorf("history = %s, want %s (exactly one payment_succeeded)", got, want)
+		}
+		rec := moneyRecord(t, m, order.OpPay, key)
+		if rec.State != idempotency.Succeeded || rec.LeaseToken != 2 {
+			t.Errorf("record = %s token %d, want SUCCEEDED token 2 (the successor's)", rec.State, rec.LeaseToken)
+		}
+		moneyWantReplay(t, moneyPay(t, c, id, key, "pm_ok"), successor)
+		// Checked last: the superseded owner must be told to retry for the
+		// successor's result, not given a business failure for a payment
+		// that succeeded.
+		moneyWantAnswer(t, "the superseded owner's answer", late, http.StatusConflict, "request_in_progress")
+	})
+
+	t.Run("the first owner's settle is refused while a successor holds the intent", func(t *testing.T) {
+		m, c := startMoney(t, map[string]string{"SWEEP_INTERVAL": "1h"})
+		id := createOrder(t, c, moneyKey("create"))
+		key := moneyKey("R2-held")
+		reached, release := blockFirstSettle(t, &m.Orders.Hooks)
+
+		firstOwner := payInBackground(c, id, key)
+		waitFor(t, reached, "the first owner to reach the channel")
+		expireLease(t, moneyTenant, order.OpPay, key)
+		// A successor takes the intent over and has not settled yet.
+		in := idempotency.Intent{Scope: idempotency.Scope{TenantID: moneyTenant, Operation: order.OpPay, Key: key}}
+		in.Fingerprint = moneyRecord(t, m, order.OpPay, key).Fingerprint
+		held, err := m.Orders.Records.ClaimOrReplay(m.DB, in)
+		if err != nil || held.Token() != 2 {
+			t.Fatalf("successor's takeover = %+v, %v", held, err)
+		}
+		close(release)
+		late := <-firstOwner
+		moneyWantAnswer(t, "the superseded owner's answer", late, http.StatusConflict, "request_in_progress")
+		if late.Header.Get("Retry-After") == "" {
+			t.Error("request_in_progress without Retry-After")
+		}
+		if got := moneyReadOrder(t, c, id).Status; got != "PAYMENT_PENDING" {
+			t.Errorf("order after the fenced settle = %s, want PAYMENT_PENDING (its write rolled back)", got)
+		}
+		if n := count(t, m, "SELECT count(*) FROM payments WHERE order_id = ? AND status = 'pending'", id); n != 1 {
+			t.Errorf("pending payments after the fenced settle = %d, want 1", n)
+		}
+		if rec := moneyRecord(t, m, order.OpPay, key); rec.State != idempotency.Processing || rec.LeaseToken != 2 {
+			t.Errorf("record = %s token %d, want PROCESSING token 2", rec.State, rec.LeaseToken)
+		}
+
+		// The successor dies too; a client retry after its lease finishes
+		// the intent from the channel's record, without a second charge.
+		expireLease(t, moneyTenant, order.OpPay, key)
+		done := moneyPay(t, c, id, key, "pm_ok")
+		if done.Status != http.StatusOK || moneyDecodeOrder(t, done.Body).Status != "PAID" {
+			t.Fatalf("retry after the successor's lease = %d %s", done.Status, done.Body)
+		}
+		moneyCheckStats(t, m.Channel.Stats(), moneyStats{charges: 1, declined: 0, refunds: 0, requests: 1, lookups: 1, duplicates: 0})
+		if got, want := moneyEventNames(moneyEvents(t, c, id)), "create,pay,payment_succeeded"; got != want {
+			t.Errorf("history = %s, want %s", got, want)
+		}
+	})
+}
+
+// recordText is a record's whole row as text, to compare before and after.
+func recordText(t *testing.T, s idempotency.Scope) string {
+	t.Helper()
+	var row string
+	err := moneyDB(t).Raw(`SELECT row_to_json(r)::text FROM idempotency_records r
+		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?`, s.TenantID, s.Operation, s.Key).Scan(&row).Error
+	if err != nil || row == "" {
+		t.Fatalf("record %+v: %v", s, err)
+	}
+	return row
+}
+
+func TestKilledServiceRecoversPaymentAfterRestart(t *testing.T) {
+	moneyIsolate(t)
+	dir := t.TempDir()
+	orderBin := buildBinary(t, dir, "github.com/orderservice/orderservice/cmd/orderservice")
+	channelBin := buildBinary(t, dir, "github.com/orderservice/orderservice/cmd/paymentchannel")
+	channelAddr, apiAddr := freeLoopbackAddr(t), freeLoopbackAddr(t)
+
+	runProcess(t, dir, "paymentchannel", channelBin, "HTTP_ADDR="+channelAddr, "LOG_LEVEL=warn")
+	waitHTTP(t, "http://"+channelAddr+"/healthz")
+	serviceEnv := []string{
+		"DATABASE_URL=" + dbURL, "HTTP_ADDR=" + apiAddr, "PAYMENT_CHANNEL_URL=http://" + channelAddr,
+		"IDEMPOTENCY_LEASE=3s", "PAYMENT_CHANNEL_TIMEOUT=2s", "SWEEP_INTERVAL=200ms",
+		"API_KEYS=acme=" + apptest.KeyAcme, "LOG_LEVEL=warn",
+	}
+	service := runProcess(t, dir, "orderservice-1", orderBin, serviceEnv...)
+	waitHTTP(t, "http://"+apiAddr+"/readyz")
+
+	c := &apptest.Client{BaseURL: "http://" + apiAddr, APIKey: apptest.KeyAcme, HTTP: &http.Client{Timeout: 30 * time.Second}}
+	admin := &apptest.Client{BaseURL: "http://" + channelAddr, HTTP: &http.Client{Timeout: 10 * time.Second}}
+	id := createOrder(t, c, moneyKey("create"))
+	key := moneyKey("R2-killed")
+	if r := admin.Do(t, http.MethodPost, "/admin/faults", "", map[string]any{"latency_ms": 1500}); r.Status != http.StatusOK {
+		t.Fatalf("set channel faults: %d %s", r.Status, r.Body)
+	}
+
+	answered := make(chan string, 1)
+	go func() {
+		r, err := c.Send(http.MethodPost, "/v1/orders/"+id+"/pay", key, moneyPayBody("pm_ok"), nil)
+		if err != nil {
+			answered <- ""
+			return
+		}
+		answered <- fmt.Sprintf("%d %s", r.Status, r.Body)
+	}()
+	time.Sleep(300 * time.Millisecond)
+	service.kill(t)
+	if got := <-answered; got != "" {
+		t.Fatalf("the pay was answered (%s) before the service was killed mid-payment", got)
+	}
+	if got := statsOf(t, admin).Charges; got > 1 {
+		t.Fatalf("charges right after the kill = %d", got)
+	}
+
+	runProcess(t, dir, "orderservice-2", orderBin, serviceEnv...)
+	waitHTTP(t, "http://"+apiAddr+"/readyz")
+	moneyEventually(t, 20*time.Second, "PAID after the restart", func() (bool, string) {
+		o := moneyReadOrder(t, c, id)
+		return o.Status == "PAID", o.Status
+	})
+	if got := statsOf(t, admin).Charges; got != 1 {
+		t.Errorf("channel charges = %d, want exactly 1", got)
+	}
+	retry := moneyPay(t, c, id, key, "pm_ok")
+	if retry.Status != http.StatusOK || moneyDecodeOrder(t, retry.Body).Status != "PAID" {
+		t.Fatalf("client retry after the restart = %d %s", retry.Status, retry.Body)
+	}
+	if retry.Header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("client retry was not a replay of the recovered outcome: %v", retry.Header)
+	}
+	stats := statsOf(t, admin)
+	t.Logf("channel after recovery and retry: %+v", stats)
+	if stats.Charges != 1 || stats.AmountCharged != moneyTotal {
+		t.Errorf("channel after the retry: %+v, want 1 charge of %d", stats, moneyTotal)
+	}
+	if got, want := moneyEventNames(moneyEvents(t, c, id)), "create,pay,payment_succeeded"; got != want {
+		t.Errorf("history = %s, want %s", got, want)
+	}
+}
+
+type channelStats struct {
+	Charges       int64 `json:"charges"`
+	Refunds       int64 `json:"refunds"`
+	Requests      int64 `json:"requests"`
+	Lookups       int64 `json:"lookups"`
+	AmountCharged int64 `json:"amount_charged"`
+}
+
+func statsOf(t *testing.T, admin *apptest.Client) channelStats {
+	t.Helper()
+	r := admin.Do(t, http.MethodGet, "/admin/stats", "", nil)
+	var s channelStats
+	if r.Status != http.StatusOK || json.Unmarshal(r.Body, &s) != nil {
+		t.Fatalf("channel stats: %d %s", r.Status, r.Body)
+	}
+	return s
+}
+
+// buildBinary builds pkg into dir.
+func buildBinary(t *testing.T, dir, pkg string) string {
+	t.Helper()
+	bin := filepath.Join(dir, filepath.Base(pkg))
+	if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+		t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+	}
+	return bin
+}
+
+// freeLoopbackAddr returns a loopback address nobody listens on right now.
+func freeLoopbackAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// process is a running binary whose output goes to a log file, shown when
+// the test fails.
+type process struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{} // closed once the process has exited
+}
+
+func runProcess(t *testing.T, dir, name, bin string, env ...string) *process {
+	t.Helper()
+	logPath := filepath.Join(dir, name+".log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin)
+	cmd.Env, cmd.Stdout, cmd.Stderr = env, logFile, logFile
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	p := &process{name: name, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		logFile.Close()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		p.kill(t)
+		if t.Failed() {
+			out, _ := os.ReadFile(logPath)
+			t.Logf("%s output:\n%s", name, out)
+		}
+	})
+	return p
+}
+
+// kill sends SIGKILL, as a crash would, and waits for the process to go.
+func (p *process) kill(t *testing.T) {
+	t.Helper()
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Kill()
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		t.Errorf("%s did not die after SIGKILL", p.name)
+	}
+}
+
+// waitHTTP waits until url answers 200.
+func waitHTTP(t *testing.T, url string) {
+	t.Helper()
+	client := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		res, err := client.Get(url)
+		if err == nil {
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not answer 200 within 20s (last: %v)", url, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
