@@ -1,0 +1,340 @@
+package deploy
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/orderservice/orderservice/internal/app"
+	"github.com/orderservice/orderservice/internal/testdb"
+)
+
+// TestBinariesWithComposeConfiguration runs the binaries the image contains,
+// built with the Dockerfile's flags, with the environment docker-compose.yml
+// gives them. Only what compose itself provides is changed: listen
+// addresses become loopback ports, and the database is a fresh test one.
+func TestBinariesWithComposeConfiguration(t *testing.T) {
+	p := loadCompose(t)
+	bins := buildImageBinaries(t)
+
+	dbURL, drop, err := testdb.Create("deploy")
+	if err != nil {
+		t.Fatalf("test database: %v", err)
+	}
+	t.Cleanup(drop)
+
+	chSvc := service(t, p, svcChannel)
+	chEnv := environment(t, chSvc)
+	chAddr := freeLoopbackAddr(t)
+	chEnv["HTTP_ADDR"] = chAddr
+	channel := startProcess(t, svcChannel, bins[chSvc.Entrypoint[0]], chEnv)
+	channelURL := "http://" + chAddr
+	channel.waitOK(t, channelURL+"/healthz")
+
+	repSvc := service(t, p, svcReplica1)
+	env := environment(t, repSvc)
+	env["DATABASE_URL"] = dbURL
+	env["PAYMENT_CHANNEL_URL"] = channelURL
+	addr := freeLoopbackAddr(t)
+	env["HTTP_ADDR"] = addr
+	orders := startProcess(t, svcReplica1, bins["/orderservice"], env) // the image's ENTRYPOINT
+	ordersURL := "http://" + addr
+	orders.waitOK(t, ordersURL+"/readyz")
+
+	t.Run("the compose healthchecks pass", func(t *testing.T) {
+		for svc, hostPort := range map[string]string{svcChannel: chAddr, svcReplica1: addr} {
+			test := service(t, p, svc).HealthCheck.Test // ["CMD", "/healthcheck", URL]
+			probe, err := url.Parse(test[2])
+			if err != nil {
+				t.Fatal(err)
+			}
+			probe.Host = hostPort
+			if code, out := runHealthcheck(t, bins[test[1]], probe.String()); code != 0 {
+				t.Errorf("%s healthcheck %s exited %d: %s", svc, probe, code, out)
+			}
+		}
+	})
+
+	t.Run("the healthcheck fails without a 2xx answer", func(t *testing.T) {
+		unavailable := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}))
+		defer unavailable.Close()
+		for name, args := range map[string][]string{
+			"503":                {unavailable.URL + "/readyz"},
+			"connection refused": {"http://" + freeLoopbackAddr(t) + "/healthz"},
+			"two arguments":      {unavailable.URL, unavailable.URL},
+		} {
+			if code, out := runHealthcheck(t, bins["/healthcheck"], args...); code != 1 {
+				t.Errorf("%s: healthcheck exited %d, want 1 (%s)", name, code, out)
+			}
+		}
+	})
+
+	t.Run("an order is created once and paid once", func(t *testing.T) {
+		cfg, err := app.LoadConfig(environment(t, repSvc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := cfg.APIKeys["acme"]
+		body := `{"customer_id":"cust-deploy","currency":"EUR","items":[{"sku":"SKU-1","quantity":2,"unit_price":1250}]}`
+
+		created := call(t, http.MethodPost, ordersURL+"/v1/orders", key, "deploy-create-1", body)
+		var order struct {
+			ID          string `json:"id"`
+			Status      string `json:"status"`
+			TotalAmount int64  `json:"total_amount"`
+		}
+		created.expect(t, http.StatusCreated, &order)
+		if order.Status != "CREATED" || order.TotalAmount != 2500 {
+			t.Fatalf("created order = %+v, want CREATED with total 2500", order)
+		}
+		if loc := created.header.Get("Location"); loc != "/v1/orders/"+order.ID {
+			t.Errorf("Location = %q, want /v1/orders/%s", loc, order.ID)
+		}
+
+		replay := call(t, http.MethodPost, ordersURL+"/v1/orders", key, "deploy-create-1", body)
+		replay.expect(t, http.StatusCreated, nil)
+		if replay.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(replay.body, created.body) {
+			t.Errorf("retried create: replayed %q, body %s; want the first body replayed", replay.header.Get("Idempotent-Replayed"), replay.body)
+		}
+
+		payURL := ordersURL + "/v1/orders/" + order.ID + "/pay"
+		paid := call(t, http.MethodPost, payURL, key, "deploy-pay-1", `{"payment_method":"pm_ok"}`)
+		paid.expect(t, http.StatusOK, &order)
+		if order.Status != "PAID" {
+			t.Fatalf("paid order status = %s, want PAID", order.Status)
+		}
+		call(t, http.MethodPost, payURL, key, "deploy-pay-1", `{"payment_method":"pm_ok"}`).expect(t, http.StatusOK, nil)
+
+		var stats struct {
+			Charges            int64 `json:"charges"`
+			Refunds            int64 `json:"refunds"`
+			DuplicatesAbsorbed int64 `json:"duplicates_absorbed"`
+		}
+		call(t, http.MethodGet, channelURL+"/admin/stats", "", "", "").expect(t, http.StatusOK, &stats)
+		if stats.Charges != 1 || stats.Refunds != 0 || stats.DuplicatesAbsorbed != 0 {
+			t.Errorf("channel stats = %+v, want exactly one charge and nothing else", stats)
+		}
+	})
+
+	t.Run("both processes exit 0 on SIGTERM", func(t *testing.T) {
+		orders.stop(t) // first, as compose does: dependants stop before their dependencies
+		channel.stop(t)
+	})
+}
+
+// buildImageBinaries builds every binary the image contains, with the
+// Dockerfile's own go build flags, and maps each image path (/orderservice)
+// to the binary built here.
+func buildImageBinaries(t *testing.T) map[string]string {
+	t.Helper()
+	d := parseDockerfile(t)
+	dir := t.TempDir()
+	bins := map[string]string{}
+	byFlags := map[string][]string{} // one go build per flag set shares the compile work
+	for imagePath, pkg := range d.imageBinaries(t) {
+		for _, b := range d.builds {
+			if b.pkg == pkg {
+				key := strings.Join(b.flags, "\x00")
+				byFlags[key] = append(byFlags[key], pkg)
+			}
+		}
+		bins[imagePath] = filepath.Join(dir, filepath.Base(pkg))
+	}
+	for key, pkgs := range byFlags {
+		args := []string{"build"}
+		if key != "" {
+			args = append(args, strings.Split(key, "\x00")...)
+		}
+		args = append(append(args, "-o", dir+string(filepath.Separator)), pkgs...)
+		cmd := exec.Command("go", args...)
+		cmd.Dir = repoRoot
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, b)
+		}
+	}
+	return bins
+}
+
+// freeLoopbackAddr is a 127.0.0.1 port that was free a moment ago.
+func freeLoopbackAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// process is a started binary whose output is shown if the test fails.
+type process struct {
+	name    string
+	cmd     *exec.Cmd
+	out     *lockedBuffer
+	exited  chan struct{}
+	waitErr error
+}
+
+func startProcess(t *testing.T, name, bin string, env map[string]string) *process {
+	t.Helper()
+	p := &process{name: name, cmd: exec.Command(bin), out: &lockedBuffer{}, exited: make(chan struct{})}
+	for k, v := range env { // only the compose environment, as in the container
+		p.cmd.Env = append(p.cmd.Env, k+"="+v)
+	}
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	go func() {
+		p.waitErr = p.cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+		if t.Failed() {
+			t.Logf("%s output:\n%s", name, p.out.String())
+		}
+	})
+	return p
+}
+
+// waitOK polls url until it answers 200, failing if the process exits.
+func (p *process) waitOK(t *testing.T, url string) {
+	t.Helper()
+	client := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := client.Get(url)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+			err = errors.New(resp.Status)
+		}
+		select {
+		case <-p.exited:
+			t.Fatalf("%s exited before %s answered 200: %v", p.name, url, p.waitErr)
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %s did not answer 200 within 30s: %v", p.name, url, err)
+		}
+	}
+}
+
+// stop sends SIGTERM, as `docker compose stop` does, and expects a clean exit.
+func (p *process) stop(t *testing.T) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatalf("SIGTERM %s: %v", p.name, err)
+	}
+	select {
+	case <-p.exited:
+		if p.waitErr != nil {
+			t.Errorf("%s exited with %v after SIGTERM, want status 0", p.name, p.waitErr)
+		}
+	case <-time.After(5 * time.Second):
+		t.Errorf("%s still running 5s after SIGTERM", p.name)
+	}
+}
+
+// runHealthcheck runs the probe binary and returns its exit code and output.
+func runHealthcheck(t *testing.T, bin string, args ...string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = []string{}
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatalf("run %s: %v", bin, err)
+	}
+	return cmd.ProcessState.ExitCode(), strings.TrimSpace(string(out))
+}
+
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// call sends one request; apiKey and idempotencyKey are omitted when empty.
+func call(t *testing.T, method, url, apiKey, idempotencyKey, body string) response {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+apiKey)
+	}
+	if idempotencyKey != "" {
+		req.Header.Set("Idempotency-Key", idempotencyKey)
+	}
+	resp, err := (&http.Client{Timeout: 15 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return response{status: resp.StatusCode, header: resp.Header, body: b}
+}
+
+// expect fails the test unless the status is want, then decodes into v.
+func (r response) expect(t *testing.T, want int, v any) {
+	t.Helper()
+	if r.status != want {
+		t.Fatalf("status %d, want %d: %s", r.status, want, r.body)
+	}
+	if v != nil {
+		if err := json.Unmarshal(r.body, v); err != nil {
+			t.Fatalf("decode %s: %v", r.body, err)
+		}
+	}
+}
+
+// lockedBuffer collects a process's output from the goroutines exec uses.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

@@ -1,0 +1,233 @@
+package deploy
+
+import (
+	"net"
+	"net/url"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/compose-spec/compose-go/v2/types"
+)
+
+func TestCompose(t *testing.T) {
+	p := loadCompose(t)
+
+	t.Run("declares exactly the six services", func(t *testing.T) {
+		want := []string{svcLB, svcReplica1, svcReplica2, svcChannel, svcPostgres, svcPrometheus}
+		slices.Sort(want)
+		if got := p.ServiceNames(); !slices.Equal(got, want) {
+			t.Fatalf("services = %v, want %v", got, want)
+		}
+	})
+
+	t.Run("every service has a healthcheck with timings", func(t *testing.T) {
+		for name, s := range p.Services {
+			hc := s.HealthCheck
+			if hc == nil || hc.Disable || len(hc.Test) < 2 {
+				t.Errorf("%s: no healthcheck (%v)", name, hc)
+				continue
+			}
+			if hc.Test[0] != "CMD" && hc.Test[0] != "CMD-SHELL" {
+				t.Errorf("%s: healthcheck test %q must start with CMD or CMD-SHELL", name, hc.Test)
+			}
+			if hc.Interval == nil || hc.Timeout == nil || hc.Retries == nil || hc.StartPeriod == nil {
+				t.Errorf("%s: healthcheck needs interval, timeout, retries and start_period", name)
+				continue
+			}
+			if time.Duration(*hc.Timeout) > time.Duration(*hc.Interval) || *hc.Retries == 0 {
+				t.Errorf("%s: healthcheck timeout %s above interval %s, or no retries", name,
+					time.Duration(*hc.Timeout), time.Duration(*hc.Interval))
+			}
+		}
+	})
+
+	t.Run("every service restarts unless stopped", func(t *testing.T) {
+		for name, s := range p.Services {
+			if s.Restart != types.RestartPolicyUnlessStopped {
+				t.Errorf("%s: restart = %q, want %q", name, s.Restart, types.RestartPolicyUnlessStopped)
+			}
+		}
+	})
+
+	t.Run("replicas start after a healthy database and channel", func(t *testing.T) {
+		for _, name := range replicas {
+			expectDependsOnHealthy(t, service(t, p, name), svcPostgres, svcChannel)
+		}
+	})
+
+	t.Run("the load balancer starts after both healthy replicas and publishes 8080", func(t *testing.T) {
+		lb := service(t, p, svcLB)
+		expectDependsOnHealthy(t, lb, replicas...)
+		expectPublished(t, lb, 8080)
+	})
+
+	t.Run("the two replicas are the same service under two names", func(t *testing.T) {
+		a, b := service(t, p, svcReplica1), service(t, p, svcReplica2)
+		b.Name = a.Name
+		if !reflect.DeepEqual(a, b) {
+			t.Fatalf("replicas differ:\n%s\n%s", describe(a), describe(b))
+		}
+	})
+
+	t.Run("replicas are reached only through the load balancer", func(t *testing.T) {
+		for _, name := range replicas {
+			if ports := service(t, p, name).Ports; len(ports) > 0 {
+				t.Errorf("%s publishes %v; clients must go through lb", name, ports)
+			}
+		}
+	})
+
+	t.Run("replicas reach postgres and the channel by service name", func(t *testing.T) {
+		env := environment(t, service(t, p, svcReplica1))
+		pg := environment(t, service(t, p, svcPostgres))
+
+		db, err := url.Parse(env["DATABASE_URL"])
+		if err != nil {
+			t.Fatalf("DATABASE_URL: %v", err)
+		}
+		if db.Scheme != "postgres" || db.Hostname() != svcPostgres || db.Port() != "5432" {
+			t.Errorf("DATABASE_URL = %q, want postgres://…@%s:5432/…", env["DATABASE_URL"], svcPostgres)
+		}
+		if pass, _ := db.User.Password(); db.User.Username() != "postgres" || pass != pg["POSTGRES_PASSWORD"] {
+			t.Errorf("DATABASE_URL credentials do not match the postgres service's POSTGRES_PASSWORD")
+		}
+		if strings.TrimPrefix(db.Path, "/") != pg["POSTGRES_DB"] || db.Query().Get("sslmode") != "disable" {
+			t.Errorf("DATABASE_URL = %q, want database %q with sslmode=disable", env["DATABASE_URL"], pg["POSTGRES_DB"])
+		}
+
+		ch, err := url.Parse(env["PAYMENT_CHANNEL_URL"])
+		if err != nil || ch.Scheme != "http" || ch.Host != svcChannel+":8081" {
+			t.Errorf("PAYMENT_CHANNEL_URL = %q, want http://%s:8081", env["PAYMENT_CHANNEL_URL"], svcChannel)
+		}
+		if got := listenPort(t, environment(t, service(t, p, svcChannel))["HTTP_ADDR"]); got != "8081" {
+			t.Errorf("the channel listens on %s, but the replicas call it on 8081", got)
+		}
+		if got := listenPort(t, env["HTTP_ADDR"]); got != "8080" {
+			t.Errorf("replica HTTP_ADDR port = %s, want 8080 (nginx and prometheus use it)", got)
+		}
+		if !strings.Contains(env["API_KEYS"], "acme=demo-key-acme") || !strings.Contains(env["API_KEYS"], "globex=demo-key-globex") {
+			t.Errorf("API_KEYS = %q, want the two demo tenants", env["API_KEYS"])
+		}
+	})
+
+	t.Run("healthchecks probe the port each service listens on", func(t *testing.T) {
+		probes := map[string]string{
+			svcReplica1: "http://127.0.0.1:8080/readyz",
+			svcReplica2: "http://127.0.0.1:8080/readyz",
+			svcChannel:  "http://127.0.0.1:8081/healthz",
+			svcLB:       "http://127.0.0.1:8080/healthz",
+		}
+		for name, want := range probes {
+			test := service(t, p, name).HealthCheck.Test
+			if test[0] != "CMD" || test[len(test)-1] != want {
+				t.Errorf("%s healthcheck = %q, want CMD … %s", name, test, want)
+			}
+		}
+		if test := service(t, p, svcPostgres).HealthCheck.Test; !slices.Contains(test, "pg_isready") {
+			t.Errorf("postgres healthcheck = %q, want pg_isready", test)
+		}
+	})
+
+	t.Run("the app services run binaries the image contains", func(t *testing.T) {
+		bins := parseDockerfile(t).imageBinaries(t)
+		for _, name := range append([]string{svcChannel}, replicas...) {
+			s := service(t, p, name)
+			if s.Build == nil || filepath.Clean(s.Build.Context) != absRoot(t) || s.Build.Dockerfile != "Dockerfile" {
+				t.Errorf("%s: build = %v, want the repository's Dockerfile", name, s.Build)
+			}
+			if test := s.HealthCheck.Test; len(test) > 1 && bins[test[1]] == "" {
+				t.Errorf("%s: healthcheck runs %s, which the image does not contain (it has %v)", name, test[1], bins)
+			}
+			for _, bin := range s.Entrypoint {
+				if bins[bin] == "" {
+					t.Errorf("%s: entrypoint %s is not in the image (it has %v)", name, bin, bins)
+				}
+			}
+		}
+		if ep := service(t, p, svcChannel).Entrypoint; !slices.Equal(ep, []string{"/paymentchannel"}) {
+			t.Errorf("paymentchannel entrypoint = %q, want [/paymentchannel]", ep)
+		}
+		if ep := service(t, p, svcReplica1).Entrypoint; len(ep) != 0 {
+			t.Errorf("replicas should use the image's ENTRYPOINT, not %q", ep)
+		}
+	})
+
+	t.Run("the channel publishes 8081 for its admin endpoints", func(t *testing.T) {
+		expectPublished(t, service(t, p, svcChannel), 8081)
+	})
+
+	t.Run("postgres keeps its data in a named volume", func(t *testing.T) {
+		pg := service(t, p, svcPostgres)
+		if len(pg.Volumes) != 1 || pg.Volumes[0].Type != types.VolumeTypeVolume || pg.Volumes[0].Target != "/var/lib/postgresql/data" {
+			t.Fatalf("postgres volumes = %v", pg.Volumes)
+		}
+		if _, ok := p.Volumes[pg.Volumes[0].Source]; !ok {
+			t.Errorf("volume %q is not declared", pg.Volumes[0].Source)
+		}
+		env := environment(t, pg)
+		if env["POSTGRES_PASSWORD"] == "" || env["POSTGRES_DB"] != "orderservice" {
+			t.Errorf("postgres environment = %v", env)
+		}
+	})
+
+	t.Run("config files are mounted read-only from deploy/", func(t *testing.T) {
+		mounts := map[string]string{svcLB: "deploy/nginx.conf", svcPrometheus: "deploy/prometheus.yml"}
+		for name, file := range mounts {
+			vols := service(t, p, name).Volumes
+			want := filepath.Join(absRoot(t), file)
+			if len(vols) != 1 || vols[0].Type != types.VolumeTypeBind || vols[0].Source != want || !vols[0].ReadOnly {
+				t.Errorf("%s volumes = %v, want %s bound read-only", name, vols, file)
+			}
+			if fi := mustExist(t, file); !fi.Mode().IsRegular() {
+				t.Errorf("%s is not a file", file)
+			}
+		}
+	})
+}
+
+func expectDependsOnHealthy(t *testing.T, s types.ServiceConfig, deps ...string) {
+	t.Helper()
+	for _, dep := range deps {
+		d, ok := s.DependsOn[dep]
+		if !ok {
+			t.Errorf("%s does not depend on %s", s.Name, dep)
+			continue
+		}
+		if d.Condition != types.ServiceConditionHealthy || !d.Required {
+			t.Errorf("%s depends on %s with condition %q (required %v), want %s", s.Name, dep, d.Condition, d.Required, types.ServiceConditionHealthy)
+		}
+	}
+}
+
+func expectPublished(t *testing.T, s types.ServiceConfig, port uint32) {
+	t.Helper()
+	for _, p := range s.Ports {
+		if p.Target == port && p.Published == strconv.FormatUint(uint64(port), 10) && (p.Protocol == "" || p.Protocol == "tcp") {
+			return
+		}
+	}
+	t.Errorf("%s does not publish %d:%d (ports %v)", s.Name, port, port, s.Ports)
+}
+
+func listenPort(t *testing.T, addr string) string {
+	t.Helper()
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatalf("listen address %q: %v", addr, err)
+	}
+	return port
+}
+
+func absRoot(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs(repoRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
