@@ -50,7 +50,7 @@ type Config struct {
 	CleanupBatch    int           `env:"CLEANUP_BATCH" envDefault:"1000"`
 	CleanupPause    time.Duration `env:"CLEANUP_PAUSE" envDefault:"50ms"`
 
-	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"15s"`
+	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"8s"`
 }
 
 // LoadConfig parses and validates the configuration in environ.
