@@ -135,11 +135,7 @@ func channelKey(tenantID, op string, orderID uuid.UUID, key string) string {
 // expired) skips begin and resumes the payment that phase 1 recorded.
 func (s *Service) moneyIntent(ctx context.Context, c Caller, op, orderID string, fields any,
 	begin func(tx *gorm.DB, o *Order, key string) (*Payment, error)) (idempotency.Response, error) {
-	id, err := parseID(orderID)
-	if err != nil {
-		return idempotency.Response{}, err
-	}
-	in, err := c.intent(op, id.String(), fields)
+	id, in, err := c.intentOn(op, orderID, fields)
 	if err != nil {
 		return idempotency.Response{}, err
 	}
@@ -296,26 +292,20 @@ func (s *Service) askChannel(ctx context.Context, p Payment, lookupFirst bool) (
 	switch p.Kind {
 	case KindCharge:
 		var ch payment.Charge
-		if lookupFirst {
-			ch, err = s.Channel.LookupCharge(ctx, p.ChannelKey)
-		}
-		if !lookupFirst || errors.Is(err, payment.ErrNotFound) {
-			var r payment.Result[payment.Charge]
-			r, err = s.Channel.Charge(ctx, p.ChannelKey, payment.ChargeRequest{Amount: p.Amount, Currency: p.Currency,
-				Reference: p.OrderID.String(), PaymentMethod: deref(p.PaymentMethod)})
-			ch, res.replayed = r.Value, r.Replayed
-		}
+		ch, res.replayed, err = lookupOrSend(lookupFirst,
+			func() (payment.Charge, error) { return s.Channel.LookupCharge(ctx, p.ChannelKey) },
+			func() (payment.Result[payment.Charge], error) {
+				return s.Channel.Charge(ctx, p.ChannelKey, payment.ChargeRequest{Amount: p.Amount, Currency: p.Currency,
+					Reference: p.OrderID.String(), PaymentMethod: deref(p.PaymentMethod)})
+			})
 		res.status, res.ref = chargeStatus(ch), ch.ID
 	case KindRefund:
 		var rf payment.Refund
-		if lookupFirst {
-			rf, err = s.Channel.LookupRefund(ctx, p.ChannelKey)
-		}
-		if !lookupFirst || errors.Is(err, payment.ErrNotFound) {
-			var r payment.Result[payment.Refund]
-			r, err = s.Channel.Refund(ctx, p.ChannelKey, payment.RefundRequest{ChargeID: deref(p.RefundOf), Amount: p.Amount})
-			rf, res.replayed = r.Value, r.Replayed
-		}
+		rf, res.replayed, err = lookupOrSend(lookupFirst,
+			func() (payment.Refund, error) { return s.Channel.LookupRefund(ctx, p.ChannelKey) },
+			func() (payment.Result[payment.Refund], error) {
+				return s.Channel.Refund(ctx, p.ChannelKey, payment.RefundRequest{ChargeID: deref(p.RefundOf), Amount: p.Amount})
+			})
 		res.status, res.ref = PaymentSucceeded, rf.ID
 	}
 	s.observe().ChannelCall(string(p.Kind), time.Since(start), err, res.replayed)
@@ -330,6 +320,20 @@ func (s *Service) askChannel(ctx context.Context, p Payment, lookupFirst bool) (
 		return channelResult{status: PaymentPending}, nil
 	}
 	return res, nil
+}
+
+// lookupOrSend asks the channel for what it holds under the key when
+// lookupFirst, and sends the request (same key) when it holds nothing or
+// when there is nothing to look up.
+func lookupOrSend[T any](lookupFirst bool, lookup func() (T, error), send func() (payment.Result[T], error)) (T, bool, error) {
+	if lookupFirst {
+		v, err := lookup()
+		if !errors.Is(err, payment.ErrNotFound) {
+			return v, false, err
+		}
+	}
+	r, err := send()
+	return r.Value, r.Replayed, err
 }
 
 func chargeStatus(ch payment.Charge) PaymentStatus {

@@ -31,6 +31,17 @@ func (c Caller) intent(op, resource string, fields any) (idempotency.Intent, err
 	}, err
 }
 
+// intentOn is the intent of an operation on the order named in the path.
+// A malformed id names no order: 404, before anything is recorded.
+func (c Caller) intentOn(op, orderID string, fields any) (uuid.UUID, idempotency.Intent, error) {
+	id, err := parseID(orderID)
+	if err != nil {
+		return id, idempotency.Intent{}, err
+	}
+	in, err := c.intent(op, id.String(), fields)
+	return id, in, err
+}
+
 // Service runs the order use cases.
 type Service struct {
 	DB      *gorm.DB
@@ -202,11 +213,7 @@ func newOrder(tenantID string, n CreateRequest, total int64) (*Order, error) {
 // lock the order, apply change (pure: it only fires the state machine and
 // sets fields, so a refusal comes before any write), save the transition.
 func (s *Service) transition(ctx context.Context, c Caller, op string, ev Event, orderID string, fields any, change func(*Order) error) (idempotency.Response, error) {
-	id, err := parseID(orderID)
-	if err != nil {
-		return idempotency.Response{}, err
-	}
-	in, err := c.intent(op, id.String(), fields)
+	id, in, err := c.intentOn(op, orderID, fields)
 	if err != nil {
 		return idempotency.Response{}, err
 	}
