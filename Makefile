@@ -17,8 +17,22 @@ test: ## every test, with the race detector, against real PostgreSQL
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 8m ./...
 
-bench: ## load benchmarks against the real service and PostgreSQL
-	$(GO) run ./cmd/bench
+.PHONY: test-faults
+test-faults: ## fault and load suite on real processes (restarts the local PostgreSQL: run it alone)
+	$(GO) test -race -tags faults -count=1 -timeout 15m ./internal/faults/...
+
+# The demo talks to a running service: `make run` (or `docker compose up`)
+# first. Override e.g. `make demo DEMO_BASE_URL=http://host:8080`.
+DEMO_BASE_URL    ?= http://localhost:8080
+DEMO_CHANNEL_URL ?= http://localhost:8081
+DEMO_API_KEY     ?= demo-key-acme
+
+.PHONY: demo
+demo: ## narrated scenarios of every lesson against the running service
+	$(GO) run ./cmd/demo -url $(DEMO_BASE_URL) -channel $(DEMO_CHANNEL_URL) -api-key $(DEMO_API_KEY)
+
+bench: ## load benchmarks against the real service and PostgreSQL; writes docs/benchmarks/ (BENCHFLAGS=-quick for a short run)
+	$(GO) run -tags bench ./cmd/bench $(BENCHFLAGS)
 
 lint-openapi: ## lint api/openapi.yaml with Redocly
 	npm ci --prefix tools/openapi-lint --no-audit --no-fund

@@ -1,0 +1,234 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/orderservice/orderservice/client"
+)
+
+// rawAnswer is one HTTP answer read whole, for scenarios that show headers
+// the Go client keeps to itself.
+type rawAnswer struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// field reads a top-level string field of a JSON body ("id", "code", …).
+func (a rawAnswer) field(name string) string {
+	var m map[string]any
+	_ = json.Unmarshal(a.body, &m)
+	s, _ := m[name].(string)
+	return s
+}
+
+// String is the answer the way the demo prints it: status and the headers
+// that matter for idempotency.
+func (a rawAnswer) String() string {
+	parts := []string{fmt.Sprintf("%d %s", a.status, http.StatusText(a.status))}
+	if id := a.field("id"); id != "" {
+		parts = append(parts, "order "+short(id)+" "+a.field("status"))
+	}
+	if code := a.field("code"); code != "" {
+		parts = append(parts, "code "+code)
+	}
+	for _, h := range []string{"Idempotent-Replayed", "Retry-After", "Location"} {
+		if v := a.header.Get(h); v != "" {
+			parts = append(parts, h+": "+v)
+		}
+	}
+	return strings.Join(parts, "  ")
+}
+
+// post sends one POST to the order service as the demo's tenant, with the
+// given key and JSON body, and no retry. A timeout of zero keeps the
+// default; a short one plays a client that hangs up.
+func (d *demo) post(ctx context.Context, path, key string, body any, timeout time.Duration) (rawAnswer, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return rawAnswer{}, err
+	}
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.cfg.baseURL+path, bytes.NewReader(b))
+	if err != nil {
+		return rawAnswer{}, err
+	}
+	req.Header.Set("Authorization", "Bearer "+d.cfg.apiKey)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	return d.do(req)
+}
+
+// get reads url, as the demo's tenant when auth is set, and fails on a
+// non-2xx answer.
+func (d *demo) get(ctx context.Context, url string, auth bool) (rawAnswer, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return rawAnswer{}, err
+	}
+	if auth {
+		req.Header.Set("Authorization", "Bearer "+d.cfg.apiKey)
+	}
+	a, err := d.do(req)
+	if err == nil && (a.status < 200 || a.status > 299) {
+		err = fmt.Errorf("GET %s: %d %s", url, a.status, bytes.TrimSpace(a.body))
+	}
+	return a, err
+}
+
+// getJSON reads url and decodes its JSON body into v.
+func (d *demo) getJSON(ctx context.Context, url string, auth bool, v any) error {
+	a, err := d.get(ctx, url, auth)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(a.body, v)
+}
+
+func (d *demo) do(req *http.Request) (rawAnswer, error) {
+	resp, err := d.http.Do(req)
+	if err != nil {
+		return rawAnswer{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	return rawAnswer{status: resp.StatusCode, header: resp.Header, body: b}, err
+}
+
+// The payment channel's admin API.
+
+// channelStats are the channel's counters (GET /admin/stats).
+type channelStats struct {
+	Charges            int64 `json:"charges"`
+	Refunds            int64 `json:"refunds"`
+	DuplicatesAbsorbed int64 `json:"duplicates_absorbed"`
+	Lookups            int64 `json:"lookups"`
+	LostResponses      int64 `json:"lost_responses"`
+}
+
+func (s channelStats) String() string {
+	return fmt.Sprintf("charges=%d refunds=%d duplicates_absorbed=%d lookups=%d lost_responses=%d",
+		s.Charges, s.Refunds, s.DuplicatesAbsorbed, s.Lookups, s.LostResponses)
+}
+
+func (d *demo) channelStats(ctx context.Context) (channelStats, error) {
+	var s channelStats
+	return s, d.getJSON(ctx, d.cfg.channelURL+"/admin/stats", false, &s)
+}
+
+// channelCharge is one charge the channel made (GET /admin/charges), with
+// how many POSTs arrived under its key.
+type channelCharge struct {
+	ID             string `json:"id"`
+	Status         string `json:"status"`
+	Amount         int64  `json:"amount"`
+	Reference      string `json:"reference"`
+	IdempotencyKey string `json:"idempotency_key"`
+	Requests       int    `json:"requests"`
+}
+
+// chargesFor returns the channel's charges for one order: the service
+// sends the order id as the charge's reference.
+func (d *demo) chargesFor(ctx context.Context, orderID string) ([]channelCharge, error) {
+	var all struct {
+		Charges []channelCharge `json:"charges"`
+	}
+	if err := d.getJSON(ctx, d.cfg.channelURL+"/admin/charges", false, &all); err != nil {
+		return nil, err
+	}
+	var mine []channelCharge
+	for _, c := range all.Charges {
+		if c.Reference == orderID {
+			mine = append(mine, c)
+		}
+	}
+	return mine, nil
+}
+
+// The order service's views of an intent.
+
+// record is the service's record of key for one operation.
+func (d *demo) record(ctx context.Context, key, operation string) (client.IdempotencyRecord, error) {
+	res, err := d.api.IdempotencyRecords(ctx, key)
+	if err != nil {
+		return client.IdempotencyRecord{}, err
+	}
+	for _, r := range res.Value {
+		if r.Operation == operation {
+			return r, nil
+		}
+	}
+	return client.IdempotencyRecord{}, fmt.Errorf("no %s record for key %s", operation, key)
+}
+
+// showRecord prints the fields of a record that tell who owns the intent.
+func (d *demo) showRecord(r client.IdempotencyRecord) {
+	lease := "none"
+	if r.LeaseExpiresAt != nil {
+		if left := time.Until(*r.LeaseExpiresAt); left > 0 {
+			lease = fmt.Sprintf("expires in %.1fs", left.Seconds())
+		} else {
+			lease = fmt.Sprintf("expired %.1fs ago", -left.Seconds())
+		}
+	}
+	d.got("record %s %s: state %s, attempts %d, lease_token %d, lease %s",
+		r.Operation, r.IdempotencyKey, r.State, r.Attempts, r.LeaseToken, lease)
+}
+
+// waitForRecord polls the record until it is in state, or timeout passes.
+func (d *demo) waitForRecord(ctx context.Context, key, operation, state string, timeout time.Duration) (client.IdempotencyRecord, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		r, err := d.record(ctx, key, operation)
+		if err == nil && r.State == state {
+			return r, nil
+		}
+		if time.Now().After(deadline) {
+			if err == nil {
+				err = fmt.Errorf("record %s %s still %s after %s", operation, key, r.State, timeout)
+			}
+			return r, err
+		}
+		select {
+		case <-ctx.Done():
+			return r, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// policy is GET /v1/idempotency-policy.
+type policy struct {
+	ReplayWindows map[string]string `json:"replay_windows"`
+	LongestWindow string            `json:"longest_window"`
+	Margin        string            `json:"margin"`
+	MoneyFloor    string            `json:"money_floor"`
+	Lease         string            `json:"lease"`
+	Operations    []struct {
+		Operation string `json:"operation"`
+		Retention string `json:"retention"`
+		Archived  bool   `json:"archived"`
+	} `json:"operations"`
+}
+
+func (d *demo) policy(ctx context.Context) (policy, error) {
+	var p policy
+	return p, d.getJSON(ctx, d.cfg.baseURL+"/v1/idempotency-policy", true, &p)
+}
+
+// ordersOf counts the tenant's orders of one customer.
+func (d *demo) ordersOf(ctx context.Context, customer string) (int, error) {
+	res, err := d.api.ListOrders(ctx, client.ListOptions{CustomerID: customer, Limit: 100})
+	return len(res.Value.Orders), err
+}

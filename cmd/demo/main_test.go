@@ -1,0 +1,96 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/orderservice/orderservice/internal/apptest"
+	"github.com/orderservice/orderservice/internal/testdb"
+)
+
+// dbURL is this package's own database, created fresh by TestMain.
+var dbURL string
+
+func TestMain(m *testing.M) {
+	os.Exit(testdb.Main(func(url string) int { dbURL = url; return m.Run() }, "demo"))
+}
+
+// TestDemoPassesAgainstTheRealService plays every scenario against the
+// service booted in-process, so the demo cannot rot: a change in behaviour
+// that breaks a lesson's story fails here.
+func TestDemoPassesAgainstTheRealService(t *testing.T) {
+	// pm_slow must outlast the moment scenario 4 needs to send its
+	// duplicate, and stay below the test service's 2s channel timeout.
+	m := apptest.Start(t, dbURL, map[string]string{"PAYMENT_SLOW_DELAY": "1s"})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	play := func(t *testing.T) string {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		args := []string{"-url", m.URL(), "-channel", "http://" + m.ChannelAddr, "-api-key", apptest.KeyAcme, "-sweep-wait", "15s"}
+		// NO_COLOR is unset: the output is plain because a buffer is no terminal.
+		err := run(ctx, args, func(string) string { return "" }, &stdout, &stderr)
+		if err != nil {
+			t.Errorf("the demo failed: %v\nstderr: %s\noutput:\n%s", err, stderr.String(), stdout.String())
+		}
+		return stdout.String()
+	}
+
+	t.Run("every scenario passes", func(t *testing.T) {
+		out := play(t)
+		summary := out[strings.LastIndex(out, "Summary:"):]
+		list := scenarios()
+		for i, s := range list {
+			if line := fmt.Sprintf("✓ %d. %s", i+1, s.title); !strings.Contains(summary, line) {
+				t.Errorf("the summary does not mark scenario %d passed; want %q in:\n%s", i+1, line, summary)
+			}
+		}
+		if want := fmt.Sprintf("%d of %d scenarios passed", len(list), len(list)); !strings.Contains(summary, want) {
+			t.Errorf("the summary does not say %q:\n%s", want, summary)
+		}
+		if strings.Contains(out, "✗") {
+			t.Errorf("the output marks a failed check:\n%s", out)
+		}
+		if strings.Contains(out, "\x1b[") {
+			t.Errorf("plain output (not a terminal) contains ANSI escapes:\n%q", out)
+		}
+	})
+
+	t.Run("a second run against the same database passes too", func(t *testing.T) {
+		play(t) // fresh keys per run: nothing collides with the first run
+	})
+}
+
+// TestColourOnlyOnATerminal pins the rule: colour on a terminal, plain
+// in a pipe or a file, and never with NO_COLOR.
+func TestColourOnlyOnATerminal(t *testing.T) {
+	env := func(vars map[string]string) func(string) string { return func(k string) string { return vars[k] } }
+	cases := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want bool
+	}{
+		{"a buffer is no terminal", nil, nil, false},
+		{"forced on", []string{"-color", "always"}, nil, true},
+		{"NO_COLOR wins over auto", nil, map[string]string{"NO_COLOR": "1"}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var out bytes.Buffer
+			cfg, err := parseConfig(c.args, env(c.env), &out, &out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.color != c.want {
+				t.Errorf("color = %v, want %v", cfg.color, c.want)
+			}
+		})
+	}
+}
