@@ -6,6 +6,7 @@ import (
 	"math/bits"
 	"slices"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/orderservice/orderservice/internal/problem"
@@ -71,15 +72,18 @@ func invalid(field, format string, args ...any) error {
 func (r CreateRequest) normalize() (CreateRequest, int64, error) {
 	n := CreateRequest{
 		CustomerID: strings.TrimSpace(r.CustomerID),
-		Currency:   strings.ToUpper(strings.TrimSpace(r.Currency)),
+		Currency:   strings.TrimSpace(r.Currency),
 		Metadata:   r.Metadata,
 	}
 	if err := checkText("customer_id", n.CustomerID, maxIDLength); err != nil {
 		return n, 0, err
 	}
-	if len(n.Currency) != 3 || strings.Trim(n.Currency, "ABCDEFGHIJKLMNOPQRSTUVWXYZ") != "" {
+	// Check the ASCII letters before upper-casing: Unicode case mapping
+	// would turn look-alikes such as "uſd" into "USD".
+	if len(n.Currency) != 3 || strings.Trim(n.Currency, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz") != "" {
 		return n, 0, invalid("currency", "must be a three-letter ISO 4217 code")
 	}
+	n.Currency = strings.ToUpper(n.Currency)
 	if len(r.Items) < 1 || len(r.Items) > maxItems {
 		return n, 0, invalid("items", "must hold between 1 and %d items", maxItems)
 	}
@@ -116,8 +120,8 @@ func (r CreateRequest) normalize() (CreateRequest, int64, error) {
 		if err := checkText("metadata key", k, maxMetadataKey); err != nil {
 			return n, 0, err
 		}
-		if len(v) > maxMetadataValue || !utf8.ValidString(v) {
-			return n, 0, invalid("metadata."+k, "must be valid text of at most %d bytes", maxMetadataValue)
+		if len(v) > maxMetadataValue || !utf8.ValidString(v) || strings.ContainsFunc(v, isControl) {
+			return n, 0, invalid("metadata."+k, "must be text of at most %d bytes without control characters", maxMetadataValue)
 		}
 	}
 	if len(n.Metadata) == 0 {
@@ -136,8 +140,8 @@ func (r ShipRequest) normalize() (ShipRequest, error) {
 
 func (r CancelRequest) normalize() (CancelRequest, error) {
 	n := CancelRequest{Reason: strings.TrimSpace(r.Reason)}
-	if len(n.Reason) > maxMetadataValue || !utf8.ValidString(n.Reason) {
-		return n, invalid("reason", "must be valid text of at most %d bytes", maxMetadataValue)
+	if len(n.Reason) > maxMetadataValue || !utf8.ValidString(n.Reason) || strings.ContainsFunc(n.Reason, isControl) {
+		return n, invalid("reason", "must be text of at most %d bytes without control characters", maxMetadataValue)
 	}
 	return n, nil
 }
@@ -150,11 +154,15 @@ func checkText(field, s string, max int) error {
 	if len(s) > max {
 		return invalid(field, "must be at most %d bytes", max)
 	}
-	if !utf8.ValidString(s) || strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+	if !utf8.ValidString(s) || strings.ContainsFunc(s, isControl) {
 		return invalid(field, "must be text without control characters")
 	}
 	return nil
 }
+
+// isControl is a C0 or C1 control character or DEL, NUL included (which
+// PostgreSQL cannot store in text or jsonb anyway).
+func isControl(r rune) bool { return unicode.IsControl(r) }
 
 func mulInt64(a, b int64) (int64, bool) {
 	hi, lo := bits.Mul64(uint64(a), uint64(b))

@@ -1,0 +1,334 @@
+package order_test
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/orderservice/orderservice/internal/app"
+	"github.com/orderservice/orderservice/internal/apptest"
+)
+
+// Two tenants: one only ever sends refused requests, so "0 rows written" is
+// checked after every single one; the other sends the accepted boundaries.
+const (
+	refusedKey  = "refused-key-1"
+	acceptedKey = "accepted-key-1"
+)
+
+func startLimits(t *testing.T) (m *app.Main, refused, accepted *apptest.Client) {
+	t.Helper()
+	m, _ = start(t, map[string]string{"API_KEYS": "refused=" + refusedKey + ",accepted=" + acceptedKey})
+	return m, apptest.NewClient(m, refusedKey), apptest.NewClient(m, acceptedKey)
+}
+
+// refusedRows counts the refusing tenant's orders and idempotency records.
+func refusedRows(t *testing.T, m *app.Main) (orders, records int64) {
+	t.Helper()
+	return count(t, m, "SELECT count(*) FROM orders WHERE tenant_id = 'refused'"),
+		count(t, m, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'refused'")
+}
+
+// wantNothingWritten runs send and asserts that it wrote no order and no
+// idempotency record.
+func wantNothingWritten(t *testing.T, m *app.Main, send func()) {
+	t.Helper()
+	orders, records := refusedRows(t, m)
+	send()
+	if o, r := refusedRows(t, m); o != orders || r != records {
+		t.Errorf("a refused request wrote %d orders and %d idempotency records", o-orders, r-records)
+	}
+}
+
+// items returns n valid item objects.
+func items(n int) []map[string]any {
+	out := make([]map[string]any, n)
+	for i := range out {
+		out[i] = map[string]any{"sku": fmt.Sprintf("SKU-%d", i), "quantity": 1, "unit_price": 1}
+	}
+	return out
+}
+
+func withItems(customer string, its ...map[string]any) map[string]any {
+	return map[string]any{"customer_id": customer, "currency": "EUR", "items": its}
+}
+
+func item(sku string, quantity, unitPrice any) map[string]any {
+	return map[string]any{"sku": sku, "quantity": quantity, "unit_price": unitPrice}
+}
+
+// rawCreate writes a create request by hand over TCP, for header bytes Go's
+// client refuses to send (NUL, other control characters).
+func rawCreate(t *testing.T, m *app.Main, apiKey, idempotencyKey, body string) apptest.Response {
+	t.Helper()
+	addr := strings.TrimPrefix(m.URL(), "http://")
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(conn, "POST /v1/orders HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nIdempotency-Key: %s\r\n"+
+		"Content-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", addr, apiKey, idempotencyKey, len(body), body)
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("read response: %v", err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return apptest.Response{Status: res.StatusCode, Header: res.Header, Body: b}
+}
+
+func TestLimitsAndBadInput(t *testing.T) {
+	m, refused, accepted := startLimits(t)
+	valid := createBody("cus_limits")
+
+	type refusal struct {
+		name   string
+		key    string
+		header http.Header
+		body   any
+		status int
+		code   string
+		field  string // the field the problem names, when it names one
+	}
+	run := func(t *testing.T, cases []refusal) {
+		t.Helper()
+		for i, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				key := tc.key
+				if key == "" {
+					key = fmt.Sprintf("refused-%d", i)
+				}
+				var r apptest.Response
+				wantNothingWritten(t, m, func() {
+					var err error
+					if r, err = refused.Send(http.MethodPost, "/v1/orders", key, tc.body, tc.header); err != nil {
+						t.Fatal(err)
+					}
+				})
+				wantProblem(t, r, tc.status, tc.code)
+				if tc.field != "" {
+					if got := r.JSON(t)["field"]; got != tc.field {
+						t.Errorf("field = %v, want %s", got, tc.field)
+					}
+				}
+			})
+		}
+	}
+
+	t.Run("items", func(t *testing.T) {
+		t.Run("exactly 100 items are accepted", func(t *testing.T) {
+			r := accepted.Do(t, http.MethodPost, "/v1/orders", "items-100", withItems("cus_100", items(100)...))
+			if r.Status != http.StatusCreated || len(r.JSON(t)["items"].([]any)) != 100 {
+				t.Fatalf("= %d %.300s", r.Status, r.Body)
+			}
+			if n := count(t, m, "SELECT count(*) FROM order_items i JOIN orders o ON o.id = i.order_id WHERE o.customer_id = 'cus_100'"); n != 100 {
+				t.Errorf("item rows = %d, want 100", n)
+			}
+		})
+		run(t, []refusal{
+			{name: "1000 items are 400 naming items", body: withItems("c", items(1000)...), status: 400, code: "invalid_request", field: "items"},
+		})
+	})
+
+	t.Run("idempotency keys", func(t *testing.T) {
+		k255 := strings.Repeat("k", 255)
+		t.Run("a 255-character key is accepted and stored whole", func(t *testing.T) {
+			r := accepted.Do(t, http.MethodPost, "/v1/orders", k255, createBody("cus_k255"))
+			if r.Status != http.StatusCreated {
+				t.Fatalf("= %d %s", r.Status, r.Body)
+			}
+			if n := count(t, m, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'accepted' AND idempotency_key = ?", k255); n != 1 {
+				t.Errorf("records under the 255-character key = %d", n)
+			}
+		})
+		t.Run("the quoted form of a 255-character key (257 bytes sent) is the same intent", func(t *testing.T) {
+			r := accepted.Do(t, http.MethodPost, "/v1/orders", `"`+k255+`"`, createBody("cus_k255"))
+			if r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("= %d %v %s", r.Status, r.Header, r.Body)
+			}
+		})
+		run(t, []refusal{
+			{name: "a quoted 256-character key is 400", key: `"` + strings.Repeat("k", 256) + `"`, body: valid, status: 400, code: "idempotency_key_invalid"},
+			{name: "a zero-width space in a key is 400", key: "R1\u200b", body: valid, status: 400, code: "idempotency_key_invalid"},
+			{name: "a right-to-left override in a key is 400", key: "\u202eR1", body: valid, status: 400, code: "idempotency_key_invalid"},
+			{name: "fullwidth letters in a key are 400", key: "\uff32\uff11", body: valid, status: 400, code: "idempotency_key_invalid"},
+			{name: "a Cyrillic look-alike in a key is 400", key: "\u0420\u0031", body: valid, status: 400, code: "idempotency_key_invalid"},
+			{name: "a combining accent in a key is 400", key: "R\u03011", body: valid, status: 400, code: "idempotency_key_invalid"},
+			{name: "a byte-order mark in a key is 400", key: "\ufeffR1", body: valid, status: 400, code: "idempotency_key_invalid"},
+			{name: "a no-break space in a key is 400", key: "R\u00a01", body: valid, status: 400, code: "idempotency_key_invalid"},
+			{name: "a byte that is not UTF-8 in a key is 400", key: "R\xff1", body: valid, status: 400, code: "idempotency_key_invalid"},
+			{name: "a quoted key with an unknown escape is 400", key: `"R\n1"`, body: valid, status: 400, code: "idempotency_key_invalid"},
+		})
+		for _, k := range []struct{ name, key string }{
+			{"NUL", "R\x001"}, {"SOH", "R\x011"}, {"ESC", "R\x1b[31m"}, {"DEL", "R\x7f1"}, {"a lone CR", "R\r1"},
+		} {
+			t.Run("a key with "+k.name+" sent over raw TCP is 400 and reaches nothing", func(t *testing.T) {
+				var r apptest.Response
+				wantNothingWritten(t, m, func() {
+					r = rawCreate(t, m, refusedKey, k.key, `{"customer_id":"c","currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":1}]}`)
+				})
+				if r.Status != http.StatusBadRequest {
+					t.Fatalf("= %d %s", r.Status, r.Body)
+				}
+				// net/http refuses the header itself, before any handler runs;
+				// if a handler ever sees it, it must name the key.
+				if r.Header.Get("Content-Type") == "application/problem+json" {
+					wantProblem(t, r, http.StatusBadRequest, "idempotency_key_invalid")
+				}
+			})
+		}
+	})
+
+	t.Run("text fields", func(t *testing.T) {
+		for _, s := range []string{"客户-Ünïcödé", "👩\u200d💻-emoji", "עברית-\u200f", "ＲＩ-fullwidth", "e\u0301-combining"} {
+			t.Run(fmt.Sprintf("valid unicode %q is accepted and stored as sent", s), func(t *testing.T) {
+				r := accepted.Do(t, http.MethodPost, "/v1/orders", "unicode-"+fmt.Sprintf("%x", s), withItems(s, item(s, 1, 100)))
+				if r.Status != http.StatusCreated {
+					t.Fatalf("= %d %s", r.Status, r.Body)
+				}
+				o := r.JSON(t)
+				if o["customer_id"] != s || o["items"].([]any)[0].(map[string]any)["sku"] != s {
+					t.Errorf("stored as %v / %v", o["customer_id"], o["items"])
+				}
+			})
+		}
+		t.Run("a customer_id of 100 bytes and a sku of 64 bytes are accepted", func(t *testing.T) {
+			r := accepted.Do(t, http.MethodPost, "/v1/orders", "text-bounds", withItems(strings.Repeat("c", 98)+"ü", item(strings.Repeat("s", 61)+"€", 1, 1)))
+			if r.Status != http.StatusCreated {
+				t.Fatalf("= %d %s", r.Status, r.Body)
+			}
+		})
+		cases := []refusal{
+			{name: "a currency spelled with a long s (uſd) is 400, not read as USD", body: map[string]any{"customer_id": "c", "currency": "u\u017fd", "items": items(1)},
+				status: 400, code: "invalid_request", field: "currency"},
+			{name: "a currency spelled with a dotless i (ınr) is 400, not read as INR", body: map[string]any{"customer_id": "c", "currency": "\u0131nr", "items": items(1)},
+				status: 400, code: "invalid_request", field: "currency"},
+			{name: "a customer_id of 101 bytes is 400", body: withItems(strings.Repeat("c", 99)+"ü", item("S", 1, 1)), status: 400, code: "invalid_request", field: "customer_id"},
+			{name: "a sku of 65 bytes is 400", body: withItems("c", item(strings.Repeat("s", 62)+"€", 1, 1)), status: 400, code: "invalid_request", field: "items[0].sku"},
+		}
+		for _, c := range []struct{ name, text string }{
+			{"NUL", "a\x00b"}, {"SOH", "a\x01b"}, {"a newline", "a\nb"}, {"ESC", "a\x1b[2Jb"}, {"DEL", "a\x7fb"},
+			{"the C1 control NEL", "a\u0085b"}, {"the C1 control CSI", "a\u009b31mb"},
+		} {
+			cases = append(cases,
+				refusal{name: "a customer_id with " + c.name + " is 400", body: withItems(c.text, item("S", 1, 1)), status: 400, code: "invalid_request", field: "customer_id"},
+				refusal{name: "a sku with " + c.name + " is 400", body: withItems("c", item(c.text, 1, 1)), status: 400, code: "invalid_request", field: "items[0].sku"})
+		}
+		run(t, cases)
+	})
+
+	t.Run("amounts", func(t *testing.T) {
+		t.Run("a total of exactly the largest int64 is accepted and sent back exactly", func(t *testing.T) {
+			r := accepted.Do(t, http.MethodPost, "/v1/orders", "max-total",
+				`{"customer_id":"cus_max","currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":9223372036854775807}]}`)
+			if r.Status != http.StatusCreated || !bytes.Contains(r.Body, []byte(`"total_amount":9223372036854775807`)) {
+				t.Fatalf("= %d %s", r.Status, r.Body)
+			}
+		})
+		big := func(v string) string {
+			return `{"customer_id":"c","currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":` + v + `}]}`
+		}
+		run(t, []refusal{
+			{name: "a negative quantity is 400", body: withItems("c", item("S", -1, 1)), status: 400, code: "invalid_request", field: "items[0].quantity"},
+			{name: "quantity 1001 is 400", body: withItems("c", item("S", 1001, 1)), status: 400, code: "invalid_request", field: "items[0].quantity"},
+			{name: "a quantity beyond int64 is 400", body: `{"customer_id":"c","currency":"EUR","items":[{"sku":"S","quantity":9223372036854775808,"unit_price":1}]}`,
+				status: 400, code: "invalid_request", field: "items[0].quantity"},
+			{name: "a fractional quantity is 400", body: `{"customer_id":"c","currency":"EUR","items":[{"sku":"S","quantity":1.5,"unit_price":1}]}`,
+				status: 400, code: "invalid_request", field: "items[0].quantity"},
+			{name: "the smallest int64 as a price is 400", body: big("-9223372036854775808"), status: 400, code: "invalid_request", field: "items[0].unit_price"},
+			{name: "a price of 2^63 is 400", body: big("9223372036854775808"), status: 400, code: "invalid_request", field: "items[0].unit_price"},
+			{name: "a price with 10000 digits is 400", body: big("1" + strings.Repeat("0", 10000)), status: 400, code: "invalid_request", field: "items[0].unit_price"},
+			{name: "a price of 1e400 is 400", body: big("1e400"), status: 400, code: "invalid_request", field: "items[0].unit_price"},
+			{name: "a price as a string is 400", body: big(`"100"`), status: 400, code: "invalid_request", field: "items[0].unit_price"},
+			{name: "unit_price 2^62 times quantity 4 overflows: 400, not a wrapped total", body: withItems("c", item("S", 4, int64(1)<<62)),
+				status: 400, code: "invalid_request", field: "items[0].unit_price"},
+			{name: "two lines whose sum overflows int64 are 400", body: withItems("c", item("A", 1, int64(1<<63-1)), item("B", 1, 1)),
+				status: 400, code: "invalid_request", field: "items[1].unit_price"},
+			{name: "a hundred lines of 2^57 each overflow the total: 400", body: withItems("c", func() []map[string]any {
+				its := items(100)
+				for _, it := range its {
+					it["unit_price"] = int64(1) << 57
+				}
+				return its
+			}()...), status: 400, code: "invalid_request"},
+		})
+	})
+
+	t.Run("JSON shape", func(t *testing.T) {
+		run(t, []refusal{
+			{name: "arrays nested 100000 deep are 400", body: `{"customer_id":"c","metadata":` + strings.Repeat("[", 100000) + strings.Repeat("]", 100000) + `}`,
+				status: 400, code: "invalid_request"},
+			{name: "objects nested 20000 deep are 400", body: strings.Repeat(`{"metadata":`, 20000) + `{}` + strings.Repeat("}", 20000),
+				status: 400, code: "invalid_request"},
+			{name: "a nested value in an unknown field is 400 naming it", body: `{"customer_id":"c","extra":[[[[{"a":[1]}]]]]}`,
+				status: 400, code: "invalid_request", field: "extra"},
+			{name: "a duplicate key is 400, not the last value silently", body: `{"customer_id":"c","currency":"EUR","currency":"USD","items":[{"sku":"S","quantity":1,"unit_price":1}]}`,
+				status: 400, code: "invalid_request"},
+			{name: "a duplicate items array is 400", body: `{"customer_id":"c","currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":1}],"items":[{"sku":"S","quantity":9,"unit_price":1}]}`,
+				status: 400, code: "invalid_request"},
+			{name: "a key repeated in another case is 400", body: `{"customer_id":"c","currency":"EUR","CURRENCY":"USD","items":[{"sku":"S","quantity":1,"unit_price":1}]}`,
+				status: 400, code: "invalid_request"},
+			{name: "a NUL in a metadata value is 400, not a 500 from jsonb", body: `{"customer_id":"c","currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":1}],"metadata":{"note":"a\u0000b"}}`,
+				status: 400, code: "invalid_request", field: "metadata.note"},
+			{name: "21 metadata entries are 400", body: map[string]any{"customer_id": "c", "currency": "EUR", "items": items(1), "metadata": func() map[string]string {
+				md := map[string]string{}
+				for i := range 21 {
+					md[fmt.Sprint("k", i)] = "v"
+				}
+				return md
+			}()}, status: 400, code: "invalid_request", field: "metadata"},
+		})
+	})
+
+	t.Run("body size", func(t *testing.T) {
+		const limit = 1 << 20
+		padded := func(size int) string {
+			b := `{"customer_id":"cus_exact","currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":1}]}`
+			return b[:len(b)-1] + strings.Repeat(" ", size-len(b)) + "}"
+		}
+		t.Run("a body of exactly 1 MiB is accepted", func(t *testing.T) {
+			r := accepted.Do(t, http.MethodPost, "/v1/orders", "exact-limit", padded(limit))
+			if r.Status != http.StatusCreated {
+				t.Fatalf("= %d %s", r.Status, r.Body)
+			}
+		})
+		run(t, []refusal{
+			{name: "a body of 1 MiB and one byte is 413", body: padded(limit + 1), status: 413, code: "payload_too_large"},
+		})
+		t.Run("a chunked body over 1 MiB, with no Content-Length, is 413", func(t *testing.T) {
+			// A reader of unknown length makes the client send it chunked.
+			req, err := http.NewRequest(http.MethodPost, m.URL()+"/v1/orders", io.MultiReader(strings.NewReader(padded(limit+1))))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Authorization", "Bearer "+refusedKey)
+			req.Header.Set("Idempotency-Key", "chunked")
+			req.Header.Set("Content-Type", "application/json")
+			var r apptest.Response
+			wantNothingWritten(t, m, func() {
+				res, err := refused.HTTP.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer res.Body.Close()
+				b, _ := io.ReadAll(res.Body)
+				r = apptest.Response{Status: res.StatusCode, Header: res.Header, Body: b}
+			})
+			if req.ContentLength != 0 {
+				t.Fatalf("the request was sent with a Content-Length of %d", req.ContentLength)
+			}
+			wantProblem(t, r, 413, "payload_too_large")
+		})
+	})
+}
