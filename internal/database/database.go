@@ -6,6 +6,7 @@ package database
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"net/url"
@@ -148,7 +149,11 @@ func IsUnavailable(err error) bool {
 		return false
 	}
 	var connErr *pgconn.ConnectError
+	// A connection that dropped mid-statement (even mid-COMMIT, where the
+	// outcome is unknown) is transient too: the client retries with the same
+	// key, and the record decides whether anything happened.
 	return errors.As(err, &connErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
+		errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, driver.ErrBadConn) ||
 		errors.Is(err, sql.ErrConnDone) || errors.Is(err, context.DeadlineExceeded) ||
 		isNetError(err)
 }

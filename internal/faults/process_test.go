@@ -1,0 +1,338 @@
+//go:build faults
+
+package faults
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/orderservice/orderservice/internal/testdb"
+)
+
+// Timings every service instance of the suite runs with: a lease that
+// outlives one channel call by a second, and a brisk sweeper.
+const (
+	lease          = 3 * time.Second
+	channelTimeout = 2 * time.Second
+	sweepInterval  = 500 * time.Millisecond
+	retryAfter     = time.Second
+	apiKey         = "faults-key-acme"
+	tenant         = "acme"
+)
+
+// process is a running binary whose output goes to a log file, shown when
+// the test fails.
+type process struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{} // closed once the process has exited
+}
+
+var processSeq atomic.Int64
+
+func startProcess(t *testing.T, name, bin string, env []string) *process {
+	t.Helper()
+	p, err := launch(t, name, bin, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// launch is startProcess for any goroutine: it returns the error.
+func launch(t *testing.T, name, bin string, env []string) (*process, error) {
+	logPath := filepath.Join(t.TempDir(), fmt.Sprintf("%s-%d.log", name, processSeq.Add(1)))
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin)
+	cmd.Env, cmd.Stdout, cmd.Stderr = env, logFile, logFile
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &process{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		logFile.Close()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		p.kill(t)
+		if t.Failed() {
+			out, _ := os.ReadFile(logPath)
+			if len(out) > 8<<10 {
+				out = append([]byte("…"), out[len(out)-8<<10:]...)
+			}
+			t.Logf("%s output (%s):\n%s", name, logPath, out)
+		}
+	})
+	return p, nil
+}
+
+// kill sends SIGKILL, as a crash would, and waits for the process to go.
+func (p *process) kill(t *testing.T) {
+	t.Helper()
+	if p.exited() {
+		return
+	}
+	_ = p.cmd.Process.Kill()
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		t.Errorf("%s did not die after SIGKILL", p.name)
+	}
+}
+
+func (p *process) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// freeAddr returns a loopback address nobody listens on right now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// waitOK waits until url answers 200.
+func waitOK(t *testing.T, url string, within time.Duration) {
+	t.Helper()
+	if err := waitReady(url, within); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitReady is waitOK for any goroutine: it returns the error.
+func waitReady(url string, within time.Duration) error {
+	hc := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(within)
+	for {
+		res, err := hc.Get(url)
+		if err == nil {
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("status %d", res.StatusCode)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s did not answer 200 within %s (last: %v)", url, within, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// channelProc is the external mock payment channel.
+type channelProc struct {
+	*process
+	url string
+}
+
+// startChannel runs the paymentchannel binary; slowDelay is how long
+// pm_slow takes.
+func startChannel(t *testing.T, slowDelay time.Duration) *channelProc {
+	t.Helper()
+	addr := freeAddr(t)
+	p := startProcess(t, "paymentchannel", bins.paymentchannel, []string{
+		"HTTP_ADDR=" + addr, "LOG_LEVEL=warn", "PAYMENT_SLOW_DELAY=" + slowDelay.String()})
+	ch := &channelProc{process: p, url: "http://" + addr}
+	waitOK(t, ch.url+"/healthz", 20*time.Second)
+	return ch
+}
+
+// setLatency makes the channel wait before handling every /v1 request.
+func (c *channelProc) setLatency(t *testing.T, latency time.Duration) {
+	t.Helper()
+	c.setFaults(t, map[string]any{"latency_ms": latency.Milliseconds()})
+}
+
+// setFaults replaces the channel's own faults (lost_response_rate,
+// unavailable_rate, latency_ms, latency_jitter_ms); nil clears them.
+func (c *channelProc) setFaults(t *testing.T, faults map[string]any) {
+	t.Helper()
+	if faults == nil {
+		faults = map[string]any{}
+	}
+	a := send(adminHTTP, http.MethodPost, c.url+"/admin/faults", "", "", faults)
+	if a.status != http.StatusOK {
+		t.Fatalf("set channel faults %v: %s", faults, a)
+	}
+}
+
+// channelStats is GET /admin/stats.
+type channelStats struct {
+	Charges            int64 `json:"charges"`
+	Declined           int64 `json:"declined"`
+	Refunds            int64 `json:"refunds"`
+	DuplicatesAbsorbed int64 `json:"duplicates_absorbed"`
+	Lookups            int64 `json:"lookups"`
+	Requests           int64 `json:"requests"`
+	LostResponses      int64 `json:"lost_responses"`
+	AmountCharged      int64 `json:"amount_charged"`
+	AmountRefunded     int64 `json:"amount_refunded"`
+}
+
+func (c *channelProc) stats(t *testing.T) channelStats {
+	t.Helper()
+	var s channelStats
+	c.get(t, "/admin/stats", &s)
+	return s
+}
+
+// chargeRecord is one entry of GET /admin/charges.
+type chargeRecord struct {
+	ID             string `json:"id"`
+	Status         string `json:"status"`
+	Amount         int64  `json:"amount"`
+	Reference      string `json:"reference"`
+	IdempotencyKey string `json:"idempotency_key"`
+	Requests       int    `json:"requests"`
+	AmountRefunded int64  `json:"amount_refunded"`
+}
+
+// chargesByOrder groups the channel's charges (succeeded or declined) by
+// their reference, which is the order id.
+func (c *channelProc) chargesByOrder(t *testing.T) map[string][]chargeRecord {
+	t.Helper()
+	var body struct {
+		Charges []chargeRecord `json:"charges"`
+	}
+	c.get(t, "/admin/charges", &body)
+	out := map[string][]chargeRecord{}
+	for _, ch := range body.Charges {
+		out[ch.Reference] = append(out[ch.Reference], ch)
+	}
+	return out
+}
+
+func (c *channelProc) get(t *testing.T, path string, v any) {
+	t.Helper()
+	a := send(adminHTTP, http.MethodGet, c.url+path, "", "", nil)
+	if a.status != http.StatusOK || json.Unmarshal(a.body, v) != nil {
+		t.Fatalf("channel %s: %s", path, a)
+	}
+}
+
+// serviceProc is one orderservice instance.
+type serviceProc struct {
+	*process
+	url string
+	env []string
+}
+
+// serviceEnv is the environment of an instance listening on addr.
+func serviceEnv(dbURL, addr, channelURL string, extra ...string) []string {
+	env := []string{
+		"DATABASE_URL=" + dbURL,
+		"HTTP_ADDR=" + addr,
+		"PAYMENT_CHANNEL_URL=" + channelURL,
+		"API_KEYS=" + tenant + "=" + apiKey,
+		"IDEMPOTENCY_LEASE=" + lease.String(),
+		"PAYMENT_CHANNEL_TIMEOUT=" + channelTimeout.String(),
+		"PAYMENT_RETRY_AFTER=" + retryAfter.String(),
+		"SWEEP_INTERVAL=" + sweepInterval.String(),
+		"DB_MAX_CONNS=10",
+		"SHUTDOWN_TIMEOUT=5s",
+		"LOG_LEVEL=warn",
+	}
+	return append(env, extra...)
+}
+
+// startService runs one orderservice instance and waits until it is ready.
+func startService(t *testing.T, name string, env []string) *serviceProc {
+	t.Helper()
+	addr := ""
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "HTTP_ADDR="); ok {
+			addr = v
+		}
+	}
+	s := &serviceProc{process: startProcess(t, name, bins.orderservice, env), url: "http://" + addr, env: env}
+	waitOK(t, s.url+"/readyz", 30*time.Second)
+	return s
+}
+
+// restart starts a new process of the instance on the same address and
+// waits until it is ready. It may run in any goroutine, and returns the
+// error; the caller must not touch s until it returned.
+func (s *serviceProc) restart(t *testing.T) error {
+	if !s.exited() {
+		return fmt.Errorf("restart of %s while it still runs", s.name)
+	}
+	p, err := launch(t, s.name, bins.orderservice, s.env)
+	if err != nil {
+		return err
+	}
+	s.process = p
+	return waitReady(s.url+"/readyz", 30*time.Second)
+}
+
+// cluster is one external channel and n service instances sharing a fresh
+// database.
+type cluster struct {
+	dbURL     string
+	channel   *channelProc
+	instances []*serviceProc
+}
+
+// startCluster creates the database and starts the processes; extra is
+// added to every instance's environment.
+func startCluster(t *testing.T, n int, slowDelay time.Duration, extra ...string) *cluster {
+	t.Helper()
+	c := &cluster{dbURL: freshDB(t), channel: startChannel(t, slowDelay)}
+	for i := range n {
+		env := serviceEnv(c.dbURL, freeAddr(t), c.channel.url, extra...)
+		c.instances = append(c.instances, startService(t, fmt.Sprintf("orderservice-%d", i+1), env))
+	}
+	return c
+}
+
+// freshDB creates and migrates a database for one scenario, dropped when it
+// ends.
+func freshDB(t *testing.T) string {
+	t.Helper()
+	url, drop, err := testdb.Create("faults")
+	if err != nil {
+		t.Fatalf("fresh database: %v", err)
+	}
+	t.Cleanup(drop)
+	return url
+}
+
+// tally counts answers by "status code" for the log and for assertions.
+type tally map[string]int
+
+func (tl tally) String() string {
+	keys := make([]string, 0, len(tl))
+	for k := range tl {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s×%d", k, tl[k])
+	}
+	return strings.Join(parts, ", ")
+}
