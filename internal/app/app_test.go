@@ -14,6 +14,7 @@ import (
 
 	"github.com/orderservice/orderservice/internal/app"
 	"github.com/orderservice/orderservice/internal/apptest"
+	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/testdb"
 )
 
@@ -67,7 +68,8 @@ func TestReadiness(t *testing.T) {
 		if err := m.DB.Exec("UPDATE schema_migrations SET version = 1").Error; err != nil {
 			t.Fatal(err)
 		}
-		defer m.DB.Exec("UPDATE schema_migrations SET version = (SELECT 3)")
+		latest, _ := database.LatestVersion()
+		defer m.DB.Exec("UPDATE schema_migrations SET version = ?", latest)
 		if s := get("/readyz"); s != http.StatusServiceUnavailable {
 			t.Errorf("readyz = %d, want 503", s)
 		}

@@ -216,10 +216,11 @@ func (s *Store) ClaimDue(tx *gorm.DB, operations []string, limit int) ([]Record,
 	return recs, err
 }
 
-// Find returns the tenant's records for key, one per operation that used it.
+// Find returns the tenant's records for key, one per operation that used
+// it. Naming the operations lets PostgreSQL probe the primary key for each.
 func (s *Store) Find(db *gorm.DB, tenantID, key string) ([]Record, error) {
 	var recs []Record
-	err := db.Where("tenant_id = ? AND idempotency_key = ?", tenantID, key).
+	err := db.Where("tenant_id = ? AND operation IN ? AND idempotency_key = ?", tenantID, s.Policy.Operations, key).
 		Order("created_at, operation").Find(&recs).Error
 	return recs, err
 }

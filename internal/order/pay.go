@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"time"
@@ -240,14 +241,10 @@ func (s *Service) settle(ctx context.Context, rec idempotency.Record, p Payment,
 		if err := o.fire(ev); err != nil {
 			return err
 		}
-		if err := tx.Model(&Payment{}).Where("id = ? AND status = ?", p.ID, PaymentPending).
-			Updates(map[string]any{"status": res.status, "channel_ref": res.ref, "updated_at": tx.NowFunc()}).Error; err != nil {
+		if err := o.settlePayment(tx, p.ID, res.status, res.ref); err != nil {
 			return err
 		}
 		if err := saveTransition(tx, o, from, ev, p.Operation, p.IdempotencyKey); err != nil {
-			return err
-		}
-		if err := loadDetails(tx, o); err != nil {
 			return err
 		}
 		state := idempotency.Succeeded
@@ -267,6 +264,26 @@ func (s *Service) settle(ctx context.Context, rec idempotency.Record, p Payment,
 		return idempotency.Response{}, superseded()
 	}
 	return resp, err
+}
+
+// settlePayment records the channel's answer on the pending payment, in the
+// database and in the order's loaded payments (which the response shows).
+func (o *Order) settlePayment(tx *gorm.DB, id uuid.UUID, status PaymentStatus, ref string) error {
+	now := tx.NowFunc()
+	res := tx.Model(&Payment{}).Where("id = ? AND status = ?", id, PaymentPending).
+		Updates(map[string]any{"status": status, "channel_ref": ref, "updated_at": now})
+	if res.Error != nil {
+		return res.Error
+	}
+	if res.RowsAffected != 1 {
+		return fmt.Errorf("payment %s is not pending", id)
+	}
+	for i := range o.payments {
+		if p := &o.payments[i]; p.ID == id {
+			p.Status, p.ChannelRef, p.UpdatedAt = status, &ref, now
+		}
+	}
+	return nil
 }
 
 func outcomeEvent(kind PaymentKind, status PaymentStatus) Event {
