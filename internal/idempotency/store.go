@@ -68,12 +68,17 @@ func (s *Store) ClaimOrReplay(tx *gorm.DB, in Intent) (Claim, error) {
 			(tenant_id, operation, idempotency_key, fingerprint, state, resource_id, lease_token, lease_expires_at, attempts)
 		VALUES (?, ?, ?, ?, 'PROCESSING', NULLIF(?, ''), 1, now() + make_interval(secs => ?), 1)
 		ON CONFLICT DO NOTHING
-		RETURNING *`,
+		RETURNING lease_token, lease_expires_at, created_at`,
 		in.TenantID, in.Operation, in.Key, in.Fingerprint, in.ResourceID, s.Lease.Seconds()).Scan(&rec)
 	if res.Error != nil {
 		return Claim{}, s.waitError(res.Error)
 	}
-	if res.RowsAffected == 1 {
+	if res.RowsAffected == 1 { // ours: the rest of the row is what we just wrote
+		rec.TenantID, rec.Operation, rec.IdempotencyKey = in.TenantID, in.Operation, in.Key
+		rec.Fingerprint, rec.State, rec.Attempts, rec.UpdatedAt = in.Fingerprint, Processing, 1, rec.CreatedAt
+		if in.ResourceID != "" {
+			rec.ResourceID = &in.ResourceID
+		}
 		return Claim{Record: rec}, nil
 	}
 
