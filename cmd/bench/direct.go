@@ -1,0 +1,206 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// directCreate is the baseline of scenario 1: an http.RoundTripper that,
+// instead of sending the request anywhere, runs the service's create
+// transaction itself over pgx and answers a synthetic 201. Given to vegeta
+// as its client's Transport, it is measured by the same load generator as
+// the service, with no HTTP server, router, GORM or idempotency package in
+// the way: what is left is the database's own limit for this transaction.
+//
+// The statements mirror internal/order and internal/idempotency one for
+// one, each its own round trip as there (no pipelining):
+//
+//	BEGIN
+//	INSERT INTO idempotency_records … 'PROCESSING' … ON CONFLICT DO NOTHING RETURNING *
+//	INSERT INTO orders …
+//	INSERT INTO order_items … (all lines in one statement)
+//	INSERT INTO order_events … RETURNING id
+//	UPDATE idempotency_records SET state = 'SUCCEEDED', response_body = … WHERE … AND lease_token = …
+//	COMMIT
+type directCreate struct {
+	pool      *pgxpool.Pool
+	lease     time.Duration
+	retention time.Duration
+}
+
+// newDirectCreate opens a pgx pool of maxConns connections with the
+// session settings the service gives its own.
+func newDirectCreate(ctx context.Context, dbURL string, maxConns int, lease, retention, statementTimeout, lockTimeout time.Duration) (*directCreate, error) {
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = int32(maxConns)
+	rp := cfg.ConnConfig.RuntimeParams
+	rp["statement_timeout"] = strconv.FormatInt(statementTimeout.Milliseconds(), 10)
+	rp["lock_timeout"] = strconv.FormatInt(lockTimeout.Milliseconds(), 10)
+	rp["idle_in_transaction_session_timeout"] = "60000"
+	rp["application_name"] = "bench-direct"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &directCreate{pool: pool, lease: lease, retention: retention}, nil
+}
+
+func (d *directCreate) Close() { d.pool.Close() }
+
+var errDirectDuplicate = errors.New("direct create: the idempotency key was already claimed")
+
+// RoundTrip runs one create and answers as the service would: 201, Location
+// and the order as JSON.
+func (d *directCreate) RoundTrip(req *http.Request) (*http.Response, error) {
+	raw, err := io.ReadAll(req.Body)
+	req.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	var in createBody
+	if err := json.Unmarshal(raw, &in); err != nil {
+		return nil, err
+	}
+	// The service hashes a canonical form of the fields; the raw body is an
+	// equally long input, and the column only needs 64 hex digits.
+	sum := sha256.Sum256(raw)
+	body, location, err := d.create(req.Context(), req.Header.Get("Idempotency-Key"), hex.EncodeToString(sum[:]), in)
+	if err != nil {
+		return nil, err
+	}
+	return &http.Response{
+		Status: "201 Created", StatusCode: http.StatusCreated,
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header:        http.Header{"Content-Type": {"application/json"}, "Location": {location}},
+		Body:          io.NopCloser(bytes.NewReader(body)),
+		ContentLength: int64(len(body)),
+		Request:       req,
+	}, nil
+}
+
+// orderView is the order as the service renders it (internal/order/view.go),
+// so the stored response body has the same size.
+type orderView struct {
+	ID          string            `json:"id"`
+	CustomerID  string            `json:"customer_id"`
+	Status      string            `json:"status"`
+	Currency    string            `json:"currency"`
+	Items       []itemView        `json:"items"`
+	TotalAmount int64             `json:"total_amount"`
+	Metadata    map[string]string `json:"metadata"`
+	Payment     *struct{}         `json:"payment"`
+	Shipment    *struct{}         `json:"shipment"`
+	Version     int64             `json:"version"`
+	CreatedAt   time.Time         `json:"created_at"`
+	UpdatedAt   time.Time         `json:"updated_at"`
+}
+
+type itemView struct {
+	SKU       string `json:"sku"`
+	Quantity  int    `json:"quantity"`
+	UnitPrice int64  `json:"unit_price"`
+	LineTotal int64  `json:"line_total"`
+}
+
+func (d *directCreate) create(ctx context.Context, key, fingerprint string, in createBody) (body []byte, location string, err error) {
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+
+	rows, _ := tx.Query(ctx, `
+		INSERT INTO idempotency_records
+			(tenant_id, operation, idempotency_key, fingerprint, state, resource_id, lease_token, lease_expires_at, attempts)
+		VALUES ($1, $2, $3, $4, 'PROCESSING', NULL, 1, now() + make_interval(secs => $5), 1)
+		ON CONFLICT DO NOTHING
+		RETURNING *`,
+		benchTenant, "order.create", key, fingerprint, d.lease.Seconds())
+	rec, err := pgx.CollectExactlyOneRow(rows, pgx.RowToMap)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, "", errDirectDuplicate
+	}
+	if err != nil {
+		return nil, "", err
+	}
+	token, _ := rec["lease_token"].(int64)
+
+	id, err := uuid.NewV7()
+	if err != nil {
+		return nil, "", err
+	}
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	o := orderView{ID: id.String(), CustomerID: in.CustomerID, Status: "CREATED", Currency: in.Currency,
+		Metadata: map[string]string{}, Version: 1, CreatedAt: now, UpdatedAt: now}
+	for _, it := range in.Items {
+		line := it.UnitPrice * int64(it.Quantity)
+		o.Items = append(o.Items, itemView{SKU: it.SKU, Quantity: it.Quantity, UnitPrice: it.UnitPrice, LineTotal: line})
+		o.TotalAmount += line
+	}
+
+	if _, err := tx.Exec(ctx, `
+		INSERT INTO orders (id, tenant_id, customer_id, status, currency, total_amount, metadata,
+			carrier, tracking_number, version, created_at, updated_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+		id, benchTenant, o.CustomerID, o.Status, o.Currency, o.TotalAmount, "{}", nil, nil, o.Version, now, now); err != nil {
+		return nil, "", err
+	}
+	values := make([]string, len(o.Items))
+	args := make([]any, 0, 6*len(o.Items))
+	for i, it := range o.Items {
+		p := 6 * i
+		values[i] = fmt.Sprintf("($%d, $%d, $%d, $%d, $%d, $%d)", p+1, p+2, p+3, p+4, p+5, p+6)
+		args = append(args, id, i+1, it.SKU, it.Quantity, it.UnitPrice, it.LineTotal)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO order_items (order_id, line_no, sku, quantity, unit_price, line_total) VALUES `+
+		strings.Join(values, ", "), args...); err != nil {
+		return nil, "", err
+	}
+	var eventID int64
+	if err := tx.QueryRow(ctx, `
+		INSERT INTO order_events (order_id, event, operation, idempotency_key, from_status, to_status, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id`,
+		id, "create", "order.create", key, "", o.Status, now).Scan(&eventID); err != nil {
+		return nil, "", err
+	}
+
+	body, err = json.Marshal(o)
+	if err != nil {
+		return nil, "", err
+	}
+	location = "/v1/orders/" + id.String()
+	tag, err := tx.Exec(ctx, `
+		UPDATE idempotency_records
+		SET state = $1, resource_id = COALESCE(NULLIF($2, ''), resource_id),
+		    response_status = $3, response_location = NULLIF($4, ''), response_content_type = $5, response_body = $6,
+		    completed_at = now(), expires_at = now() + make_interval(secs => $7),
+		    lease_expires_at = NULL, updated_at = now()
+		WHERE tenant_id = $8 AND operation = $9 AND idempotency_key = $10
+		  AND lease_token = $11 AND state = 'PROCESSING'`,
+		"SUCCEEDED", id.String(), http.StatusCreated, location, "application/json", body, d.retention.Seconds(),
+		benchTenant, "order.create", key, token)
+	if err != nil {
+		return nil, "", err
+	}
+	if tag.RowsAffected() != 1 {
+		return nil, "", errors.New("direct create: the record was not PROCESSING under our token")
+	}
+	return body, location, tx.Commit(ctx)
+}

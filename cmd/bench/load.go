@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"math"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	vegeta "github.com/tsenart/vegeta/v12/lib"
+)
+
+// shot is one vegeta attack: who is hit, how hard and for how long.
+type shot struct {
+	name     string
+	client   *http.Client
+	targeter vegeta.Targeter
+	// workers > 0 is a closed loop: exactly that many requests in flight,
+	// each worker sending its next request as soon as its last one returned.
+	workers int
+	// rate is the open-loop pace; the zero value is "as fast as the workers go".
+	rate vegeta.Rate
+	// duration bounds the attack; zero means until hits requests were sent.
+	duration time.Duration
+	// hits > 0 stops the attack after exactly that many requests.
+	hits int
+	// keepBody keeps response bodies, to check that replays are identical.
+	keepBody bool
+	// backends lists the PostgreSQL backends whose CPU time is measured.
+	backends func() []int
+}
+
+// point is what one shot measured. Throughput, rate and status counts come
+// from vegeta's Metrics; the latency quantiles are exact (sorted), not
+// vegeta's t-digest estimates.
+type point struct {
+	Requests   uint64
+	Throughput float64 // 2xx/3xx answers per second, first request sent to last answer received
+	Rate       float64 // requests sent per second
+	P50, P90   time.Duration
+	P99, Max   time.Duration
+	Drain      time.Duration // first request sent to last answer received
+	Statuses   map[string]int
+	Errors     []string
+	Replayed   int              // answers carrying Idempotent-Replayed: true
+	Bodies     map[[32]byte]int // SHA-256 of each distinct 2xx body (keepBody only)
+	CPU        cpuUse
+}
+
+// ok counts the answers with status code.
+func (p point) ok(code int) int { return p.Statuses[strconv.Itoa(code)] }
+
+// fire runs the attack to its end (or until ctx ends) and summarises it.
+func (s shot) fire(ctx context.Context) point {
+	maxBody := int64(0) // read and discarded unless kept
+	if s.keepBody {
+		maxBody = 1 << 20
+	}
+	opts := []func(*vegeta.Attacker){vegeta.Client(s.client), vegeta.MaxBody(maxBody)}
+	if s.workers > 0 {
+		opts = append(opts, vegeta.Workers(uint64(s.workers)), vegeta.MaxWorkers(uint64(s.workers)))
+	}
+	var pacer vegeta.Pacer = s.rate
+	if s.hits > 0 {
+		pacer = stopAfter{Pacer: s.rate, hits: uint64(s.hits)}
+	}
+	atk := vegeta.NewAttacker(opts...)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-ctx.Done():
+			atk.Stop()
+		case <-done:
+		}
+	}()
+
+	var m vegeta.Metrics
+	var latencies []time.Duration
+	p := point{}
+	if s.keepBody {
+		p.Bodies = map[[32]byte]int{}
+	}
+	var backends []int
+	if s.backends != nil {
+		backends = s.backends()
+	}
+	before := readCPU(backends)
+	for r := range atk.Attack(s.targeter, pacer, s.duration, s.name) {
+		m.Add(r)
+		latencies = append(latencies, r.Latency)
+		if r.Headers.Get("Idempotent-Replayed") == "true" {
+			p.Replayed++
+		}
+		if s.keepBody && r.Code >= 200 && r.Code < 300 {
+			p.Bodies[sha256.Sum256(r.Body)]++
+		}
+	}
+	if s.backends != nil {
+		backends = s.backends() // with any connection opened meanwhile
+	}
+	p.CPU = readCPU(backends).since(before)
+	m.Close()
+
+	p.Requests, p.Throughput, p.Rate = m.Requests, m.Throughput, m.Rate
+	p.Drain, p.Statuses, p.Errors = m.End.Sub(m.Earliest), m.StatusCodes, m.Errors
+	slices.Sort(latencies)
+	p.P50, p.P90 = quantile(latencies, 0.50), quantile(latencies, 0.90)
+	p.P99, p.Max = quantile(latencies, 0.99), quantile(latencies, 1)
+	return p
+}
+
+// quantile is the nearest-rank q-quantile of sorted latencies.
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[max(0, min(i, len(sorted)-1))]
+}
+
+// stopAfter ends an attack once hits requests were sent: vegeta then fires
+// exactly that many, however many workers are ready.
+type stopAfter struct {
+	vegeta.Pacer
+	hits uint64
+}
+
+// Pace stops at the count, and otherwise paces as the wrapped pacer does.
+func (p stopAfter) Pace(elapsed time.Duration, hits uint64) (time.Duration, bool) {
+	if hits >= p.hits {
+		return 0, true
+	}
+	return p.Pacer.Pace(elapsed, hits)
+}

@@ -1,0 +1,226 @@
+// Command bench measures the order service under load, in one run on one
+// machine: create throughput and latency against the same SQL transaction
+// run directly over pgx, the cost of the idempotency layer, the replay path,
+// a duplicate storm, pay with a slow payment channel, and create latency at
+// a constant rate. `make bench` runs it and writes docs/benchmarks/.
+//
+// Everything runs in this process: a fresh database, the real service
+// (app.Start on 127.0.0.1:0 with its embedded payment channel) and vegeta
+// as the load generator, so the service, the load and PostgreSQL share the
+// machine's cores. The report says how many there were.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/orderservice/orderservice/internal/testdb"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// options are the knobs of a run; -quick turns every one it does not name
+// down to a smoke test's size.
+type options struct {
+	Out          string
+	Duration     time.Duration
+	Warmup       time.Duration
+	Concurrency  []int
+	Pool         int
+	ReplayConc   int
+	Storm        int
+	PayConc      int
+	PayPool      int
+	PayLatency   time.Duration
+	Rate         int
+	RateDuration time.Duration
+	Quick        bool
+	CPUProfile   string
+	// viaMake is true when `make bench` started the run.
+	viaMake bool
+	// Only, when set, names the scenarios to run (a partial report, for
+	// investigating one of them); by default all six run.
+	Only map[int]bool
+	args []string
+}
+
+// runs reports whether scenario n is part of this run.
+func (o options) runs(n int) bool { return len(o.Only) == 0 || o.Only[n] }
+
+func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (options, error) {
+	o := options{Concurrency: []int{1, 4, 16, 64}, args: args, viaMake: getenv("MAKELEVEL") != ""}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.Out, "out", "docs/benchmarks", "directory for results.md and throughput.svg (empty: print only)")
+	fs.DurationVar(&o.Duration, "duration", 10*time.Second, "measured time of each closed-loop point")
+	fs.DurationVar(&o.Warmup, "warmup", 2*time.Second, "unmeasured warm-up before each measurement")
+	fs.Var((*intList)(&o.Concurrency), "c", "concurrencies of the create comparison, comma-separated")
+	fs.IntVar(&o.Pool, "pool", 20, "DB_MAX_CONNS of the service, and the size of the direct pgx pool")
+	fs.IntVar(&o.ReplayConc, "replay-c", 16, "concurrency of the replay-vs-first-execution comparison")
+	fs.IntVar(&o.Storm, "storm", 1000, "copies of one request fired at once in the duplicate storm")
+	fs.IntVar(&o.PayConc, "pay-c", 64, "concurrency of the pay scenario")
+	fs.IntVar(&o.PayPool, "pay-pool", 10, "DB_MAX_CONNS of the service in the pay scenario")
+	fs.DurationVar(&o.PayLatency, "pay-latency", 50*time.Millisecond, "latency the payment channel adds in the pay scenario")
+	fs.IntVar(&o.Rate, "rate", 100, "requests per second of the constant-rate latency scenario")
+	fs.DurationVar(&o.RateDuration, "rate-duration", 10*time.Second, "length of the constant-rate latency scenario")
+	fs.BoolVar(&o.Quick, "quick", false, "a smoke-test run: short points, concurrencies 1 and 4, a storm of 50, 16 pays in flight")
+	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run (service and load) to this file")
+	var only intList
+	fs.Var(&only, "only", "run only these scenarios, comma-separated (1-6; 1 and 2 run together)")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	for _, n := range only {
+		if n > 6 {
+			return o, fmt.Errorf("-only: there is no scenario %d", n)
+		}
+		if o.Only == nil {
+			o.Only = map[int]bool{}
+		}
+		o.Only[n] = true
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.Quick {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		quick := map[string]func(){
+			"duration":      func() { o.Duration = 400 * time.Millisecond },
+			"warmup":        func() { o.Warmup = 100 * time.Millisecond },
+			"c":             func() { o.Concurrency = []int{1, 4} },
+			"storm":         func() { o.Storm = 50 },
+			"pay-c":         func() { o.PayConc = 16 },
+			"rate-duration": func() { o.RateDuration = time.Second },
+		}
+		for name, apply := range quick {
+			if !set[name] {
+				apply()
+			}
+		}
+	}
+	switch {
+	case o.Duration <= 0 || o.Warmup < 0 || o.RateDuration <= 0:
+		return o, errors.New("-duration and -rate-duration must be positive, -warmup not negative")
+	case len(o.Concurrency) == 0:
+		return o, errors.New("-c needs at least one concurrency")
+	case o.Pool < 1 || o.PayPool < 1 || o.ReplayConc < 1 || o.PayConc < 1 || o.Storm < 1 || o.Rate < 1:
+		return o, errors.New("-pool, -pay-pool, -replay-c, -pay-c, -storm and -rate must be at least 1")
+	case o.PayLatency <= 0:
+		return o, errors.New("-pay-latency must be positive")
+	}
+	return o, nil
+}
+
+// command is the command line that reproduces this run.
+func (o options) command() string {
+	cmd := "go run ./cmd/bench"
+	if withoutIdempotencyRoute {
+		cmd = "go run -tags bench ./cmd/bench"
+	}
+	if len(o.args) > 0 {
+		cmd += " " + strings.Join(o.args, " ")
+	}
+	cmd = "`" + cmd + "`"
+	if o.viaMake {
+		cmd = "`make bench`, which ran " + cmd
+	}
+	return cmd
+}
+
+type intList []int
+
+func (l *intList) String() string {
+	s := make([]string, len(*l))
+	for i, n := range *l {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ",")
+}
+
+func (l *intList) Set(v string) error {
+	var out []int
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return fmt.Errorf("%q is not a positive integer", f)
+		}
+		out = append(out, n)
+	}
+	*l = out
+	return nil
+}
+
+// run is the whole program: create a database, boot the service, measure
+// every scenario, print the report and write it under -out.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	opts, err := parseOptions(args, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	if opts.CPUProfile != "" {
+		f, err := os.Create(opts.CPUProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+
+	dbURL, drop, err := testdb.Create("bench")
+	if err != nil {
+		return err
+	}
+	defer drop()
+
+	b, err := newBench(ctx, opts, dbURL, stderr)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+
+	start := time.Now()
+	res, err := b.runAll(ctx)
+	if err != nil {
+		return err
+	}
+	res.Took = time.Since(start)
+
+	report := render(res, "throughput.svg")
+	fmt.Fprint(stdout, report)
+	if opts.Out != "" {
+		if err := os.MkdirAll(opts.Out, 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(opts.Out, "results.md"), []byte(report), 0o644); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(opts.Out, "throughput.svg"), chart(res), 0o644); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "bench: wrote %s and %s\n", filepath.Join(opts.Out, "results.md"), filepath.Join(opts.Out, "throughput.svg"))
+	}
+	return res.verdict()
+}

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestQuickRun runs the whole program in its smallest mode against a fresh
+// database and the real service, as `make bench` does, and checks that the
+// report covers every scenario and that the storm made exactly one order.
+// It needs PostgreSQL (TEST_DATABASE_URL or the local server) and fails,
+// never skips, without it.
+func TestQuickRun(t *testing.T) {
+	out := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	start := time.Now()
+	err := run(ctx, []string{"-quick", "-out", out}, noEnv, &stdout, &stderr)
+	t.Logf("bench -quick took %s", time.Since(start).Round(time.Millisecond))
+	if err != nil {
+		t.Fatalf("bench -quick: %v\nstderr:\n%s\nstdout:\n%s", err, stderr.String(), stdout.String())
+	}
+	report := stdout.String()
+
+	t.Run("reports every scenario", func(t *testing.T) {
+		for _, title := range []string{title1, title2, title3, title4, title5, title6} {
+			if !strings.Contains(report, title+"\n") {
+				t.Errorf("the report has no section %q", title)
+			}
+		}
+		if strings.Contains(report, "Not run") {
+			t.Errorf("a scenario was not run:\n%s", report)
+		}
+		quick, err := parseOptions([]string{"-quick"}, noEnv, &stderr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows := []string{"\n| first execution | ", "\n| replay | ", fmt.Sprintf("\n| %d | ", quick.Storm),
+			fmt.Sprintf("\n| %d | %d | %s | ", quick.PayConc, quick.PayPool, quick.PayLatency), fmt.Sprintf("\n| %d/s | ", quick.Rate)}
+		for _, c := range quick.Concurrency {
+			rows = append(rows, fmt.Sprintf("\n| %d | ", c))
+		}
+		for _, row := range rows {
+			if !strings.Contains(report, row) {
+				t.Errorf("the report has no row starting %q:\n%s", strings.TrimSpace(row), report)
+			}
+		}
+	})
+
+	t.Run("the storm created exactly one order", func(t *testing.T) {
+		if !strings.Contains(report, "Storm: exactly 1 order created") {
+			t.Errorf("the report does not state exactly 1 order:\n%s", report)
+		}
+	})
+
+	t.Run("scenario 2 runs only in -tags bench builds", func(t *testing.T) {
+		skipped := strings.Contains(report, skipped2)
+		if withoutIdempotencyRoute && (skipped || !strings.Contains(report, "| throughput loss |")) {
+			t.Errorf("a -tags bench build must measure the create without idempotency:\n%s", report)
+		}
+		if !withoutIdempotencyRoute && !skipped {
+			t.Errorf("a build without -tags bench must say %q:\n%s", skipped2, report)
+		}
+	})
+
+	t.Run("writes the report and the chart", func(t *testing.T) {
+		md, err := os.ReadFile(filepath.Join(out, "results.md"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(md) != report {
+			t.Errorf("results.md differs from the printed report")
+		}
+		svg, err := os.ReadFile(filepath.Join(out, "throughput.svg"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.HasPrefix(svg, []byte("<svg ")) || !bytes.HasSuffix(bytes.TrimSpace(svg), []byte("</svg>")) {
+			t.Errorf("throughput.svg is not an SVG document: %.200s", svg)
+		}
+	})
+}
+
+func TestOptions(t *testing.T) {
+	t.Run("quick shrinks what it is not told", func(t *testing.T) {
+		o, err := parseOptions([]string{"-quick", "-storm", "70"}, noEnv, &bytes.Buffer{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.Storm != 70 || len(o.Concurrency) != 2 || o.Duration >= time.Second {
+			t.Errorf("got storm %d, concurrency %v, duration %s", o.Storm, o.Concurrency, o.Duration)
+		}
+	})
+	t.Run("refuses a zero concurrency", func(t *testing.T) {
+		if _, err := parseOptions([]string{"-c", "1,0"}, noEnv, &bytes.Buffer{}); err == nil {
+			t.Error("-c 1,0 was accepted")
+		}
+	})
+}
+
+func noEnv(string) string { return "" }

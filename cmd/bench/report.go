@@ -1,0 +1,360 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	vegeta "github.com/tsenart/vegeta/v12/lib"
+)
+
+// The headings of the report, one per scenario; the smoke test looks for
+// each of them.
+const (
+	title1 = "## 1. Create: the service vs the same transaction directly over pgx"
+	title2 = "## 2. What the idempotency layer costs"
+	title3 = "## 3. Replay vs first execution"
+	title4 = "## 4. Duplicate storm"
+	title5 = "## 5. Pay with a slow payment channel"
+	title6 = "## 6. Create latency at a constant rate"
+)
+
+// skipped2 is scenario 2's row in a build without -tags bench.
+const skipped2 = "skipped: build with -tags bench"
+
+func rate(perSecond int) vegeta.Rate { return vegeta.Rate{Freq: perSecond, Per: time.Second} }
+
+// ms formats a latency in milliseconds with three significant digits.
+func ms(d time.Duration) string {
+	v := float64(d) / float64(time.Millisecond)
+	switch {
+	case v >= 100:
+		return fmt.Sprintf("%.0f ms", v)
+	case v >= 10:
+		return fmt.Sprintf("%.1f ms", v)
+	}
+	return fmt.Sprintf("%.2f ms", v)
+}
+
+func perSecond(v float64) string { return fmt.Sprintf("%.0f/s", v) }
+
+// statuses lists the answers by status code, "0" being a transport error.
+func statuses(p point) string {
+	codes := make([]string, 0, len(p.Statuses))
+	for c := range p.Statuses {
+		codes = append(codes, c)
+	}
+	slices.Sort(codes)
+	parts := make([]string, len(codes))
+	for i, c := range codes {
+		name := c
+		if c == "0" {
+			name = "no answer"
+		}
+		parts[i] = fmt.Sprintf("%s ×%d", name, p.Statuses[c])
+	}
+	return strings.Join(parts, ", ")
+}
+
+// unexpected lists what was not answered with status want, with vegeta's
+// error texts, or is empty.
+func unexpected(p point, want int) string {
+	if p.ok(want) == int(p.Requests) {
+		return ""
+	}
+	s := statuses(p)
+	if len(p.Errors) > 0 {
+		errs := p.Errors
+		if len(errs) > 3 {
+			errs = errs[:3]
+		}
+		s += " (" + strings.Join(errs, "; ") + ")"
+	}
+	return s
+}
+
+// cpuPerRequest is the CPU one request cost this process and PostgreSQL,
+// and the cores that anything else kept busy meanwhile.
+func cpuPerRequest(p point) (process, postgres, other string) {
+	if !p.CPU.OK || p.Requests == 0 {
+		return "n/a", "n/a", "n/a"
+	}
+	per := func(d time.Duration) string {
+		return fmt.Sprintf("%.0f µs", float64(d.Microseconds())/float64(p.Requests))
+	}
+	return per(p.CPU.Process), per(p.CPU.Postgres), fmt.Sprintf("%.2f", p.CPU.Other.Seconds()/p.CPU.Wall.Seconds())
+}
+
+// noisyCores is how much CPU outside the run makes a point suspect.
+const noisyCores = 0.25
+
+// noisyPoints names the measurements during which other programs used
+// more than noisyCores of the machine.
+func noisyPoints(res *results) []string {
+	type named struct {
+		name string
+		pt   point
+	}
+	var all []named
+	for _, l := range res.Levels {
+		all = append(all, named{fmt.Sprintf("c=%d service", l.Concurrency), l.Service}, named{fmt.Sprintf("c=%d direct", l.Concurrency), l.Direct})
+		if withoutIdempotencyRoute {
+			all = append(all, named{fmt.Sprintf("c=%d without idempotency", l.Concurrency), l.Plain})
+		}
+	}
+	all = append(all, named{"first execution", res.First}, named{"replay", res.Replay}, named{"storm", res.Storm.Point},
+		named{"pay", res.Pay.Point}, named{"constant rate", res.Steady})
+	var out []string
+	for _, n := range all {
+		u := n.pt.CPU
+		if u.OK && u.Wall > 0 && u.Other.Seconds()/u.Wall.Seconds() > noisyCores {
+			out = append(out, fmt.Sprintf("%s (%.2f cores)", n.name, u.Other.Seconds()/u.Wall.Seconds()))
+		}
+	}
+	return out
+}
+
+// report accumulates Markdown lines.
+type report struct{ strings.Builder }
+
+func (r *report) p(format string, args ...any) { fmt.Fprintf(r, format+"\n", args...) }
+
+// render writes the whole report as Markdown: the machine, the method and
+// one section per scenario, every figure taken from res.
+func render(res *results, chartFile string) string {
+	var r report
+	o, m := res.Opts, res.Machine
+	r.p("# Benchmark results")
+	r.p("")
+	r.p("Written by `make bench` (`cmd/bench`). Every figure below was measured in one run, on one machine,")
+	r.p("against a fresh database; the service, the load generator (vegeta) and PostgreSQL shared its CPUs.")
+	r.p("")
+	r.p("| | |")
+	r.p("|---|---|")
+	r.p("| CPUs (nproc) | %d × %s |", m.CPUs, orNA(m.CPUModel))
+	r.p("| Go | %s |", m.GoVersion)
+	r.p("| PostgreSQL | %s |", m.PGVersion)
+	r.p("| PostgreSQL settings | %s |", m.PGSettings)
+	r.p("| date | %s |", m.Date.Format("2006-01-02 15:04 MST"))
+	r.p("| command | %s |", m.Command)
+	r.p("| run time | %s |", res.Took.Round(time.Second))
+	r.p("| load average (1 min) at the start / at the end (this run's own load included) | %s / %s |", m.LoadBefore, m.LoadAfter)
+	r.p("")
+	r.p("Method: each point is measured for %s after an unmeasured warm-up of %s; the tables are", o.Duration, o.Warmup)
+	checkpoint := " (and a CHECKPOINT taken)"
+	if o.Quick {
+		checkpoint = ""
+	}
+	r.p("truncated%s before each warm-up and each measurement, so every point starts", checkpoint)
+	r.p("from the same table sizes. *Closed loop* means vegeta keeps exactly *c* requests in flight (rate 0,")
+	r.p("`Workers = MaxWorkers = c`). Throughput is successful answers per second from the first request sent")
+	r.p("to the last answer received; latencies are exact quantiles of every request of the point. Every")
+	r.p("create has its own Idempotency-Key and body, except in scenarios 3 and 4.")
+	r.p("")
+
+	if noisy := noisyPoints(res); len(noisy) > 0 {
+		r.p("**The machine was not quiet**: something outside this run kept more than %.2f cores busy during", noisyCores)
+		r.p("%s. Those figures are pessimistic; rerun on an idle machine to compare them.", strings.Join(noisy, ", "))
+		r.p("")
+	}
+
+	sections := []struct {
+		n      int
+		title  string
+		render func(*report, *results)
+	}{
+		{1, title1, func(r *report, res *results) { r.create(res, chartFile) }},
+		{2, title2, (*report).overhead},
+		{3, title3, (*report).replay},
+		{4, title4, (*report).storm},
+		{5, title5, (*report).pay},
+		{6, title6, (*report).steady},
+	}
+	for _, s := range sections {
+		r.p(s.title)
+		r.p("")
+		ran := o.runs(s.n) || (s.n <= 2 && (o.runs(1) || o.runs(2)))
+		if !ran {
+			r.p("Not run (`-only`).")
+			r.p("")
+			continue
+		}
+		s.render(&r, res)
+		r.p("")
+	}
+	if len(res.Problems) > 0 {
+		r.p("## Failed assertions")
+		r.p("")
+		for _, pr := range res.Problems {
+			r.p("- %s", pr)
+		}
+		r.p("")
+	}
+	return r.String()
+}
+
+func (r *report) create(res *results, chartFile string) {
+	r.p("Closed loop, `POST /v1/orders` through HTTP, echo, GORM and the idempotency layer, against *direct*:")
+	r.p("the same SQL transaction (claim the record PROCESSING with ON CONFLICT DO NOTHING, insert the order,")
+	r.p("its items in one statement and its event, then store the order's JSON as the response and mark the")
+	r.p("record SUCCEEDED) run by an `http.RoundTripper` over a pgx pool of %d connections (the service's", res.Opts.Pool)
+	r.p("DB_MAX_CONNS) that vegeta uses as its client's Transport: no network, no HTTP server. Target: ≥ 60 %%.")
+	r.p("")
+	r.p("| c | service | p50 | p99 | direct pgx | p50 | p99 | service / direct |")
+	r.p("|--:|--:|--:|--:|--:|--:|--:|--:|")
+	for _, l := range res.Levels {
+		r.p("| %d | %s | %s | %s | %s | %s | %s | %s |", l.Concurrency,
+			perSecond(l.Service.Throughput), ms(l.Service.P50), ms(l.Service.P99),
+			perSecond(l.Direct.Throughput), ms(l.Direct.P50), ms(l.Direct.P99),
+			percent(l.Service.Throughput, l.Direct.Throughput))
+	}
+	r.p("")
+	type path struct {
+		name string
+		pt   point
+	}
+	paths := func(l createLevel) []path {
+		ps := []path{{"service", l.Service}, {"direct pgx", l.Direct}}
+		if withoutIdempotencyRoute {
+			ps = append(ps, path{"without idempotency", l.Plain})
+		}
+		return ps
+	}
+	notes := 0
+	for _, l := range res.Levels {
+		for _, x := range paths(l) {
+			if u := unexpected(x.pt, 201); u != "" {
+				r.p("- c=%d %s: not every create answered 201: %s", l.Concurrency, x.name, u)
+				notes++
+			}
+		}
+	}
+	if notes == 0 {
+		r.p("Every create of scenarios 1 and 2 was answered 201.")
+	}
+	r.p("")
+	r.p("Where the CPU went, from /proc: *this process* is vegeta plus the service (or the pgx client);")
+	r.p("*PostgreSQL* is the backends connected to the benchmark's database; *other load* is the cores that")
+	r.p("anything else on the machine kept busy during the point (near 0 on a quiet machine).")
+	r.p("")
+	r.p("| c | path | this process per request | PostgreSQL per request | other load (cores) |")
+	r.p("|--:|---|--:|--:|--:|")
+	for _, l := range res.Levels {
+		for _, x := range paths(l) {
+			proc, pg, other := cpuPerRequest(x.pt)
+			r.p("| %d | %s | %s | %s | %s |", l.Concurrency, x.name, proc, pg, other)
+		}
+	}
+	if chartFile != "" {
+		r.p("")
+		r.p("![Throughput and p50/p99 latency against concurrency](%s)", chartFile)
+	}
+}
+
+func (r *report) overhead(res *results) {
+	if !withoutIdempotencyRoute {
+		r.p("%s (the route `POST /v1/bench/orders-without-idempotency` exists only in such builds).", skipped2)
+		return
+	}
+	r.p("Closed loop, `POST /v1/orders` against `POST /v1/bench/orders-without-idempotency`: the same")
+	r.p("handler, validation, rows and response with no record claimed or stored. Target: < 15 %% loss.")
+	r.p("")
+	r.p("| c | idempotent | p50 | p99 | without idempotency | p50 | p99 | throughput loss |")
+	r.p("|--:|--:|--:|--:|--:|--:|--:|--:|")
+	for _, l := range res.Levels {
+		r.p("| %d | %s | %s | %s | %s | %s | %s | %s |", l.Concurrency,
+			perSecond(l.Service.Throughput), ms(l.Service.P50), ms(l.Service.P99),
+			perSecond(l.Plain.Throughput), ms(l.Plain.P50), ms(l.Plain.P99),
+			loss(l.Service.Throughput, l.Plain.Throughput))
+	}
+}
+
+func (r *report) replay(res *results) {
+	r.p("Closed loop at c=%d: fresh creates (each its own key), then one create request (same key, same", res.Opts.ReplayConc)
+	r.p("body) sent again and again after it succeeded once.")
+	r.p("")
+	r.p("| path | throughput | p50 | p99 | answers |")
+	r.p("|---|--:|--:|--:|---|")
+	r.p("| first execution | %s | %s | %s | %s |", perSecond(res.First.Throughput), ms(res.First.P50), ms(res.First.P99), statuses(res.First))
+	r.p("| replay | %s | %s | %s | %s; Idempotent-Replayed: true on %d; distinct bodies: %d |", perSecond(res.Replay.Throughput),
+		ms(res.Replay.P50), ms(res.Replay.P99), statuses(res.Replay), res.Replay.Replayed, len(res.Replay.Bodies))
+	r.p("")
+	r.p("Replay / first execution: %s the throughput, %s the p50 latency.",
+		ratio(res.Replay.Throughput, res.First.Throughput), ratio(float64(res.Replay.P50), float64(res.First.P50)))
+}
+
+func (r *report) storm(res *results) {
+	st := res.Storm
+	r.p("%d copies of one create (one key, one body) fired at once: %d vegeta workers, rate 0, exactly %d", st.Copies, st.Copies, st.Copies)
+	r.p("hits. An unmeasured storm on another key opened the connections first (it drained in %s).", ms(st.WarmupDrain))
+	r.p("")
+	sp := st.Point
+	r.p("| copies | time to drain | p50 | p99 | max | answers | distinct 201 bodies | orders created |")
+	r.p("|--:|--:|--:|--:|--:|---|--:|--:|")
+	r.p("| %d | %s | %s | %s | %s | %s | %d | %d |", st.Copies, ms(sp.Drain), ms(sp.P50), ms(sp.P99), ms(sp.Max),
+		statuses(sp), len(sp.Bodies), st.Orders)
+	r.p("")
+	verdict := "exactly 1 order created"
+	if st.Orders != 1 {
+		verdict = fmt.Sprintf("FAILED: %d orders created, want exactly 1", st.Orders)
+	}
+	r.p("Storm: %s; records SUCCEEDED %d, still PROCESSING %d.", verdict, st.Succeeded, st.Processing)
+}
+
+func (r *report) pay(res *results) {
+	py := res.Pay
+	r.p("The service restarted with DB_MAX_CONNS=%d; the embedded channel adds %s to every call (reset", py.Pool, py.Latency)
+	r.p("afterwards). Closed loop at c=%d, each pay on its own CREATED order (%d prepared by one INSERT),", py.Concurrency, py.Prepared)
+	r.p("its own key, `pm_ok`. A service holding a connection across the channel call could not pass")
+	r.p("pool / latency = %d / %s = %s.", py.Pool, py.Latency, perSecond(py.Bound()))
+	r.p("")
+	r.p("| c | pool | channel latency | pays | p50 | p99 | pool / latency | pays / (pool / latency) | charges at the channel | answers |")
+	r.p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|")
+	r.p("| %d | %d | %s | %s | %s | %s | %s | %s | %d | %s |", py.Concurrency, py.Pool, py.Latency,
+		perSecond(py.Point.Throughput), ms(py.Point.P50), ms(py.Point.P99), perSecond(py.Bound()),
+		fmt.Sprintf("%.2f×", py.Point.Throughput/py.Bound()), py.Charges, statuses(py.Point))
+	r.p("")
+	proc, pg, other := cpuPerRequest(py.Point)
+	r.p("CPU per pay: %s in this process, %s in PostgreSQL; other load: %s cores.", proc, pg, other)
+}
+
+func (r *report) steady(res *results) {
+	st := res.Steady
+	r.p("Open loop: vegeta sends %d creates per second for %s whatever the answers take (fresh keys).", res.Opts.Rate, res.Opts.RateDuration)
+	r.p("")
+	r.p("| target rate | sent | requests | p50 | p90 | p99 | max | answers |")
+	r.p("|--:|--:|--:|--:|--:|--:|--:|---|")
+	r.p("| %d/s | %s | %d | %s | %s | %s | %s | %s |", res.Opts.Rate, fmt.Sprintf("%.1f/s", st.Rate), st.Requests,
+		ms(st.P50), ms(st.P90), ms(st.P99), ms(st.Max), statuses(st))
+}
+
+func orNA(s string) string {
+	if s == "" {
+		return "n/a"
+	}
+	return s
+}
+
+func percent(a, b float64) string {
+	if b == 0 {
+		return "n/a"
+	}
+	return strconv.FormatFloat(100*a/b, 'f', 0, 64) + " %"
+}
+
+// loss is how much less throughput a has than b, in percent.
+func loss(a, b float64) string {
+	if b == 0 {
+		return "n/a"
+	}
+	return strconv.FormatFloat(100*(1-a/b), 'f', 1, 64) + " %"
+}
+
+func ratio(a, b float64) string {
+	if b == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f×", a/b)
+}

@@ -1,0 +1,555 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/orderservice/orderservice/internal/app"
+	"github.com/orderservice/orderservice/internal/order"
+	"github.com/orderservice/orderservice/internal/payment/channel"
+)
+
+// bench is one run: the database, the service under test, the clients
+// that load it and what they measured.
+type bench struct {
+	opts   options
+	dbURL  string
+	log    io.Writer
+	admin  *pgx.Conn // resets tables and counts rows; never under load
+	svc    *app.Main
+	client *http.Client // vegeta's client of the service, shared so warm-ups warm its connections
+	keys   keys
+}
+
+func newBench(ctx context.Context, opts options, dbURL string, log io.Writer) (*bench, error) {
+	b := &bench{opts: opts, dbURL: dbURL, log: log}
+	var err error
+	if b.admin, err = pgx.Connect(ctx, dbURL); err != nil {
+		return nil, err
+	}
+	// One connection per storm copy may be open at once.
+	transport := &http.Transport{MaxIdleConns: 0, MaxIdleConnsPerHost: max(opts.Storm, 256), IdleConnTimeout: time.Minute}
+	b.client = &http.Client{Timeout: 30 * time.Second, Transport: transport}
+	if b.svc, err = b.startService(ctx, opts.Pool); err != nil {
+		b.close()
+		return nil, err
+	}
+	return b, nil
+}
+
+func (b *bench) close() {
+	if b.svc != nil {
+		if err := b.svc.Close(); err != nil {
+			fmt.Fprintln(b.log, "bench: close service:", err)
+		}
+		b.svc = nil
+	}
+	b.client.CloseIdleConnections()
+	if b.admin != nil {
+		b.admin.Close(context.Background())
+	}
+}
+
+// startService boots the real service in this process, as its tests do,
+// with DB_MAX_CONNS pool.
+func (b *bench) startService(ctx context.Context, pool int) (*app.Main, error) {
+	cfg, err := app.LoadConfig(map[string]string{
+		"DATABASE_URL": b.dbURL,
+		"HTTP_ADDR":    "127.0.0.1:0",
+		"CHANNEL_ADDR": "127.0.0.1:0",
+		"LOG_LEVEL":    "error",
+		"API_KEYS":     benchTenant + "=" + benchAPIKey,
+		"DB_MAX_CONNS": strconv.Itoa(pool),
+	})
+	if err != nil {
+		return nil, err
+	}
+	logger := slog.New(slog.NewTextHandler(b.log, &slog.HandlerOptions{Level: slog.LevelError}))
+	return app.Start(ctx, cfg, logger)
+}
+
+func (b *bench) progress(format string, args ...any) {
+	fmt.Fprintf(b.log, "bench: "+format+"\n", args...)
+}
+
+// reset empties the tables, so every measurement starts from the same
+// table sizes, and checkpoints, so no checkpoint left over from the last
+// measurement lands in the next one.
+func (b *bench) reset(ctx context.Context) error {
+	if _, err := b.admin.Exec(ctx, `TRUNCATE idempotency_records, idempotency_archive, orders, order_items, order_events, payments`); err != nil {
+		return fmt.Errorf("reset tables: %w", err)
+	}
+	if b.opts.Quick { // a smoke test has no figures worth a checkpoint's wait
+		return nil
+	}
+	if _, err := b.admin.Exec(ctx, `CHECKPOINT`); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	return nil
+}
+
+// fire runs s, measuring the CPU of the backends serving this database.
+func (b *bench) fire(ctx context.Context, s shot) point {
+	s.backends = b.backendPIDs
+	return s.fire(ctx)
+}
+
+// backendPIDs lists the PostgreSQL backends connected to the benchmark's
+// database, but for the admin connection.
+func (b *bench) backendPIDs() []int {
+	rows, _ := b.admin.Query(context.Background(),
+		`SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`)
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return nil
+	}
+	out := make([]int, len(pids))
+	for i, p := range pids {
+		out[i] = int(p)
+	}
+	return out
+}
+
+func (b *bench) count(ctx context.Context, query string, args ...any) (int64, error) {
+	var n int64
+	err := b.admin.QueryRow(ctx, query, args...).Scan(&n)
+	return n, err
+}
+
+// measure resets, warms up with an unmeasured shot of the same kind,
+// resets again and measures s.
+func (b *bench) measure(ctx context.Context, s shot) (point, error) {
+	if b.opts.Warmup > 0 {
+		if err := b.reset(ctx); err != nil {
+			return point{}, err
+		}
+		warm := s
+		warm.name, warm.duration = s.name+"-warmup", b.opts.Warmup
+		if w := b.fire(ctx, warm); w.Throughput == 0 && ctx.Err() == nil {
+			return point{}, fmt.Errorf("%s: no request of the warm-up succeeded: %s %v", s.name, statuses(w), w.Errors)
+		}
+	}
+	if err := b.reset(ctx); err != nil {
+		return point{}, err
+	}
+	p := b.fire(ctx, s)
+	return p, ctx.Err()
+}
+
+// results is everything one run measured.
+type results struct {
+	Opts    options
+	Machine machine
+	Levels  []createLevel
+	// Scenario 3 at ReplayConc.
+	First, Replay point
+	Storm         stormResult
+	Pay           payResult
+	Steady        point
+	Took          time.Duration
+	// Problems are failed assertions: the run reports them and fails.
+	Problems []string
+}
+
+func (r *results) fail(format string, args ...any) {
+	r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
+}
+
+func (r *results) verdict() error {
+	if len(r.Problems) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%d assertion(s) failed: %s", len(r.Problems), strings.Join(r.Problems, "; "))
+}
+
+// createLevel is scenarios 1 and 2 at one concurrency.
+type createLevel struct {
+	Concurrency int
+	Service     point // POST /v1/orders
+	Direct      point // the same transaction over pgx, no HTTP
+	Plain       point // POST /v1/bench/orders-without-idempotency (-tags bench)
+}
+
+type stormResult struct {
+	Copies      int
+	Point       point
+	Orders      int64
+	Succeeded   int64 // records in SUCCEEDED
+	Processing  int64 // records still PROCESSING after the drain
+	WarmupDrain time.Duration
+}
+
+type payResult struct {
+	Concurrency int
+	Pool        int
+	Latency     time.Duration
+	Point       point
+	Charges     int64 // charges the channel made during the measurement
+	Paid        int64 // orders PAID in the database after warm-up and measurement
+	Prepared    int
+}
+
+// Bound is pool/latency: the pays per second a service that held a
+// connection across the channel call could not exceed.
+func (p payResult) Bound() float64 { return float64(p.Pool) / p.Latency.Seconds() }
+
+type machine struct {
+	CPUs       int
+	CPUModel   string
+	GoVersion  string
+	PGVersion  string
+	PGSettings string
+	Date       time.Time
+	Command    string
+	// LoadBefore and LoadAfter are /proc/loadavg's 1-minute figure: a
+	// machine busy with anything else makes every figure pessimistic.
+	LoadBefore, LoadAfter string
+}
+
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) > 0 {
+		return f[0]
+	}
+	return "n/a"
+}
+
+func (b *bench) describeMachine(ctx context.Context) (machine, error) {
+	m := machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), Date: time.Now().UTC(), Command: b.opts.command(),
+		LoadBefore: loadAverage()}
+	if info, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(info), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPUModel = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if err := b.admin.QueryRow(ctx, `SELECT version()`).Scan(&m.PGVersion); err != nil {
+		return m, err
+	}
+	var settings []string
+	for _, name := range []string{"shared_buffers", "synchronous_commit", "fsync", "wal_level", "max_connections"} {
+		var v string
+		if err := b.admin.QueryRow(ctx, `SELECT current_setting($1)`, name).Scan(&v); err != nil {
+			return m, err
+		}
+		settings = append(settings, name+"="+v)
+	}
+	m.PGSettings = strings.Join(settings, ", ")
+	return m, nil
+}
+
+// runAll measures every scenario. The pay scenario restarts the service
+// with its own pool, so it runs last; the report keeps the scenario order.
+func (b *bench) runAll(ctx context.Context) (*results, error) {
+	res := &results{Opts: b.opts}
+	var err error
+	if res.Machine, err = b.describeMachine(ctx); err != nil {
+		return nil, err
+	}
+	if load, err := strconv.ParseFloat(res.Machine.LoadBefore, 64); err == nil && load >= 1 {
+		b.progress("warning: load average %s at the start: the machine is not quiet, every figure will be pessimistic", res.Machine.LoadBefore)
+	}
+	steps := []struct {
+		n    int
+		name string
+		run  func(context.Context, *results) error
+	}{
+		{1, "1+2 create: service, direct pgx, without idempotency", b.createLevels},
+		{3, "3 replay vs first execution", b.replay},
+		{4, "4 duplicate storm", b.storm},
+		{6, "6 constant-rate create", b.steady},
+		{5, "5 pay with a slow channel", b.pay},
+	}
+	for _, s := range steps {
+		if !b.opts.runs(s.n) && (s.n != 1 || !b.opts.runs(2)) {
+			continue
+		}
+		b.progress("scenario %s", s.name)
+		if err := s.run(ctx, res); err != nil {
+			return nil, fmt.Errorf("scenario %s: %w", s.name, err)
+		}
+	}
+	res.Machine.LoadAfter = loadAverage()
+	return res, nil
+}
+
+// createLevels is scenarios 1 and 2: at each concurrency, creates through
+// the service, the same transaction directly over pgx, and (in -tags bench
+// builds) creates through the service with the idempotency layer off.
+func (b *bench) createLevels(ctx context.Context, res *results) error {
+	cfg := b.svc.Config
+	direct, err := newDirectCreate(ctx, b.dbURL, cfg.DBMaxConns, cfg.Lease, cfg.Policy().RetentionFor(order.OpCreate),
+		cfg.DBStatementTimeout, cfg.DBLockTimeout)
+	if err != nil {
+		return err
+	}
+	defer direct.Close()
+	directClient := &http.Client{Timeout: 30 * time.Second, Transport: direct}
+
+	for _, c := range b.opts.Concurrency {
+		lvl := createLevel{Concurrency: c}
+		lvl.Service, err = b.measure(ctx, shot{name: "create", client: b.client, workers: c,
+			targeter: freshCreates(b.svc.URL()+"/v1/orders", &b.keys), duration: b.opts.Duration})
+		if err != nil {
+			return err
+		}
+		b.progress("  c=%-3d service              %8.0f req/s  p50 %-8s p99 %s", c, lvl.Service.Throughput, ms(lvl.Service.P50), ms(lvl.Service.P99))
+		lvl.Direct, err = b.measure(ctx, shot{name: "direct", client: directClient, workers: c,
+			targeter: freshCreates("http://direct.invalid/v1/orders", &b.keys), duration: b.opts.Duration})
+		if err != nil {
+			return err
+		}
+		b.progress("  c=%-3d direct pgx           %8.0f req/s  p50 %-8s p99 %s", c, lvl.Direct.Throughput, ms(lvl.Direct.P50), ms(lvl.Direct.P99))
+		if withoutIdempotencyRoute {
+			lvl.Plain, err = b.measure(ctx, shot{name: "without-idempotency", client: b.client, workers: c,
+				targeter: freshCreates(b.svc.URL()+"/v1/bench/orders-without-idempotency", &b.keys), duration: b.opts.Duration})
+			if err != nil {
+				return err
+			}
+			b.progress("  c=%-3d without idempotency  %8.0f req/s  p50 %-8s p99 %s", c, lvl.Plain.Throughput, ms(lvl.Plain.P50), ms(lvl.Plain.P99))
+		}
+		res.Levels = append(res.Levels, lvl)
+	}
+	return nil
+}
+
+// replay is scenario 3: fresh creates at ReplayConc, then one request
+// replayed at the same concurrency. Every replay must be the first
+// response, byte for byte, with Idempotent-Replayed: true.
+func (b *bench) replay(ctx context.Context, res *results) error {
+	c := b.opts.ReplayConc
+	url := b.svc.URL() + "/v1/orders"
+	var err error
+	if res.First, err = b.measure(ctx, shot{name: "first-execution", client: b.client, workers: c,
+		targeter: freshCreates(url, &b.keys), duration: b.opts.Duration}); err != nil {
+		return err
+	}
+	b.progress("  c=%-3d first execution      %8.0f req/s  p50 %-8s p99 %s", c, res.First.Throughput, ms(res.First.P50), ms(res.First.P99))
+
+	if err := b.reset(ctx); err != nil {
+		return err
+	}
+	key, n := b.keys.next()
+	body, err := json.Marshal(newCreate(n))
+	if err != nil {
+		return err
+	}
+	first, err := b.send(ctx, url, key, body)
+	if err != nil {
+		return err
+	}
+	if first.status != http.StatusCreated {
+		return fmt.Errorf("the request to replay got %d, not 201: %s", first.status, first.body)
+	}
+	s := shot{name: "replay", client: b.client, workers: c, targeter: sameRequest(url, key, body), keepBody: true}
+	if b.opts.Warmup > 0 {
+		s.duration = b.opts.Warmup
+		b.fire(ctx, s)
+	}
+	s.duration = b.opts.Duration
+	res.Replay = b.fire(ctx, s)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	b.progress("  c=%-3d replay               %8.0f req/s  p50 %-8s p99 %s", c, res.Replay.Throughput, ms(res.Replay.P50), ms(res.Replay.P99))
+
+	p := res.Replay
+	if p.ok(http.StatusCreated) != int(p.Requests) || p.Replayed != int(p.Requests) {
+		res.fail("replay: %d requests, %d answered 201, %d marked Idempotent-Replayed", p.Requests, p.ok(http.StatusCreated), p.Replayed)
+	}
+	if len(p.Bodies) != 1 || p.Bodies[sha256.Sum256(first.body)] != int(p.Requests) {
+		res.fail("replay: %d distinct 201 bodies, %d equal to the first response", len(p.Bodies), p.Bodies[sha256.Sum256(first.body)])
+	}
+	if orders, err := b.count(ctx, `SELECT count(*) FROM orders`); err != nil {
+		return err
+	} else if orders != 1 {
+		res.fail("replay: %d orders after replaying one request, want 1", orders)
+	}
+	return nil
+}
+
+type answer struct {
+	status int
+	body   []byte
+}
+
+// send is one request outside any measurement.
+func (b *bench) send(ctx context.Context, url, key string, body []byte) (answer, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return answer{}, err
+	}
+	req.Header = header(key)
+	resp, err := b.client.Do(req)
+	if err != nil {
+		return answer{}, err
+	}
+	defer resp.Body.Close()
+	got, err := io.ReadAll(resp.Body)
+	return answer{status: resp.StatusCode, body: got}, err
+}
+
+// storm is scenario 4: Storm copies of one request (one key, one body)
+// fired at once by as many vegeta workers, exactly Storm hits. A first,
+// unmeasured storm on another key opens the connections.
+func (b *bench) storm(ctx context.Context, res *results) error {
+	n := b.opts.Storm
+	url := b.svc.URL() + "/v1/orders"
+	res.Storm.Copies = n
+	for _, measured := range []bool{false, true} {
+		if err := b.reset(ctx); err != nil {
+			return err
+		}
+		key, seq := b.keys.next()
+		body, err := json.Marshal(newCreate(seq))
+		if err != nil {
+			return err
+		}
+		p := b.fire(ctx, shot{name: "storm", client: b.client, workers: n, hits: n, targeter: sameRequest(url, key, body), keepBody: true})
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		orders, err := b.count(ctx, `SELECT count(*) FROM orders`)
+		if err != nil {
+			return err
+		}
+		label := "warm-up storm"
+		if measured {
+			label = "storm"
+		}
+		if orders != 1 {
+			res.fail("%s: %d copies of one request created %d orders, want exactly 1", label, n, orders)
+		}
+		if int(p.Requests) != n {
+			res.fail("%s: vegeta sent %d requests, want %d", label, p.Requests, n)
+		}
+		if len(p.Bodies) > 1 {
+			res.fail("%s: %d distinct 201 bodies, want 1", label, len(p.Bodies))
+		}
+		if !measured {
+			res.Storm.WarmupDrain = p.Drain
+			continue
+		}
+		res.Storm.Point, res.Storm.Orders = p, orders
+		if res.Storm.Succeeded, err = b.count(ctx, `SELECT count(*) FROM idempotency_records WHERE state = 'SUCCEEDED'`); err != nil {
+			return err
+		}
+		if res.Storm.Processing, err = b.count(ctx, `SELECT count(*) FROM idempotency_records WHERE state = 'PROCESSING'`); err != nil {
+			return err
+		}
+		b.progress("  %d copies drained in %s: %s, %d order(s)", n, ms(p.Drain), statuses(p), orders)
+	}
+	return nil
+}
+
+// steady is scenario 6: creates at a constant rate, for latency figures
+// that a closed loop's queueing does not distort.
+func (b *bench) steady(ctx context.Context, res *results) error {
+	s := shot{name: "constant-rate", client: b.client, rate: rate(b.opts.Rate),
+		targeter: freshCreates(b.svc.URL()+"/v1/orders", &b.keys), duration: b.opts.RateDuration}
+	var err error
+	if res.Steady, err = b.measure(ctx, s); err != nil {
+		return err
+	}
+	b.progress("  %d/s for %s: p50 %s p90 %s p99 %s max %s", b.opts.Rate, b.opts.RateDuration,
+		ms(res.Steady.P50), ms(res.Steady.P90), ms(res.Steady.P99), ms(res.Steady.Max))
+	return nil
+}
+
+// pay is scenario 5: the service restarted with DB_MAX_CONNS=PayPool, the
+// channel adding PayLatency to every call, PayConc pays in flight, each on
+// its own order with its own key.
+func (b *bench) pay(ctx context.Context, res *results) error {
+	o := b.opts
+	if err := b.svc.Close(); err != nil {
+		return err
+	}
+	b.svc = nil
+	b.client.CloseIdleConnections()
+	svc, err := b.startService(ctx, o.PayPool)
+	if err != nil {
+		return err
+	}
+	b.svc = svc
+	if err := svc.Channel.SetFaults(channel.Faults{LatencyMS: int(o.PayLatency.Milliseconds())}); err != nil {
+		return err
+	}
+	defer func() { _ = svc.Channel.SetFaults(channel.Faults{}) }()
+
+	if err := b.reset(ctx); err != nil {
+		return err
+	}
+	// Every pay takes at least the channel's latency, so PayConc workers
+	// cannot pay more than PayConc/latency orders a second.
+	prepared := int(math.Ceil(float64(o.PayConc)/o.PayLatency.Seconds()*(o.Warmup+o.Duration).Seconds()*1.1)) + o.PayConc
+	ids, err := b.prepareOrders(ctx, prepared)
+	if err != nil {
+		return err
+	}
+	s := shot{name: "pay", client: b.client, workers: o.PayConc, targeter: pays(svc.URL(), ids, &b.keys)}
+	warm := 0
+	if o.Warmup > 0 {
+		s.duration = o.Warmup
+		warm = b.fire(ctx, s).ok(http.StatusOK)
+	}
+	before := svc.Channel.Stats()
+	s.duration = o.Duration
+	p := b.fire(ctx, s)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	after := svc.Channel.Stats()
+
+	res.Pay = payResult{Concurrency: o.PayConc, Pool: o.PayPool, Latency: o.PayLatency, Point: p,
+		Charges: after.Charges - before.Charges, Prepared: prepared}
+	if res.Pay.Paid, err = b.count(ctx, `SELECT count(*) FROM orders WHERE status = 'PAID'`); err != nil {
+		return err
+	}
+	if res.Pay.Charges != int64(p.ok(http.StatusOK)) {
+		res.fail("pay: %d pays answered 200 but the channel made %d charges", p.ok(http.StatusOK), res.Pay.Charges)
+	}
+	if res.Pay.Paid != int64(warm+p.ok(http.StatusOK)) {
+		res.fail("pay: %d pays answered 200 (warm-up included) but %d orders are PAID", warm+p.ok(http.StatusOK), res.Pay.Paid)
+	}
+	b.progress("  c=%d pool=%d latency=%s: %.0f pays/s (bound %.0f/s), p50 %s p99 %s, %s", o.PayConc, o.PayPool, o.PayLatency,
+		p.Throughput, res.Pay.Bound(), ms(p.P50), ms(p.P99), statuses(p))
+	return nil
+}
+
+// prepareOrders inserts n CREATED orders of one item each, in one
+// statement: the pay scenario measures pays, not creates.
+func (b *bench) prepareOrders(ctx context.Context, n int) ([]string, error) {
+	rows, _ := b.admin.Query(ctx, `
+		WITH o AS (
+			INSERT INTO orders (id, tenant_id, customer_id, status, currency, total_amount, metadata, version, created_at, updated_at)
+			SELECT gen_random_uuid(), $1, 'pay-cust-' || g, 'CREATED', 'EUR', 2500, '{}', 1, now(), now()
+			FROM generate_series(1, $2::int) g
+			RETURNING id)
+		INSERT INTO order_items (order_id, line_no, sku, quantity, unit_price, line_total)
+		SELECT id, 1, 'SKU-PAY', 1, 2500, 2500 FROM o
+		RETURNING order_id::text`, benchTenant, n)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("prepare orders to pay: %w", err)
+	}
+	if _, err := b.admin.Exec(ctx, `ANALYZE orders, order_items`); err != nil {
+		return nil, err
+	}
+	return ids, nil
+}
