@@ -133,17 +133,24 @@ func (s *Service) once(ctx context.Context, in idempotency.Intent, exec func(tx 
 			return nil
 		}
 		out, err := exec(tx)
-		state := idempotency.Succeeded
-		if err != nil {
-			if !isFinal(err) {
-				return err
-			}
-			state, out = idempotency.FailedFinal, failure(err, in.ResourceID)
-		}
-		resp = out.resp
-		return s.Records.Complete(tx, in.Scope, claim.Token(), state, out.resp, out.resource)
+		resp, err = s.finish(tx, in, claim.Token(), out, err)
+		return err
 	})
 	return resp, err
+}
+
+// finish stores an operation's outcome on its record, in the caller's
+// transaction: its success, or a definitive business failure rendered as
+// the problem it answers. Any other error is returned for a rollback.
+func (s *Service) finish(tx *gorm.DB, in idempotency.Intent, token int64, out outcome, err error) (idempotency.Response, error) {
+	state := idempotency.Succeeded
+	if err != nil {
+		if !isFinal(err) {
+			return idempotency.Response{}, err
+		}
+		state, out = idempotency.FailedFinal, failure(err, in.ResourceID)
+	}
+	return out.resp, s.Records.Complete(tx, in.Scope, token, state, out.resp, out.resource)
 }
 
 // isFinal reports whether err is a definitive business answer that is
