@@ -5,13 +5,16 @@ GO          ?= go
 DATABASE_URL ?= postgres://postgres:postgres@localhost:5432/orderservice?sslmode=disable
 export DATABASE_URL
 
-.PHONY: run migrate test test-short bench lint-openapi fmt vet
+.PHONY: run migrate cleanup test test-short bench lint-openapi fmt vet
 
 run: ## start the order service (and the embedded mock channel) on :8080
 	$(GO) run ./cmd/orderservice
 
 migrate: ## apply the database migrations and exit
 	$(GO) run ./cmd/orderservice migrate
+
+cleanup: ## one pass of the retention job by hand: delete expired records, archive money ones
+	$(GO) run ./cmd/orderservice cleanup
 
 test: ## every test, with the race detector, against real PostgreSQL
 	$(GO) vet ./...
