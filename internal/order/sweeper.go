@@ -26,9 +26,13 @@ func (s *Service) Sweep(ctx context.Context, batch int) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	// The intents taken over are finished even if ctx ends meanwhile (the
+	// process is stopping), rather than left PROCESSING until their lease
+	// runs out; a stopping sweeper only takes no new batch.
+	work := context.WithoutCancel(ctx)
 	for _, rec := range due {
 		s.observe().Takeover(rec.Operation, "sweeper")
-		p, err := pendingPayment(s.DB.WithContext(ctx), rec.Scope())
+		p, err := pendingPayment(s.DB.WithContext(work), rec.Scope())
 		if err != nil {
 			return 0, err
 		}
@@ -36,7 +40,7 @@ func (s *Service) Sweep(ctx context.Context, batch int) (int, error) {
 			s.logger().ErrorContext(ctx, "unfinished money intent has no payment", "operation", rec.Operation, "key", rec.IdempotencyKey)
 			continue
 		}
-		s.resume(ctx, rec, *p)
+		s.resume(work, rec, *p)
 	}
 	return len(due), nil
 }
