@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/orderservice/orderservice/internal/app"
 	"github.com/orderservice/orderservice/internal/testdb"
+	"github.com/orderservice/orderservice/internal/testproc"
 )
 
 // TestBinariesWithComposeConfiguration runs the binaries the image contains,
@@ -38,7 +38,7 @@ func TestBinariesWithComposeConfiguration(t *testing.T) {
 
 	chSvc := service(t, p, svcChannel)
 	chEnv := environment(t, chSvc)
-	chAddr := freeLoopbackAddr(t)
+	chAddr := testproc.FreeAddr(t)
 	chEnv["HTTP_ADDR"] = chAddr
 	channel := startProcess(t, svcChannel, bins[chSvc.Entrypoint[0]], chEnv)
 	channelURL := "http://" + chAddr
@@ -48,7 +48,7 @@ func TestBinariesWithComposeConfiguration(t *testing.T) {
 	env := environment(t, repSvc)
 	env["DATABASE_URL"] = dbURL
 	env["PAYMENT_CHANNEL_URL"] = channelURL
-	addr := freeLoopbackAddr(t)
+	addr := testproc.FreeAddr(t)
 	env["HTTP_ADDR"] = addr
 	orders := startProcess(t, svcReplica1, bins["/orderservice"], env) // the image's ENTRYPOINT
 	ordersURL := "http://" + addr
@@ -75,7 +75,7 @@ func TestBinariesWithComposeConfiguration(t *testing.T) {
 		defer unavailable.Close()
 		for name, args := range map[string][]string{
 			"503":                {unavailable.URL + "/readyz"},
-			"connection refused": {"http://" + freeLoopbackAddr(t) + "/healthz"},
+			"connection refused": {"http://" + testproc.FreeAddr(t) + "/healthz"},
 			"two arguments":      {unavailable.URL, unavailable.URL},
 		} {
 			if code, out := runHealthcheck(t, bins["/healthcheck"], args...); code != 1 {
@@ -169,17 +169,6 @@ func buildImageBinaries(t *testing.T) map[string]string {
 		}
 	}
 	return bins
-}
-
-// freeLoopbackAddr is a 127.0.0.1 port that was free a moment ago.
-func freeLoopbackAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // process is a started binary whose output is shown if the test fails.

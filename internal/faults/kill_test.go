@@ -95,7 +95,7 @@ func TestKilledInstanceMidPaymentNeverChargesTwice(t *testing.T) {
 		}
 		delay := time.Duration(rng.Int64N(int64(latency + 100*time.Millisecond + 1)))
 		time.Sleep(delay)
-		victim.kill(t)
+		victim.Kill(t)
 		killed := time.Now()
 		sent.Wait()
 		for _, a := range answers {

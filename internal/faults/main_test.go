@@ -5,9 +5,9 @@ package faults
 import (
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
+
+	"github.com/orderservice/orderservice/internal/testproc"
 )
 
 // bins are the binaries under test, built once for the package.
@@ -27,15 +27,12 @@ func buildAndRun(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	for pkg, out := range map[string]*string{
-		"github.com/orderservice/orderservice/cmd/orderservice":   &bins.orderservice,
-		"github.com/orderservice/orderservice/cmd/paymentchannel": &bins.paymentchannel,
-	} {
-		*out = filepath.Join(dir, filepath.Base(pkg))
-		if b, err := exec.Command("go", "build", "-o", *out, pkg).CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "FAIL: go build %s: %v\n%s", pkg, err, b)
-			return 1
-		}
+	const orderservice, paymentchannel = "github.com/orderservice/orderservice/cmd/orderservice", "github.com/orderservice/orderservice/cmd/paymentchannel"
+	built, err := testproc.Build(dir, orderservice, paymentchannel)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		return 1
 	}
+	bins.orderservice, bins.paymentchannel = built[orderservice], built[paymentchannel]
 	return m.Run()
 }

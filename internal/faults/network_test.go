@@ -14,6 +14,7 @@ import (
 
 	"github.com/orderservice/orderservice/client"
 	"github.com/orderservice/orderservice/internal/testdb"
+	"github.com/orderservice/orderservice/internal/testproc"
 )
 
 // chaosStage is one set of toxics in force at once, with the channel's
@@ -80,7 +81,7 @@ func TestNetworkFaultsNeverDuplicateOrdersOrCharges(t *testing.T) {
 	chProxy := newFaultProxy(t, srv, "channel", strings.TrimPrefix(ch.url, "http://"))
 	var clientProxies []*faultProxy
 	for i := range 2 {
-		addr := freeAddr(t)
+		addr := testproc.FreeAddr(t)
 		startService(t, fmt.Sprintf("orderservice-%d", i+1), serviceEnv(withHost(t, dbURL, dbProxy.Addr), addr, "http://"+chProxy.Addr))
 		clientProxies = append(clientProxies, newFaultProxy(t, srv, fmt.Sprintf("clients-%d", i+1), addr))
 	}
@@ -311,7 +312,7 @@ func TestDroppedDatabaseConnectionsAnswer503NotInternalError(t *testing.T) {
 	db := openDB(t, dbURL)
 	ch := startChannel(t, time.Second)
 	dbProxy := newFaultProxy(t, newProxyServer(), "postgres", hostPort(t, testdb.ServerURL()))
-	svc := startService(t, "orderservice", serviceEnv(withHost(t, dbURL, dbProxy.Addr), freeAddr(t), ch.url))
+	svc := startService(t, "orderservice", serviceEnv(withHost(t, dbURL, dbProxy.Addr), testproc.FreeAddr(t), ch.url))
 	hc := rawHTTP(10 * time.Second)
 	create := func(n int, key string) answer {
 		return send(hc, http.MethodPost, svc.url+"/v1/orders", apiKey, key, createBody("cut", n))

@@ -5,18 +5,14 @@ package faults
 import (
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"sort"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/orderservice/orderservice/internal/testdb"
+	"github.com/orderservice/orderservice/internal/testproc"
 )
 
 // Timings every service instance of the suite runs with: a lease that
@@ -30,123 +26,27 @@ const (
 	tenant         = "acme"
 )
 
-// process is a running binary whose output goes to a log file, shown when
-// the test fails.
-type process struct {
-	name string
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{} // closed once the process has exited
-}
-
-var processSeq atomic.Int64
-
-func startProcess(t *testing.T, name, bin string, env []string) *process {
+// startProcess runs a binary of the suite, or fails the test.
+func startProcess(t *testing.T, name, bin string, env []string) *testproc.Process {
 	t.Helper()
-	p, err := launch(t, name, bin, env)
+	p, err := testproc.Start(t, name, bin, env)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return p
 }
 
-// launch is startProcess for any goroutine: it returns the error.
-func launch(t *testing.T, name, bin string, env []string) (*process, error) {
-	logPath := filepath.Join(t.TempDir(), fmt.Sprintf("%s-%d.log", name, processSeq.Add(1)))
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(bin)
-	cmd.Env, cmd.Stdout, cmd.Stderr = env, logFile, logFile
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	p := &process{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		logFile.Close()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		p.kill(t)
-		if t.Failed() {
-			out, _ := os.ReadFile(logPath)
-			if len(out) > 8<<10 {
-				out = append([]byte("…"), out[len(out)-8<<10:]...)
-			}
-			t.Logf("%s output (%s):\n%s", name, logPath, out)
-		}
-	})
-	return p, nil
-}
-
-// kill sends SIGKILL, as a crash would, and waits for the process to go.
-func (p *process) kill(t *testing.T) {
-	t.Helper()
-	if p.exited() {
-		return
-	}
-	_ = p.cmd.Process.Kill()
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		t.Errorf("%s did not die after SIGKILL", p.name)
-	}
-}
-
-func (p *process) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// freeAddr returns a loopback address nobody listens on right now.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-// waitOK waits until url answers 200.
+// waitOK waits until url answers 200, or fails the test.
 func waitOK(t *testing.T, url string, within time.Duration) {
 	t.Helper()
-	if err := waitReady(url, within); err != nil {
+	if err := testproc.WaitOK(url, within); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// waitReady is waitOK for any goroutine: it returns the error.
-func waitReady(url string, within time.Duration) error {
-	hc := &http.Client{Timeout: time.Second}
-	deadline := time.Now().Add(within)
-	for {
-		res, err := hc.Get(url)
-		if err == nil {
-			res.Body.Close()
-			if res.StatusCode == http.StatusOK {
-				return nil
-			}
-			err = fmt.Errorf("status %d", res.StatusCode)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s did not answer 200 within %s (last: %v)", url, within, err)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 
 // channelProc is the external mock payment channel.
 type channelProc struct {
-	*process
+	*testproc.Process
 	url string
 }
 
@@ -154,10 +54,10 @@ type channelProc struct {
 // pm_slow takes.
 func startChannel(t *testing.T, slowDelay time.Duration) *channelProc {
 	t.Helper()
-	addr := freeAddr(t)
+	addr := testproc.FreeAddr(t)
 	p := startProcess(t, "paymentchannel", bins.paymentchannel, []string{
 		"HTTP_ADDR=" + addr, "LOG_LEVEL=warn", "PAYMENT_SLOW_DELAY=" + slowDelay.String()})
-	ch := &channelProc{process: p, url: "http://" + addr}
+	ch := &channelProc{Process: p, url: "http://" + addr}
 	waitOK(t, ch.url+"/healthz", 20*time.Second)
 	return ch
 }
@@ -237,7 +137,7 @@ func (c *channelProc) get(t *testing.T, path string, v any) {
 
 // serviceProc is one orderservice instance.
 type serviceProc struct {
-	*process
+	*testproc.Process
 	url string
 	env []string
 }
@@ -269,7 +169,7 @@ func startService(t *testing.T, name string, env []string) *serviceProc {
 			addr = v
 		}
 	}
-	s := &serviceProc{process: startProcess(t, name, bins.orderservice, env), url: "http://" + addr, env: env}
+	s := &serviceProc{Process: startProcess(t, name, bins.orderservice, env), url: "http://" + addr, env: env}
 	waitOK(t, s.url+"/readyz", 30*time.Second)
 	return s
 }
@@ -278,15 +178,15 @@ func startService(t *testing.T, name string, env []string) *serviceProc {
 // waits until it is ready. It may run in any goroutine, and returns the
 // error; the caller must not touch s until it returned.
 func (s *serviceProc) restart(t *testing.T) error {
-	if !s.exited() {
-		return fmt.Errorf("restart of %s while it still runs", s.name)
+	if !s.Exited() {
+		return fmt.Errorf("restart of %s while it still runs", s.Name)
 	}
-	p, err := launch(t, s.name, bins.orderservice, s.env)
+	p, err := testproc.Start(t, s.Name, bins.orderservice, s.env)
 	if err != nil {
 		return err
 	}
-	s.process = p
-	return waitReady(s.url+"/readyz", 30*time.Second)
+	s.Process = p
+	return testproc.WaitOK(s.url+"/readyz", 30*time.Second)
 }
 
 // cluster is one external channel and n service instances sharing a fresh
@@ -303,7 +203,7 @@ func startCluster(t *testing.T, n int, slowDelay time.Duration, extra ...string)
 	t.Helper()
 	c := &cluster{dbURL: freshDB(t), channel: startChannel(t, slowDelay)}
 	for i := range n {
-		env := serviceEnv(c.dbURL, freeAddr(t), c.channel.url, extra...)
+		env := serviceEnv(c.dbURL, testproc.FreeAddr(t), c.channel.url, extra...)
 		c.instances = append(c.instances, startService(t, fmt.Sprintf("orderservice-%d", i+1), env))
 	}
 	return c

@@ -183,7 +183,7 @@ func TestPostgresRestartAnswers503ThenRecoversLosingNothing(t *testing.T) {
 	})
 	t.Run("every instance recovers by itself", func(t *testing.T) {
 		for i, s := range c.instances {
-			if s.exited() {
+			if s.Exited() {
 				t.Errorf("instance %d exited", i+1)
 			}
 		}

@@ -54,16 +54,16 @@ func TestSIGTERMDuringABurstAnswersEveryAcceptedRequest(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if err := svc.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := svc.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	wg.Wait()
 	select {
-	case <-svc.done:
+	case <-svc.Done:
 	case <-time.After(15 * time.Second):
 		t.Fatal("the service did not exit after SIGTERM")
 	}
-	if code := svc.cmd.ProcessState.ExitCode(); code != 0 {
+	if code := svc.Cmd.ProcessState.ExitCode(); code != 0 {
 		t.Errorf("exit code %d after SIGTERM, want 0", code)
 	}
 

@@ -5,11 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -21,6 +17,7 @@ import (
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/problem"
+	"github.com/orderservice/orderservice/internal/testproc"
 )
 
 // crashOnce returns a hook that crashes (by error or by panic) the first
@@ -357,20 +354,18 @@ func recordText(t *testing.T, s idempotency.Scope) string {
 
 func TestKilledServiceRecoversPaymentAfterRestart(t *testing.T) {
 	moneyIsolate(t)
-	dir := t.TempDir()
-	orderBin := buildBinary(t, dir, "github.com/orderservice/orderservice/cmd/orderservice")
-	channelBin := buildBinary(t, dir, "github.com/orderservice/orderservice/cmd/paymentchannel")
-	channelAddr, apiAddr := freeLoopbackAddr(t), freeLoopbackAddr(t)
-
-	runProcess(t, dir, "paymentchannel", channelBin, "HTTP_ADDR="+channelAddr, "LOG_LEVEL=warn")
-	waitHTTP(t, "http://"+channelAddr+"/healthz")
+	bins, err := testproc.Build(t.TempDir(), orderservicePkg, paymentchannelPkg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	channelAddr, apiAddr := testproc.FreeAddr(t), testproc.FreeAddr(t)
+	startBinary(t, "paymentchannel", bins[paymentchannelPkg], "http://"+channelAddr+"/healthz", "HTTP_ADDR="+channelAddr, "LOG_LEVEL=warn")
 	serviceEnv := []string{
 		"DATABASE_URL=" + dbURL, "HTTP_ADDR=" + apiAddr, "PAYMENT_CHANNEL_URL=http://" + channelAddr,
 		"IDEMPOTENCY_LEASE=3s", "PAYMENT_CHANNEL_TIMEOUT=2s", "SWEEP_INTERVAL=200ms",
 		"API_KEYS=acme=" + apptest.KeyAcme, "LOG_LEVEL=warn",
 	}
-	service := runProcess(t, dir, "orderservice-1", orderBin, serviceEnv...)
-	waitHTTP(t, "http://"+apiAddr+"/readyz")
+	service := startBinary(t, "orderservice-1", bins[orderservicePkg], "http://"+apiAddr+"/readyz", serviceEnv...)
 
 	c := &apptest.Client{BaseURL: "http://" + apiAddr, APIKey: apptest.KeyAcme, HTTP: &http.Client{Timeout: 30 * time.Second}}
 	admin := &apptest.Client{BaseURL: "http://" + channelAddr, HTTP: &http.Client{Timeout: 10 * time.Second}}
@@ -390,7 +385,7 @@ func TestKilledServiceRecoversPaymentAfterRestart(t *testing.T) {
 		answered <- fmt.Sprintf("%d %s", r.Status, r.Body)
 	}()
 	time.Sleep(300 * time.Millisecond)
-	service.kill(t)
+	service.Kill(t)
 	if got := <-answered; got != "" {
 		t.Fatalf("the pay was answered (%s) before the service was killed mid-payment", got)
 	}
@@ -398,8 +393,7 @@ func TestKilledServiceRecoversPaymentAfterRestart(t *testing.T) {
 		t.Fatalf("charges right after the kill = %d", got)
 	}
 
-	runProcess(t, dir, "orderservice-2", orderBin, serviceEnv...)
-	waitHTTP(t, "http://"+apiAddr+"/readyz")
+	startBinary(t, "orderservice-2", bins[orderservicePkg], "http://"+apiAddr+"/readyz", serviceEnv...)
 	moneyEventually(t, 20*time.Second, "PAID after the restart", func() (bool, string) {
 		o := moneyReadOrder(t, c, id)
 		return o.Status == "PAID", o.Status
@@ -442,95 +436,20 @@ func statsOf(t *testing.T, admin *apptest.Client) channelStats {
 	return s
 }
 
-// buildBinary builds pkg into dir.
-func buildBinary(t *testing.T, dir, pkg string) string {
-	t.Helper()
-	bin := filepath.Join(dir, filepath.Base(pkg))
-	if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
-		t.Fatalf("go build %s: %v\n%s", pkg, err, out)
-	}
-	return bin
-}
+const (
+	orderservicePkg   = "github.com/orderservice/orderservice/cmd/orderservice"
+	paymentchannelPkg = "github.com/orderservice/orderservice/cmd/paymentchannel"
+)
 
-// freeLoopbackAddr returns a loopback address nobody listens on right now.
-func freeLoopbackAddr(t *testing.T) string {
+// startBinary runs a binary and waits until readyURL answers 200.
+func startBinary(t *testing.T, name, bin, readyURL string, env ...string) *testproc.Process {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := testproc.Start(t, name, bin, env)
+	if err == nil {
+		err = testproc.WaitOK(readyURL, 20*time.Second)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-// process is a running binary whose output goes to a log file, shown when
-// the test fails.
-type process struct {
-	name string
-	cmd  *exec.Cmd
-	done chan struct{} // closed once the process has exited
-}
-
-func runProcess(t *testing.T, dir, name, bin string, env ...string) *process {
-	t.Helper()
-	logPath := filepath.Join(dir, name+".log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin)
-	cmd.Env, cmd.Stdout, cmd.Stderr = env, logFile, logFile
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	p := &process{name: name, cmd: cmd, done: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		logFile.Close()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		p.kill(t)
-		if t.Failed() {
-			out, _ := os.ReadFile(logPath)
-			t.Logf("%s output:\n%s", name, out)
-		}
-	})
 	return p
-}
-
-// kill sends SIGKILL, as a crash would, and waits for the process to go.
-func (p *process) kill(t *testing.T) {
-	t.Helper()
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Kill()
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		t.Errorf("%s did not die after SIGKILL", p.name)
-	}
-}
-
-// waitHTTP waits until url answers 200.
-func waitHTTP(t *testing.T, url string) {
-	t.Helper()
-	client := &http.Client{Timeout: time.Second}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		res, err := client.Get(url)
-		if err == nil {
-			res.Body.Close()
-			if res.StatusCode == http.StatusOK {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not answer 200 within 20s (last: %v)", url, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }

@@ -1,0 +1,130 @@
+// Package testproc runs the project's real binaries in tests: built once,
+// started on free loopback ports with their output kept for a failing
+// test, waited for, and stopped or killed as a crash would.
+package testproc
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Build compiles each package (an import path) into dir and returns the
+// binaries by package.
+func Build(dir string, pkgs ...string) (map[string]string, error) {
+	bins := make(map[string]string, len(pkgs))
+	for _, pkg := range pkgs {
+		bin := filepath.Join(dir, filepath.Base(pkg))
+		if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
+		}
+		bins[pkg] = bin
+	}
+	return bins, nil
+}
+
+// FreeAddr returns a loopback address nobody listened on a moment ago.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// Process is a running binary whose output goes to a log file, shown when
+// the test fails.
+type Process struct {
+	Name string
+	Cmd  *exec.Cmd
+	// Done is closed once the process has exited.
+	Done chan struct{}
+	log  string
+}
+
+var seq atomic.Int64
+
+// Start runs bin with exactly env and kills it when the test ends. It may
+// be called from any goroutine: it returns its error instead of failing.
+func Start(t testing.TB, name, bin string, env []string) (*Process, error) {
+	logPath := filepath.Join(t.TempDir(), fmt.Sprintf("%s-%d.log", name, seq.Add(1)))
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin)
+	cmd.Env, cmd.Stdout, cmd.Stderr = env, logFile, logFile
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &Process{Name: name, Cmd: cmd, Done: make(chan struct{}), log: logPath}
+	go func() {
+		_ = cmd.Wait()
+		logFile.Close()
+		close(p.Done)
+	}()
+	t.Cleanup(func() {
+		p.Kill(t)
+		if t.Failed() {
+			out, _ := os.ReadFile(logPath)
+			if len(out) > 8<<10 {
+				out = append([]byte("…"), out[len(out)-8<<10:]...)
+			}
+			t.Logf("%s output (%s):\n%s", name, logPath, out)
+		}
+	})
+	return p, nil
+}
+
+// Kill sends SIGKILL, as a crash would, and waits for the process to go.
+func (p *Process) Kill(t testing.TB) {
+	t.Helper()
+	if p.Exited() {
+		return
+	}
+	_ = p.Cmd.Process.Kill()
+	select {
+	case <-p.Done:
+	case <-time.After(10 * time.Second):
+		t.Errorf("%s did not die after SIGKILL", p.Name)
+	}
+}
+
+// Exited reports whether the process has ended.
+func (p *Process) Exited() bool {
+	select {
+	case <-p.Done:
+		return true
+	default:
+		return false
+	}
+}
+
+// WaitOK waits until url answers 200, or returns why it did not in time.
+func WaitOK(url string, within time.Duration) error {
+	client := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(within)
+	for {
+		res, err := client.Get(url)
+		if err == nil {
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("status %d", res.StatusCode)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s did not answer 200 within %s (last: %v)", url, within, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
