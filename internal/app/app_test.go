@@ -3,8 +3,10 @@ package app_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"strings"
@@ -174,4 +176,67 @@ func TestMetricsNameTheSeedsFiveSignals(t *testing.T) {
 			t.Errorf("metrics lack %s", want)
 		}
 	}
+}
+
+func TestOneLogLinePerRequestWithoutSecrets(t *testing.T) {
+	var buf lockedBuffer
+	cfg := apptest.Config(t, dbURL, map[string]string{"API_KEYS": "logged=secret-key-logged"})
+	m, err := app.Start(context.Background(), cfg, slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := apptest.NewClient(m, "secret-key-logged")
+	h := http.Header{"Traceparent": {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}
+	r, err := c.Send(http.MethodPost, "/v1/orders", "log-key-1",
+		`{"customer_id":"private-customer-name","currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":100}]}`, h)
+	if err != nil || r.Status != http.StatusCreated {
+		t.Fatalf("create: %v %d %s", err, r.Status, r.Body)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	logs := buf.String()
+	for _, secret := range []string{"secret-key-logged", "private-customer-name"} {
+		if strings.Contains(logs, secret) {
+			t.Errorf("the logs contain %q", secret)
+		}
+	}
+	var lines []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(logs), "\n") {
+		var v map[string]any
+		if json.Unmarshal([]byte(l), &v) == nil && v["msg"] == "request" && v["route"] == "/v1/orders" {
+			lines = append(lines, v)
+		}
+	}
+	if len(lines) != 1 {
+		t.Fatalf("%d request lines for one request:\n%s", len(lines), logs)
+	}
+	line := lines[0]
+	for k, want := range map[string]any{"tenant": "logged", "operation": "order.create", "idempotency_key": "log-key-1",
+		"outcome": "executed", "status": float64(201), "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"} {
+		if line[k] != want {
+			t.Errorf("%s = %v, want %v", k, line[k], want)
+		}
+	}
+	if line["order_id"] != r.JSON(t)["id"] || line["latency_ms"] == nil {
+		t.Errorf("line = %v", line)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for the service's goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

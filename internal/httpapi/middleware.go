@@ -58,8 +58,10 @@ func (s *Server) logRequests(next echo.HandlerFunc) echo.HandlerFunc {
 			slog.String("method", req.Method),
 			slog.String("route", c.Path()),
 			slog.Int("status", res.Status),
-			slog.Duration("latency", took),
-			slog.String("outcome", result),
+			slog.Float64("latency_ms", float64(took.Microseconds())/1000),
+		}
+		if c.Get(ctxOperation) != nil { // what the idempotency layer did, for idempotent operations
+			attrs = append(attrs, slog.String("outcome", result))
 		}
 		for _, k := range []string{ctxTenant, ctxOperation, ctxKey, ctxOrderID} {
 			if v, ok := c.Get(k).(string); ok && v != "" {
