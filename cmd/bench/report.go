@@ -202,14 +202,7 @@ func (r *report) create(res *results, chartFile string) {
 	r.p("record SUCCEEDED) run by an `http.RoundTripper` over a pgx pool of %d connections (the service's", res.Opts.Pool)
 	r.p("DB_MAX_CONNS) that vegeta uses as its client's Transport: no network, no HTTP server. Target: ≥ 60 %%.")
 	r.p("")
-	r.p("| c | service | p50 | p99 | direct pgx | p50 | p99 | service / direct |")
-	r.p("|--:|--:|--:|--:|--:|--:|--:|--:|")
-	for _, l := range res.Levels {
-		r.p("| %d | %s | %s | %s | %s | %s | %s | %s |", l.Concurrency,
-			perSecond(l.Service.Throughput), ms(l.Service.P50), ms(l.Service.P99),
-			perSecond(l.Direct.Throughput), ms(l.Direct.P50), ms(l.Direct.P99),
-			percent(l.Service.Throughput, l.Direct.Throughput))
-	}
+	r.compare(res, "service", "direct pgx", "service / direct", func(l createLevel) point { return l.Direct }, percent)
 	r.p("")
 	type path struct {
 		name string
@@ -261,14 +254,7 @@ func (r *report) overhead(res *results) {
 	r.p("Closed loop, `POST /v1/orders` against `POST /v1/bench/orders-without-idempotency`: the same")
 	r.p("handler, validation, rows and response with no record claimed or stored. Target: < 15 %% loss.")
 	r.p("")
-	r.p("| c | idempotent | p50 | p99 | without idempotency | p50 | p99 | throughput loss |")
-	r.p("|--:|--:|--:|--:|--:|--:|--:|--:|")
-	for _, l := range res.Levels {
-		r.p("| %d | %s | %s | %s | %s | %s | %s | %s |", l.Concurrency,
-			perSecond(l.Service.Throughput), ms(l.Service.P50), ms(l.Service.P99),
-			perSecond(l.Plain.Throughput), ms(l.Plain.P50), ms(l.Plain.P99),
-			loss(l.Service.Throughput, l.Plain.Throughput))
-	}
+	r.compare(res, "idempotent", "without idempotency", "throughput loss", func(l createLevel) point { return l.Plain }, loss)
 }
 
 func (r *report) replay(res *results) {
@@ -335,6 +321,19 @@ func orNA(s string) string {
 		return "n/a"
 	}
 	return s
+}
+
+// compare writes a table of the service against another path at every
+// concurrency: throughput, p50 and p99 of each, and how they relate.
+func (r *report) compare(res *results, name, otherName, relation string, other func(createLevel) point, relate func(a, b float64) string) {
+	r.p("| c | %s | p50 | p99 | %s | p50 | p99 | %s |", name, otherName, relation)
+	r.p("|--:|--:|--:|--:|--:|--:|--:|--:|")
+	for _, l := range res.Levels {
+		o := other(l)
+		r.p("| %d | %s | %s | %s | %s | %s | %s | %s |", l.Concurrency,
+			perSecond(l.Service.Throughput), ms(l.Service.P50), ms(l.Service.P99),
+			perSecond(o.Throughput), ms(o.P50), ms(o.P99), relate(l.Service.Throughput, o.Throughput))
+	}
 }
 
 func percent(a, b float64) string {

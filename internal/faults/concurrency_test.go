@@ -56,27 +56,7 @@ func TestIdenticalCreatesAcrossThreeInstancesMakeOneOrder(t *testing.T) {
 	})
 	took := time.Since(began)
 
-	counts := tally{}
-	var first *answer
-	fresh := 0
-	for i := range answers {
-		a := &answers[i]
-		counts[a.label()]++
-		if a.err != nil || a.status != http.StatusCreated {
-			continue
-		}
-		if !a.replayed() {
-			fresh++
-		}
-		if first == nil {
-			first = a
-			continue
-		}
-		if !bytes.Equal(a.body, first.body) || a.header.Get("Location") != first.header.Get("Location") {
-			t.Errorf("201 #%d differs from the first 201:\n%s\nLocation %s\nvs\n%s\nLocation %s",
-				i, a.body, a.header.Get("Location"), first.body, first.header.Get("Location"))
-		}
-	}
+	counts, first, fresh := sameIntentAnswers(t, answers, http.StatusCreated)
 	t.Logf("%d identical creates over 3 instances in %s: %s", copies, took.Round(time.Millisecond), counts)
 
 	t.Run("only identical 201s and 409 request_in_progress answer", func(t *testing.T) {
@@ -133,24 +113,7 @@ func TestPaysAcrossThreeInstancesChargeEachOrderOnce(t *testing.T) {
 		answers := storm(sameKeyClients, c.urls(), func(_ int, url string) answer {
 			return send(hc, http.MethodPost, url+"/v1/orders/"+id+"/pay", apiKey, key, client.PayRequest{PaymentMethod: "pm_ok"})
 		})
-		counts := tally{}
-		var first *answer
-		fresh := 0
-		for i := range answers {
-			a := &answers[i]
-			counts[a.label()]++
-			if a.err != nil || a.status != http.StatusOK {
-				continue
-			}
-			if !a.replayed() {
-				fresh++
-			}
-			if first == nil {
-				first = a
-			} else if !bytes.Equal(a.body, first.body) {
-				t.Errorf("200 #%d differs from the first 200:\n%s\nvs\n%s", i, a.body, first.body)
-			}
-		}
+		counts, _, fresh := sameIntentAnswers(t, answers, http.StatusOK)
 		t.Logf("answers: %s", counts)
 		if got := counts["200"] + counts["409 request_in_progress"]; got != sameKeyClients {
 			t.Errorf("answers = %s; want only 200 and 409 request_in_progress", counts)
@@ -200,4 +163,32 @@ func TestPaysAcrossThreeInstancesChargeEachOrderOnce(t *testing.T) {
 	if s := c.channel.stats(t); s.Charges != 2 {
 		t.Errorf("channel charges in all = %d, want 2 (one per order): %+v", s.Charges, s)
 	}
+}
+
+// sameIntentAnswers tallies the answers to copies of one intent and checks
+// that every success with status is the first one byte for byte, Location
+// included. It returns the tally, the first success and how many successes
+// were not marked replayed (exactly one should be: the first real result).
+func sameIntentAnswers(t *testing.T, answers []answer, status int) (counts tally, first *answer, fresh int) {
+	t.Helper()
+	counts = tally{}
+	for i := range answers {
+		a := &answers[i]
+		counts[a.label()]++
+		if a.err != nil || a.status != status {
+			continue
+		}
+		if !a.replayed() {
+			fresh++
+		}
+		if first == nil {
+			first = a
+			continue
+		}
+		if !bytes.Equal(a.body, first.body) || a.header.Get("Location") != first.header.Get("Location") {
+			t.Errorf("%d #%d differs from the first %d:\n%s\nLocation %s\nvs\n%s\nLocation %s",
+				status, i, status, a.body, a.header.Get("Location"), first.body, first.header.Get("Location"))
+		}
+	}
+	return counts, first, fresh
 }
