@@ -2,6 +2,7 @@ package database
 
 import (
 	"context"
+	"database/sql"
 
 	"gorm.io/gorm"
 )
@@ -28,4 +29,11 @@ func Transact(ctx context.Context, db *gorm.DB, fn func(tx *gorm.DB) error) erro
 func isRetryable(err error) bool {
 	code := SQLState(err)
 	return code == "40001" || code == "40P01"
+}
+
+// Snapshot runs fn in one read-only REPEATABLE READ transaction, so every
+// statement of a read sees the same committed state: a read racing a
+// settlement shows the order and its payment both before or both after it.
+func Snapshot(ctx context.Context, db *gorm.DB, fn func(tx *gorm.DB) error) error {
+	return db.WithContext(ctx).Transaction(fn, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
 }

@@ -25,8 +25,7 @@ func idempotent[Req any](s *Server, op string, run func(context.Context, order.C
 func idempotentOn[Req any](s *Server, op string, run func(context.Context, order.Caller, string, Req) (idempotency.Response, error)) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		c.Set(ctxOperation, op)
-		raw := c.Request().Header.Get("Idempotency-Key")
-		key, err := idempotency.ParseKey(raw)
+		key, err := idempotency.ParseKeyHeader(c.Request().Header.Values("Idempotency-Key"))
 		if err != nil {
 			return err
 		}
@@ -56,14 +55,11 @@ func (s *Server) getOrder(c echo.Context) error {
 
 func (s *Server) listOrders(c echo.Context) error {
 	q := c.QueryParams()
-	f := order.ListFilter{Status: order.Status(q.Get("status")), CustomerID: q.Get("customer_id"), Cursor: q.Get("cursor")}
-	if l := q.Get("limit"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > 100 {
-			return problem.Errorf(problem.InvalidRequest, "limit: must be an integer between 1 and 100").With("field", "limit")
-		}
-		f.Limit = n
+	pg, err := pageRequest(c)
+	if err != nil {
+		return err
 	}
+	f := order.ListFilter{Status: order.Status(q.Get("status")), CustomerID: q.Get("customer_id"), Page: pg}
 	page, err := s.Orders.List(c.Request().Context(), tenant(c), f)
 	if err != nil {
 		return err
@@ -72,9 +68,27 @@ func (s *Server) listOrders(c echo.Context) error {
 }
 
 func (s *Server) orderEvents(c echo.Context) error {
-	entries, err := s.Orders.History(c.Request().Context(), tenant(c), c.Param("id"))
+	pg, err := pageRequest(c)
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, map[string]any{"events": entries})
+	page, err := s.Orders.History(c.Request().Context(), tenant(c), c.Param("id"), pg)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, page)
+}
+
+// pageRequest reads the limit and cursor of a paginated list.
+func pageRequest(c echo.Context) (order.PageRequest, error) {
+	q := c.QueryParams()
+	pg := order.PageRequest{Cursor: q.Get("cursor")}
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > 100 {
+			return pg, problem.Errorf(problem.InvalidRequest, "limit: must be an integer between 1 and 100").With("field", "limit")
+		}
+		pg.Limit = n
+	}
+	return pg, nil
 }

@@ -75,7 +75,7 @@ func (s *Server) handleError(err error, c echo.Context) {
 			"method", c.Request().Method, "path", c.Path())
 	}
 	if p.RetryAfter > 0 {
-		c.Response().Header().Set("Retry-After", strconv.Itoa(int(p.RetryAfter/time.Second)))
+		c.Response().Header().Set("Retry-After", retryAfter(p.RetryAfter))
 	}
 	if c.Request().Method == http.MethodHead {
 		_ = c.NoContent(status)
@@ -118,7 +118,13 @@ func send(c echo.Context, resp idempotency.Response) error {
 		c.Set(ctxOutcome, outcomeReplayed)
 	}
 	if resp.RetryAfter > 0 {
-		h.Set("Retry-After", strconv.Itoa(int(resp.RetryAfter/time.Second)))
+		h.Set("Retry-After", retryAfter(resp.RetryAfter))
 	}
 	return c.Blob(resp.Status, resp.ContentType, resp.Body)
+}
+
+// retryAfter renders a wait as Retry-After's delay-seconds: whole seconds,
+// rounded up, never less than 1 (a 0 would invite an immediate retry storm).
+func retryAfter(d time.Duration) string {
+	return strconv.FormatInt(max(1, int64((d+time.Second-1)/time.Second)), 10)
 }

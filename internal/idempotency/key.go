@@ -9,6 +9,19 @@ import (
 // MaxKeyLength is the longest Idempotency-Key accepted, after unquoting.
 const MaxKeyLength = 255
 
+// ParseKeyHeader validates every value of an Idempotency-Key header, as any
+// transport carries it (HTTP or message headers): exactly one is allowed,
+// since two would leave it to chance which one names the intent.
+func ParseKeyHeader(values []string) (string, error) {
+	if len(values) > 1 {
+		return "", invalidKey("the header was sent more than once")
+	}
+	if len(values) == 0 {
+		return ParseKey("")
+	}
+	return ParseKey(values[0])
+}
+
 // ParseKey validates an Idempotency-Key header value. Keys are 1 to 255
 // printable ASCII characters without spaces; the quoted structured-field form
 // ("abc", RFC 8941 sf-string, as the IETF idempotency draft writes it) is

@@ -47,6 +47,7 @@ const (
 	EventCancel           Event = "cancel"
 	EventRefund           Event = "refund"
 	EventRefundSucceeded  Event = "refund_succeeded"
+	EventRefundFailed     Event = "refund_failed"
 )
 
 // lifecycle is the whole order state machine, declared once. Idempotency
@@ -64,6 +65,9 @@ var lifecycle = fsm.Events{
 	// refund is in flight nothing else (ship, a second cancel) may happen.
 	{Name: string(EventRefund), Src: []string{string(StatusPaid)}, Dst: string(StatusRefundPending)},
 	{Name: string(EventRefundSucceeded), Src: []string{string(StatusRefundPending)}, Dst: string(StatusCancelled)},
+	// A refund the channel refuses leaves the money where it is: the order
+	// is paid again, and may ship or be cancelled with a new key.
+	{Name: string(EventRefundFailed), Src: []string{string(StatusRefundPending)}, Dst: string(StatusPaid)},
 }
 
 // errNothingToCharge is the pay guard's reason: a free order has no payment.

@@ -21,7 +21,7 @@ var (
 	}
 	allEvents = []Event{
 		EventCreate, EventPay, EventPaymentSucceeded, EventPaymentFailed,
-		EventShip, EventDeliver, EventCancel, EventRefund, EventRefundSucceeded,
+		EventShip, EventDeliver, EventCancel, EventRefund, EventRefundSucceeded, EventRefundFailed,
 	}
 )
 
@@ -46,6 +46,7 @@ var wantMoves = map[Status]map[Event]Status{
 	},
 	StatusRefundPending: {
 		EventRefundSucceeded: StatusCancelled,
+		EventRefundFailed:    StatusPaid,
 	},
 	StatusShipped: {
 		EventDeliver: StatusDelivered,
@@ -88,8 +89,8 @@ func TestLifecycleTableAllowsExactlyTheContractsMoves(t *testing.T) {
 			})
 		}
 	}
-	if allowedPairs != 10 {
-		t.Errorf("the contract has 10 transitions, the expectations list %d", allowedPairs)
+	if allowedPairs != 11 {
+		t.Errorf("the contract has 11 transitions, the expectations list %d", allowedPairs)
 	}
 }
 

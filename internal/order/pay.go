@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"slices"
 	"strings"
 	"time"
 
@@ -43,6 +44,12 @@ func (s *Service) Pay(ctx context.Context, c Caller, orderID string, req PayRequ
 	if err := checkText("payment_method", method, maxSKULength); err != nil {
 		return idempotency.Response{}, err
 	}
+	// A token the channel does not know would only be refused there, after
+	// the order had moved to PAYMENT_PENDING: refuse it before anything is
+	// recorded, so the same key may be sent again with a real one.
+	if !slices.Contains(payment.Methods, method) {
+		return idempotency.Response{}, invalid("payment_method", "must be one of the channel's test tokens: %s", strings.Join(payment.Methods, ", "))
+	}
 	return s.moneyIntent(ctx, c, OpPay, orderID, PayRequest{PaymentMethod: method}, func(tx *gorm.DB, o *Order, key string) (*Payment, error) {
 		from := o.Status
 		if err := o.fire(EventPay); err != nil {
@@ -79,6 +86,16 @@ func (s *Service) Cancel(ctx context.Context, c Caller, orderID string, req Canc
 		p := &Payment{Kind: KindRefund, Amount: charge.Amount, Currency: charge.Currency, RefundOf: charge.ChannelRef}
 		return p, s.startPayment(tx, o, from, EventRefund, OpCancel, key, p)
 	})
+}
+
+// paymentOf is the payment the intent (op, key) asked the channel for, if any.
+func (o *Order) paymentOf(op, key string) *Payment {
+	for i := range o.payments {
+		if p := &o.payments[i]; p.Operation == op && p.IdempotencyKey == key {
+			return p
+		}
+	}
+	return nil
 }
 
 // settledCharge is the charge that made the order PAID.

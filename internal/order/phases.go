@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/google/uuid"
@@ -57,7 +56,7 @@ func (s *Service) moneyIntent(ctx context.Context, c Caller, op, orderID string,
 			}
 		}
 		var out outcome
-		if out, pay, err = s.beginMoney(tx, c, id, begin); pay != nil && err == nil {
+		if out, pay, err = s.beginMoney(tx, c, op, id, begin); pay != nil && err == nil {
 			return nil // the record stays PROCESSING while the channel works
 		}
 		resp, err = s.finish(tx, in, claim.Token(), out, err)
@@ -69,8 +68,9 @@ func (s *Service) moneyIntent(ctx context.Context, c Caller, op, orderID string,
 	if err := s.Hooks.run(s.Hooks.AfterPhase1); err != nil {
 		return idempotency.Response{}, err
 	}
-	// The client may hang up; the money phases still run to the end, so the
-	// outcome is recorded and its retry gets the replay.
+	// The client may hang up; the money phases still run to the end (or to
+	// the shutdown deadline), so the outcome is recorded and its retry gets
+	// the replay.
 	// An owner that died mid-flight left no word of the channel's answer,
 	// so its successor asks the channel first; an intent that failed
 	// retryably simply sends the same request under the same key again.
@@ -78,15 +78,24 @@ func (s *Service) moneyIntent(ctx context.Context, c Caller, op, orderID string,
 	if claim.Resumed {
 		s.observe().Takeover(op, "retry")
 	}
-	return s.settle(context.WithoutCancel(ctx), claim.Record, *pay, lookupFirst)
+	work, cancel := s.detach(ctx)
+	defer cancel()
+	return s.settle(work, claim.Record, *pay, lookupFirst)
 }
 
 // beginMoney locks the order and lets begin decide: a pending payment for
 // the channel, or an outcome reached without it.
-func (s *Service) beginMoney(tx *gorm.DB, c Caller, id uuid.UUID, begin func(tx *gorm.DB, o *Order, key string) (*Payment, error)) (outcome, *Payment, error) {
+func (s *Service) beginMoney(tx *gorm.DB, c Caller, op string, id uuid.UUID, begin func(tx *gorm.DB, o *Order, key string) (*Payment, error)) (outcome, *Payment, error) {
 	o, err := lockOrder(tx, c.TenantID, id)
 	if err != nil {
 		return outcome{}, nil, err
+	}
+	if o.paymentOf(op, c.Key) != nil {
+		// This intent moved money before, and its record has since been
+		// archived and removed: running it again would mean a second
+		// movement under the same downstream key.
+		return outcome{}, nil, problem.Errorf(problem.KeyReused,
+			"This Idempotency-Key already ran %s on this order and its record has expired; use a new key for a new intent.", op)
 	}
 	p, err := begin(tx, o, c.Key)
 	if err != nil || p != nil {
@@ -106,11 +115,68 @@ func pendingPayment(tx *gorm.DB, scope idempotency.Scope) (*Payment, error) {
 	return &p, err
 }
 
+// answer is what the channel's reply means for one payment: the request
+// classified once, where the reply is read (payment.Client), and named here.
+type answer int
+
+const (
+	// unknown: no definitive reply (timeout, 5xx, 429, lost connection).
+	// The same request under the same key may be sent again.
+	unknown answer = iota
+	// moved: the charge or refund was made.
+	moved
+	// declined: the acquirer declined the charge (402).
+	declined
+	// refused: the channel refused the request and will not act on it
+	// (any other 4xx): as final as a decline.
+	refused
+)
+
 // channelResult is what the channel said of one payment.
 type channelResult struct {
-	status   PaymentStatus // PaymentSucceeded or PaymentFailed; PaymentPending if unknown
-	ref      string
+	answer   answer
+	ref      string // the channel's id of the charge or refund, when made
+	reason   string // the channel's words, for a refusal
 	replayed bool
+}
+
+// paymentStatus is what the payment row records of a definitive answer.
+func (r channelResult) paymentStatus() PaymentStatus {
+	if r.answer == moved {
+		return PaymentSucceeded
+	}
+	return PaymentFailed
+}
+
+// event is the order's transition for a definitive answer on a payment of
+// kind: the table in fsm.go decides whether the order may make it.
+func (r channelResult) event(kind PaymentKind) Event {
+	switch {
+	case kind == KindRefund && r.answer == moved:
+		return EventRefundSucceeded
+	case kind == KindRefund:
+		return EventRefundFailed
+	case r.answer == moved:
+		return EventPaymentSucceeded
+	}
+	return EventPaymentFailed
+}
+
+// failure is the problem a definitive non-success answer is stored as, or
+// nil when the money moved.
+func (r channelResult) failure(kind PaymentKind, orderID string) error {
+	switch {
+	case r.answer == moved:
+		return nil
+	case kind == KindRefund:
+		return problem.Errorf(problem.RefundRefused, "The payment channel refused the refund (%s); the order stays PAID.", r.reason).
+			With("order_id", orderID)
+	case r.answer == refused:
+		return problem.Errorf(problem.PaymentRefused, "The payment channel refused the charge (%s); the order may be paid again with a new Idempotency-Key.", r.reason).
+			With("order_id", orderID)
+	}
+	return problem.Errorf(problem.PaymentDeclined, "The payment channel declined the charge; the order may be paid again with a new Idempotency-Key.").
+		With("order_id", orderID)
 }
 
 // settle drives a pending payment to its outcome (phases 2 and 3). It is
@@ -124,12 +190,28 @@ func (s *Service) settle(ctx context.Context, rec idempotency.Record, p Payment,
 	if err != nil {
 		return idempotency.Response{}, err
 	}
-	if res.status == PaymentPending {
+	if res.answer == unknown {
 		return s.postpone(ctx, rec)
 	}
+	resp, err := s.record(ctx, rec, p, res)
+	switch {
+	case errors.Is(err, idempotency.ErrFenced):
+		return idempotency.Response{}, superseded()
+	case database.IsUnavailable(err) || database.IsLockTimeout(err):
+		// The channel answered but the answer could not be stored: the
+		// intent is resumable at once, and its retry sends the same key
+		// again, which the channel answers from its own record.
+		return s.postpone(ctx, rec)
+	}
+	return resp, err
+}
 
+// record is phase 3: one transaction that stores the channel's definitive
+// answer on the payment, moves the order and completes the intent, fenced
+// by the lease token.
+func (s *Service) record(ctx context.Context, rec idempotency.Record, p Payment, res channelResult) (idempotency.Response, error) {
 	var resp idempotency.Response
-	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
+	err := database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
 		// The fence first: a superseded owner must not even try the
 		// transition, which its successor may already have made.
 		if err := s.Records.Hold(tx, rec.Scope(), rec.LeaseToken); err != nil {
@@ -139,21 +221,19 @@ func (s *Service) settle(ctx context.Context, rec idempotency.Record, p Payment,
 		if err != nil {
 			return err
 		}
-		from, ev := o.Status, outcomeEvent(p.Kind, res.status)
+		from, ev := o.Status, res.event(p.Kind)
 		if err := o.fire(ev); err != nil {
 			return err
 		}
-		if err := o.settlePayment(tx, p.ID, res.status, res.ref); err != nil {
+		if err := o.settlePayment(tx, p.ID, res.paymentStatus(), res.ref); err != nil {
 			return err
 		}
 		if err := saveTransition(tx, o, from, ev, p.Operation, p.IdempotencyKey); err != nil {
 			return err
 		}
 		state := idempotency.Succeeded
-		if ev == EventPaymentFailed {
-			state = idempotency.FailedFinal
-			resp = failure(problem.Errorf(problem.PaymentDeclined, "The payment channel declined the charge; the order may be paid again with a new Idempotency-Key.").
-				With("order_id", o.ID.String()), "").resp
+		if fail := res.failure(p.Kind, o.ID.String()); fail != nil {
+			state, resp = idempotency.FailedFinal, failure(fail, "").resp
 		} else if resp, err = ok(o); err != nil {
 			return err
 		}
@@ -162,9 +242,6 @@ func (s *Service) settle(ctx context.Context, rec idempotency.Record, p Payment,
 		}
 		return s.Records.Complete(tx, rec.Scope(), rec.LeaseToken, state, resp, o.ID.String())
 	})
-	if errors.Is(err, idempotency.ErrFenced) {
-		return idempotency.Response{}, superseded()
-	}
 	return resp, err
 }
 
@@ -172,8 +249,12 @@ func (s *Service) settle(ctx context.Context, rec idempotency.Record, p Payment,
 // database and in the order's loaded payments (which the response shows).
 func (o *Order) settlePayment(tx *gorm.DB, id uuid.UUID, status PaymentStatus, ref string) error {
 	now := tx.NowFunc()
+	var channelRef *string
+	if ref != "" {
+		channelRef = &ref
+	}
 	res := tx.Model(&Payment{}).Where("id = ? AND status = ?", id, PaymentPending).
-		Updates(map[string]any{"status": status, "channel_ref": ref, "updated_at": now})
+		Updates(map[string]any{"status": status, "channel_ref": channelRef, "updated_at": now})
 	if res.Error != nil {
 		return res.Error
 	}
@@ -182,26 +263,15 @@ func (o *Order) settlePayment(tx *gorm.DB, id uuid.UUID, status PaymentStatus, r
 	}
 	for i := range o.payments {
 		if p := &o.payments[i]; p.ID == id {
-			p.Status, p.ChannelRef, p.UpdatedAt = status, &ref, now
+			p.Status, p.ChannelRef, p.UpdatedAt = status, channelRef, now
 		}
 	}
 	return nil
 }
 
-func outcomeEvent(kind PaymentKind, status PaymentStatus) Event {
-	switch {
-	case kind == KindRefund:
-		return EventRefundSucceeded
-	case status == PaymentSucceeded:
-		return EventPaymentSucceeded
-	}
-	return EventPaymentFailed
-}
-
 // askChannel is phase 2. With lookupFirst (a takeover from an owner that
 // died) it first asks the channel what happened under the key, and only when
-// the channel has nothing sends the request, with the same key. Only a
-// definitive answer leaves here as succeeded or failed.
+// the channel has nothing sends the request, with the same key.
 func (s *Service) askChannel(ctx context.Context, p Payment, lookupFirst bool) (channelResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.Money.ChannelTimeout)
 	defer cancel()
@@ -217,7 +287,10 @@ func (s *Service) askChannel(ctx context.Context, p Payment, lookupFirst bool) (
 				return s.Channel.Charge(ctx, p.ChannelKey, payment.ChargeRequest{Amount: p.Amount, Currency: p.Currency,
 					Reference: p.OrderID.String(), PaymentMethod: deref(p.PaymentMethod)})
 			})
-		res.status, res.ref = chargeStatus(ch), ch.ID
+		res.answer, res.ref = declined, ch.ID
+		if ch.Status == payment.StatusSucceeded {
+			res.answer = moved
+		}
 	case KindRefund:
 		var rf payment.Refund
 		rf, res.replayed, err = lookupOrSend(lookupFirst,
@@ -225,20 +298,29 @@ func (s *Service) askChannel(ctx context.Context, p Payment, lookupFirst bool) (
 			func() (payment.Result[payment.Refund], error) {
 				return s.Channel.Refund(ctx, p.ChannelKey, payment.RefundRequest{ChargeID: deref(p.RefundOf), Amount: p.Amount})
 			})
-		res.status, res.ref = PaymentSucceeded, rf.ID
+		res.answer, res.ref = moved, rf.ID
 	}
 	s.observe().ChannelCall(string(p.Kind), time.Since(start), err, res.replayed)
-	if err != nil {
-		// Outcome unknown (or refused, which a correct request never is):
-		// keep the intent resumable and let a retry or the sweeper ask again.
-		level := slog.LevelWarn
-		if errors.Is(err, payment.ErrRejected) {
-			level = slog.LevelError
-		}
-		s.logger().Log(ctx, level, "payment channel gave no definitive answer", "kind", p.Kind, "channel_key", p.ChannelKey, "err", err)
-		return channelResult{status: PaymentPending}, nil
+	switch {
+	case errors.Is(err, payment.ErrRejected):
+		s.logger().WarnContext(ctx, "payment channel refused the request", "kind", p.Kind, "channel_key", p.ChannelKey, "err", err)
+		return channelResult{answer: refused, reason: refusalReason(err)}, nil
+	case err != nil:
+		// Outcome unknown: keep the intent resumable and let a retry or the
+		// sweeper ask again under the same key.
+		s.logger().WarnContext(ctx, "payment channel gave no definitive answer", "kind", p.Kind, "channel_key", p.ChannelKey, "err", err)
+		return channelResult{answer: unknown}, nil
 	}
 	return res, nil
+}
+
+// refusalReason is the channel's code for a refusal, safe to show a client.
+func refusalReason(err error) string {
+	var se *payment.StatusError
+	if errors.As(err, &se) && se.Code != "" {
+		return se.Code
+	}
+	return "refused"
 }
 
 // lookupOrSend asks the channel for what it holds under the key when
@@ -253,13 +335,6 @@ func lookupOrSend[T any](lookupFirst bool, lookup func() (T, error), send func()
 	}
 	r, err := send()
 	return r.Value, r.Replayed, err
-}
-
-func chargeStatus(ch payment.Charge) PaymentStatus {
-	if ch.Status == "succeeded" {
-		return PaymentSucceeded
-	}
-	return PaymentFailed
 }
 
 // postpone records that the outcome is unknown: FAILED_RETRYABLE with the

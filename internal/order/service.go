@@ -50,8 +50,25 @@ type Service struct {
 	Money   MoneyConfig
 	Observe Observer
 	Logger  *slog.Logger
+	// Lifetime bounds the work that outlives the request or sweep that
+	// started it (a payment's channel call and settlement): when it ends, at
+	// the shutdown deadline, that work stops and its intent is left to the
+	// lease and the sweeper. Nil means the work always runs to its end.
+	Lifetime context.Context
 	// Hooks inject failures at the points where a crash would hurt most.
 	Hooks Hooks
+}
+
+// detach returns a context for work that must not stop when ctx's caller
+// hangs up (the outcome is recorded so its retry gets the replay), but does
+// stop with the service's Lifetime.
+func (s *Service) detach(ctx context.Context) (context.Context, context.CancelFunc) {
+	work, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	if s.Lifetime == nil {
+		return work, cancel
+	}
+	stop := context.AfterFunc(s.Lifetime, cancel)
+	return work, func() { stop(); cancel() }
 }
 
 // Hooks are fault-injection points for tests; nil functions do nothing.
@@ -157,7 +174,7 @@ func (s *Service) finish(tx *gorm.DB, in idempotency.Intent, token int64, out ou
 // stored and replayed, rather than a transient failure.
 func isFinal(err error) bool {
 	switch problem.CodeOf(err) {
-	case problem.OrderNotFound, problem.InvalidTransition, problem.PaymentDeclined:
+	case problem.OrderNotFound, problem.InvalidTransition, problem.KeyReused:
 		return true
 	}
 	return false
@@ -257,13 +274,19 @@ func (s *Service) Deliver(ctx context.Context, c Caller, orderID string, _ Deliv
 	return s.transition(ctx, c, OpDeliver, EventDeliver, orderID, DeliverRequest{}, (*Order).Deliver)
 }
 
-// Get reads one of the tenant's orders.
+// Get reads one of the tenant's orders, with its items and payments, from
+// one snapshot.
 func (s *Service) Get(ctx context.Context, tenantID, orderID string) (*Order, error) {
 	id, err := parseID(orderID)
 	if err != nil {
 		return nil, err
 	}
-	return getOrder(s.DB.WithContext(ctx), tenantID, id)
+	var o *Order
+	err = database.Snapshot(ctx, s.DB, func(tx *gorm.DB) error {
+		o, err = getOrder(tx, tenantID, id)
+		return err
+	})
+	return o, err
 }
 
 // List pages through the tenant's orders, newest first.
@@ -271,22 +294,37 @@ func (s *Service) List(ctx context.Context, tenantID string, f ListFilter) (Page
 	if f.Status != "" && !slices.Contains(Statuses, f.Status) {
 		return Page{}, invalid("status", "must be one of the order statuses")
 	}
-	if f.Limit == 0 {
-		f.Limit = 20
+	if err := f.Page.check(); err != nil {
+		return Page{}, err
 	}
-	if f.Limit < 1 || f.Limit > 100 {
-		return Page{}, invalid("limit", "must be between 1 and 100")
-	}
-	return listOrders(s.DB.WithContext(ctx), tenantID, f)
+	var page Page
+	err := database.Snapshot(ctx, s.DB, func(tx *gorm.DB) error {
+		var err error
+		page, err = listOrders(tx, tenantID, f)
+		return err
+	})
+	return page, err
 }
 
-// History returns the order's transitions with the keys that caused them.
-func (s *Service) History(ctx context.Context, tenantID, orderID string) ([]HistoryEntry, error) {
-	o, err := s.Get(ctx, tenantID, orderID)
+// History pages through the order's transitions, oldest first, with the
+// keys that caused them, from one snapshot.
+func (s *Service) History(ctx context.Context, tenantID, orderID string, pg PageRequest) (HistoryPage, error) {
+	id, err := parseID(orderID)
 	if err != nil {
-		return nil, err
+		return HistoryPage{}, err
 	}
-	return history(s.DB.WithContext(ctx), o.ID)
+	if err := pg.check(); err != nil {
+		return HistoryPage{}, err
+	}
+	var page HistoryPage
+	err = database.Snapshot(ctx, s.DB, func(tx *gorm.DB) error {
+		if err := orderExists(tx, tenantID, id); err != nil {
+			return err
+		}
+		page, err = history(tx, id, pg)
+		return err
+	})
+	return page, err
 }
 
 // parseID reads an order id from a path. A malformed id names no order.

@@ -2,6 +2,7 @@ package order
 
 import (
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -83,12 +84,35 @@ func saveTransition(tx *gorm.DB, o *Order, from Status, ev Event, op, key string
 		FromStatus: from, ToStatus: o.Status, CreatedAt: now}).Error
 }
 
+// PageRequest is one page of a keyset-paginated list: at most Limit rows
+// (1–100, default 20) after the position Cursor names ("" for the start).
+type PageRequest struct {
+	Limit  int
+	Cursor string
+}
+
+// Bounds of a page, as api/openapi.yaml states them.
+const (
+	defaultPageLimit = 20
+	maxPageLimit     = 100
+)
+
+// check applies the default limit and refuses one out of bounds.
+func (p *PageRequest) check() error {
+	if p.Limit == 0 {
+		p.Limit = defaultPageLimit
+	}
+	if p.Limit < 1 || p.Limit > maxPageLimit {
+		return invalid("limit", "must be between 1 and %d", maxPageLimit)
+	}
+	return nil
+}
+
 // ListFilter selects and pages a tenant's orders, newest first.
 type ListFilter struct {
 	Status     Status
 	CustomerID string
-	Limit      int
-	Cursor     string
+	Page       PageRequest
 }
 
 // Page is one page of orders and the cursor of the next page ("" at the end).
@@ -108,21 +132,22 @@ func listOrders(db *gorm.DB, tenantID string, f ListFilter) (Page, error) {
 	if f.CustomerID != "" {
 		q = q.Where("customer_id = ?", f.CustomerID)
 	}
-	if f.Cursor != "" {
-		after, err := decodeCursor(f.Cursor)
+	if f.Page.Cursor != "" {
+		after, err := decodeCursor(f.Page.Cursor)
 		if err != nil {
 			return Page{}, err
 		}
 		q = q.Where("id < ?", after)
 	}
 	var orders []*Order
-	if err := q.Order("id DESC").Limit(f.Limit + 1).Find(&orders).Error; err != nil {
+	limit := f.Page.Limit
+	if err := q.Order("id DESC").Limit(limit + 1).Find(&orders).Error; err != nil {
 		return Page{}, err
 	}
 	page := Page{Orders: orders}
-	if len(orders) > f.Limit {
-		page.Orders = orders[:f.Limit]
-		page.NextCursor = encodeCursor(page.Orders[f.Limit-1].ID)
+	if len(orders) > limit {
+		page.Orders = orders[:limit]
+		page.NextCursor = encodeCursor(page.Orders[limit-1].ID[:])
 	}
 	if err := loadPageDetails(db, page.Orders); err != nil {
 		return Page{}, err
@@ -158,19 +183,59 @@ func loadPageDetails(db *gorm.DB, orders []*Order) error {
 	return nil
 }
 
-func encodeCursor(id uuid.UUID) string { return base64.RawURLEncoding.EncodeToString(id[:]) }
+// A cursor is the opaque, URL-safe form of the last row's key.
+func encodeCursor(key []byte) string { return base64.RawURLEncoding.EncodeToString(key) }
 
 func decodeCursor(s string) (uuid.UUID, error) {
 	b, err := base64.RawURLEncoding.DecodeString(s)
 	if err != nil || len(b) != 16 {
-		return uuid.UUID{}, problem.Errorf(problem.InvalidRequest, "cursor: is not a cursor this service returned").With("field", "cursor")
+		return uuid.UUID{}, badCursor()
 	}
 	return uuid.UUID(b), nil
 }
 
-// history returns the order's transitions, oldest first.
-func history(db *gorm.DB, orderID uuid.UUID) ([]HistoryEntry, error) {
-	var entries []HistoryEntry
-	err := db.Where("order_id = ?", orderID).Order("id").Find(&entries).Error
-	return entries, err
+func badCursor() error {
+	return problem.Errorf(problem.InvalidRequest, "cursor: is not a cursor this service returned").With("field", "cursor")
+}
+
+// orderExists reports order_not_found unless the tenant has the order.
+func orderExists(db *gorm.DB, tenantID string, id uuid.UUID) error {
+	var n int64
+	if err := db.Model(&Order{}).Where("tenant_id = ? AND id = ?", tenantID, id).Count(&n).Error; err != nil {
+		return err
+	}
+	if n == 0 {
+		return errNotFound(id.String())
+	}
+	return nil
+}
+
+// HistoryPage is one page of an order's history and the cursor of the next
+// page ("" at the end).
+type HistoryPage struct {
+	Events     []HistoryEntry `json:"events"`
+	NextCursor string         `json:"next_cursor,omitempty"`
+}
+
+// history pages through the order's transitions, oldest first, keyed on
+// the entry's id (assigned in commit order of one order's row lock).
+func history(db *gorm.DB, orderID uuid.UUID, pg PageRequest) (HistoryPage, error) {
+	q := db.Where("order_id = ?", orderID)
+	if pg.Cursor != "" {
+		b, err := base64.RawURLEncoding.DecodeString(pg.Cursor)
+		if err != nil || len(b) != 8 {
+			return HistoryPage{}, badCursor()
+		}
+		q = q.Where("id > ?", int64(binary.BigEndian.Uint64(b)))
+	}
+	entries := []HistoryEntry{}
+	if err := q.Order("id").Limit(pg.Limit + 1).Find(&entries).Error; err != nil {
+		return HistoryPage{}, err
+	}
+	page := HistoryPage{Events: entries}
+	if len(entries) > pg.Limit {
+		page.Events = entries[:pg.Limit]
+		page.NextCursor = encodeCursor(binary.BigEndian.AppendUint64(nil, uint64(page.Events[pg.Limit-1].ID)))
+	}
+	return page, nil
 }

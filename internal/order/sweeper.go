@@ -28,9 +28,15 @@ func (s *Service) Sweep(ctx context.Context, batch int) (int, error) {
 	}
 	// The intents taken over are finished even if ctx ends meanwhile (the
 	// process is stopping), rather than left PROCESSING until their lease
-	// runs out; a stopping sweeper only takes no new batch.
-	work := context.WithoutCancel(ctx)
+	// runs out; a stopping sweeper only takes no new batch. The shutdown
+	// deadline (Lifetime) still bounds them: what is left then is left to
+	// the lease and the next sweeper.
+	work, cancel := s.detach(ctx)
+	defer cancel()
 	for _, rec := range due {
+		if work.Err() != nil {
+			break
+		}
 		s.observe().Takeover(rec.Operation, "sweeper")
 		p, err := pendingPayment(s.DB.WithContext(work), rec.Scope())
 		if err != nil {

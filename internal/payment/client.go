@@ -21,9 +21,11 @@ var (
 	// connection): retry with the same key, or look the key up.
 	ErrUnavailable = errors.New("payment channel unavailable, outcome unknown")
 	// ErrRejected means the channel refused the request without acting on it
-	// (400, 422 idempotency key reused, 422 refund invalid, …).
+	// (400, 404 charge unknown, 422 idempotency key reused, 422 refund
+	// refused, …): a definitive outcome, as final as a decline.
 	ErrRejected = errors.New("payment channel rejected the request")
-	// ErrNotFound means the channel holds nothing under the key or charge id.
+	// ErrNotFound means a lookup found nothing under the key: the channel
+	// never acted on it.
 	ErrNotFound = errors.New("payment channel has no such charge or refund")
 )
 
@@ -41,6 +43,9 @@ type StatusError struct {
 	Detail string
 	// RetryAfter is the channel's Retry-After hint, zero when absent.
 	RetryAfter time.Duration
+	// Lookup is true for the answer to a GET by idempotency key, where 404
+	// means "nothing under this key" rather than a refusal.
+	Lookup bool
 }
 
 // Error describes the answer in one line.
@@ -55,10 +60,12 @@ func (e *StatusError) Error() string {
 	return msg
 }
 
-// Unwrap classifies the status so that callers can use errors.Is.
+// Unwrap classifies the answer, once, for every caller: errors.Is tells a
+// refusal (definitive: the channel did not and will not act on this key)
+// from an unknown outcome (retry with the same key, or look it up).
 func (e *StatusError) Unwrap() error {
 	switch {
-	case e.StatusCode == http.StatusNotFound:
+	case e.StatusCode == http.StatusNotFound && e.Lookup:
 		return ErrNotFound
 	case e.StatusCode == http.StatusRequestTimeout,
 		e.StatusCode == http.StatusConflict, // request_in_progress: the first attempt is still running
@@ -112,8 +119,8 @@ func (c *Client) LookupCharge(ctx context.Context, key string) (Charge, error) {
 }
 
 // Refund asks the channel to refund req under the idempotency key.
-// ErrNotFound means the charge is unknown; ErrRejected covers a refund of a
-// declined charge or of more than remains refundable.
+// ErrRejected covers a refund the channel refuses: of an unknown or declined
+// charge, of more than remains refundable, or one it will not make.
 func (c *Client) Refund(ctx context.Context, key string, req RefundRequest) (Result[Refund], error) {
 	httpReq, err := c.newPost(ctx, "/v1/refunds", key, req)
 	if err != nil {
@@ -174,7 +181,9 @@ func send[T any](c *Client, req *http.Request, definitive ...int) (Result[T], er
 		return Result[T]{}, fmt.Errorf("%w: reading %d response: %w", ErrUnavailable, resp.StatusCode, err)
 	}
 	if !slices.Contains(definitive, resp.StatusCode) {
-		return Result[T]{}, newStatusError(resp, body)
+		e := newStatusError(resp, body)
+		e.Lookup = req.Method == http.MethodGet
+		return Result[T]{}, e
 	}
 	var v T
 	if err := json.Unmarshal(body, &v); err != nil {

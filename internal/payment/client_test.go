@@ -175,7 +175,7 @@ func TestClientCharge(t *testing.T) {
 			http.StatusConflict:            payment.ErrUnavailable,
 			http.StatusBadRequest:          payment.ErrRejected,
 			http.StatusUnprocessableEntity: payment.ErrRejected,
-			http.StatusNotFound:            payment.ErrNotFound,
+			http.StatusNotFound:            payment.ErrRejected, // on a POST; a lookup's 404 is ErrNotFound
 		} {
 			ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 				w.Header().Set("Content-Type", "text/plain")
@@ -252,9 +252,9 @@ func TestClientRefund(t *testing.T) {
 		}
 	})
 
-	t.Run("answers ErrNotFound for an unknown charge or refund key", func(t *testing.T) {
-		if _, err := c.Refund(ctx, "r3", payment.RefundRequest{ChargeID: "ch_unknown", Amount: 1}); !errors.Is(err, payment.ErrNotFound) {
-			t.Errorf("refund err = %v, want ErrNotFound", err)
+	t.Run("refuses a refund of an unknown charge, and finds no refund under an unknown key", func(t *testing.T) {
+		if _, err := c.Refund(ctx, "r3", payment.RefundRequest{ChargeID: "ch_unknown", Amount: 1}); !errors.Is(err, payment.ErrRejected) {
+			t.Errorf("refund err = %v, want ErrRejected", err)
 		}
 		if _, err := c.LookupRefund(ctx, "unknown"); !errors.Is(err, payment.ErrNotFound) {
 			t.Errorf("lookup err = %v, want ErrNotFound", err)

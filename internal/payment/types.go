@@ -24,7 +24,12 @@ const (
 	MethodUnavailableOnce = "pm_unavailable_once"
 	// MethodSlow succeeds after a delay.
 	MethodSlow = "pm_slow"
+	// MethodRefundRefused charges, but every refund of the charge is refused (422 refund_refused).
+	MethodRefundRefused = "pm_refund_refused"
 )
+
+// Methods lists every test token the channel accepts as payment_method.
+var Methods = []string{MethodOK, MethodDeclined, MethodLostResponse, MethodUnavailableOnce, MethodSlow, MethodRefundRefused}
 
 // Charge is a charge as the channel reports it.
 type Charge struct {

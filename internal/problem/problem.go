@@ -21,6 +21,8 @@ const (
 	KeyInvalid           Code = "idempotency_key_invalid"
 	Unauthenticated      Code = "unauthenticated"
 	PaymentDeclined      Code = "payment_declined"
+	PaymentRefused       Code = "payment_refused"
+	RefundRefused        Code = "refund_refused"
 	OrderNotFound        Code = "order_not_found"
 	NotFound             Code = "not_found"
 	MethodNotAllowed     Code = "method_not_allowed"
@@ -39,6 +41,8 @@ var statusOf = map[Code]int{
 	KeyInvalid:           http.StatusBadRequest,
 	Unauthenticated:      http.StatusUnauthorized,
 	PaymentDeclined:      http.StatusPaymentRequired,
+	PaymentRefused:       http.StatusPaymentRequired,
+	RefundRefused:        http.StatusConflict,
 	OrderNotFound:        http.StatusNotFound,
 	NotFound:             http.StatusNotFound,
 	MethodNotAllowed:     http.StatusMethodNotAllowed,
@@ -57,6 +61,8 @@ var titleOf = map[Code]string{
 	KeyInvalid:           "Idempotency-Key is malformed",
 	Unauthenticated:      "Missing or unknown API key",
 	PaymentDeclined:      "The payment was declined",
+	PaymentRefused:       "The payment channel refused the charge",
+	RefundRefused:        "The payment channel refused the refund",
 	OrderNotFound:        "Order not found",
 	NotFound:             "Not found",
 	MethodNotAllowed:     "Method not allowed",
