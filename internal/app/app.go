@@ -95,7 +95,8 @@ type Main struct {
 	ChannelAddr string
 
 	servers []*http.Server
-	stop    context.CancelFunc
+	stop    context.CancelFunc // background loops take no new work
+	kill    context.CancelFunc // work in flight stops: the shutdown deadline passed
 	workers sync.WaitGroup
 }
 
@@ -137,10 +138,12 @@ func (m *Main) start(ctx context.Context) error {
 	}
 
 	policy := cfg.Policy()
-	m.Metrics = metrics.New(db, m.Logger)
+	m.Metrics = metrics.New(db, m.Logger, order.Operations, order.MoneyOperations)
 	records := &idempotency.Store{Lease: cfg.Lease, Policy: policy}
+	lifetime, kill := context.WithCancel(context.WithoutCancel(ctx))
+	m.kill = kill
 	m.Orders = &order.Service{
-		DB: db, Records: records, Logger: m.Logger, Observe: m.Metrics,
+		DB: db, Records: records, Logger: m.Logger, Observe: m.Metrics, Lifetime: lifetime,
 		Channel: payment.NewClient(channelURL, &http.Client{Transport: &http.Transport{
 			MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}}),
 		Money: order.MoneyConfig{ChannelTimeout: cfg.ChannelTimeout, RetryAfter: cfg.RetryAfter},
@@ -188,23 +191,51 @@ func (m *Main) serve(ln net.Listener, h http.Handler) {
 // URL is the base URL of the order API.
 func (m *Main) URL() string { return "http://" + strings.Replace(m.Addr, "[::]", "127.0.0.1", 1) }
 
-// Close stops accepting requests, lets in-flight ones finish (bounded by
-// SHUTDOWN_TIMEOUT), stops the background workers and closes the pool.
-// The order API stops first, the embedded channel last, so a payment in
-// flight can still reach it.
+// Close stops accepting requests, lets in-flight ones finish, stops the
+// background workers and closes the pool, all within SHUTDOWN_TIMEOUT. When
+// the deadline passes, work still in flight (a channel call, a settlement,
+// a sweep) is cancelled: its intent stays unfinished and a lease and the
+// sweeper of a running instance take it over. The order API stops first,
+// the embedded channel last, so a payment in flight can still reach it.
 func (m *Main) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), m.Config.ShutdownTimeout)
 	defer cancel()
+	if m.kill != nil {
+		stop := context.AfterFunc(ctx, m.kill)
+		defer stop()
+	}
 	var errs []error
 	for i := len(m.servers) - 1; i >= 0; i-- {
-		errs = append(errs, m.servers[i].Shutdown(ctx))
+		if err := m.servers[i].Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("shutdown within SHUTDOWN_TIMEOUT %s: %w", m.Config.ShutdownTimeout, err))
+			_ = m.servers[i].Close()
+		}
 		if i == len(m.servers)-1 && m.stop != nil { // the API is drained: stop the sweeper next
 			m.stop()
-			m.workers.Wait()
+			m.waitWorkers(ctx)
 		}
+	}
+	if m.kill != nil {
+		m.kill()
 	}
 	if m.DB != nil {
 		errs = append(errs, database.Close(m.DB))
 	}
 	return errors.Join(errs...)
+}
+
+// waitWorkers waits for the background workers to return, or for ctx's
+// deadline plus a moment for cancelled work to notice it.
+func (m *Main) waitWorkers(ctx context.Context) {
+	done := make(chan struct{})
+	go func() { m.workers.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		select {
+		case <-done:
+		case <-time.After(250 * time.Millisecond):
+			m.Logger.Warn("background work did not stop by the shutdown deadline; its intents are left to leases and the sweeper")
+		}
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/orderservice/orderservice/internal/app"
 	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/database"
+	"github.com/orderservice/orderservice/internal/payment/channel"
 	"github.com/orderservice/orderservice/internal/testdb"
 )
 
@@ -35,6 +37,11 @@ func TestBadConfigurationStopsTheStart(t *testing.T) {
 		"a payment channel URL that is not one": {"PAYMENT_CHANNEL_URL": "ftp://x"},
 		"two tenants sharing a key":             {"API_KEYS": "a=same-key-1,b=same-key-1"},
 		"a database URL of another kind":        {"DATABASE_URL": "mysql://x"},
+		// Issue 11.2: windows of 60s and a margin of -58s made a 2s retention.
+		"a negative retention margin": {"REPLAY_WINDOW_CLIENT_RETRY": "60s", "REPLAY_WINDOW_MESSAGE_REDELIVERY": "60s",
+			"REPLAY_WINDOW_MANUAL_COMPENSATION": "60s", "RETENTION_MARGIN": "-58s"},
+		"a negative replay window":                        {"REPLAY_WINDOW_CLIENT_RETRY": "-1h"},
+		"a lock timeout as long as the statement timeout": {"DB_LOCK_TIMEOUT": "5s", "DB_STATEMENT_TIMEOUT": "5s"},
 	} {
 		t.Run(name+" is refused in one line", func(t *testing.T) {
 			var out bytes.Buffer
@@ -239,4 +246,67 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// Issue 11.5: with SHUTDOWN_TIMEOUT=1s a shutdown took 14s, because the
+// sweeper finished its whole batch of slow channel calls first.
+func TestShutdownIsBoundedBySHUTDOWN_TIMEOUTWithTheSweeperMidBatch(t *testing.T) {
+	const shutdownTimeout = time.Second
+	env := map[string]string{"API_KEYS": "bounded=bounded-key-1", "SHUTDOWN_TIMEOUT": shutdownTimeout.String(),
+		"PAYMENT_CHANNEL_TIMEOUT": "1s", "IDEMPOTENCY_LEASE": "3s", "PAYMENT_RETRY_AFTER": "1s", "SWEEP_INTERVAL": "100ms"}
+	m := apptest.Start(t, dbURL, env)
+	// Every channel call runs into the 1s channel timeout before anything is
+	// charged, so each intent stays retryable and the sweeper keeps a batch
+	// of one-second calls going.
+	if err := m.Channel.SetFaults(channel.Faults{LatencyMS: 5000}); err != nil {
+		t.Fatal(err)
+	}
+	c := apptest.NewClient(m, "bounded-key-1")
+	var wg sync.WaitGroup
+	for i := range 8 {
+		r := c.Do(t, http.MethodPost, "/v1/orders", fmt.Sprintf("bounded-create-%d", i),
+			`{"customer_id":"c","currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":100}]}`)
+		id := r.JSON(t)["id"].(string)
+		wg.Go(func() {
+			_, _ = c.Send(http.MethodPost, "/v1/orders/"+id+"/pay", fmt.Sprintf("bounded-pay-%d", i), `{"payment_method":"pm_ok"}`, nil)
+		})
+	}
+	wg.Wait()
+	sweeping := func() int64 {
+		var n int64
+		m.DB.Raw("SELECT count(*) FROM idempotency_records WHERE tenant_id = 'bounded' AND state = 'PROCESSING' AND attempts >= 2").Scan(&n)
+		return n
+	}
+	for deadline := time.Now().Add(10 * time.Second); sweeping() < 2 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := sweeping(); n < 2 {
+		t.Fatalf("the sweeper took over %d intents, want a batch in flight", n)
+	}
+
+	began := time.Now()
+	_ = m.Close() // it may report that the deadline cut work short
+	took := time.Since(began)
+	t.Logf("shutdown took %s with SHUTDOWN_TIMEOUT %s and a sweep batch of 8 one-second calls", took, shutdownTimeout)
+	// Unbounded, the batch alone takes 8 × 1s; bounded, the deadline plus
+	// the moment cancelled work needs to return.
+	if took > shutdownTimeout+time.Second {
+		t.Errorf("shutdown took %s, more than SHUTDOWN_TIMEOUT %s (+1s grace)", took, shutdownTimeout)
+	}
+	// Bounded means stopped, not abandoned: no sweep is still running
+	// against the pool that Close has closed.
+	buf := make([]byte, 1<<20)
+	if stacks := string(buf[:runtime.Stack(buf, true)]); strings.Contains(stacks, "order.(*Service).Sweep") {
+		t.Errorf("a sweep is still running after Close returned")
+	}
+	// What the deadline cut short is still there to be taken over.
+	check := apptest.Start(t, dbURL, map[string]string{"API_KEYS": "bounded=bounded-key-1"})
+	var finished int64
+	check.DB.Raw("SELECT count(*) FROM idempotency_records WHERE tenant_id = 'bounded' AND operation = 'order.pay' AND state IN ('SUCCEEDED','FAILED_FINAL')").Scan(&finished)
+	var all int64
+	check.DB.Raw("SELECT count(*) FROM idempotency_records WHERE tenant_id = 'bounded' AND operation = 'order.pay'").Scan(&all)
+	if all != 8 || finished != 0 {
+		t.Errorf("pay records = %d (%d finished), want 8 unfinished, left to leases and the sweeper", all, finished)
+	}
+	check.DB.Exec("DELETE FROM idempotency_records WHERE tenant_id = 'bounded'")
 }

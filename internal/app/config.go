@@ -102,6 +102,11 @@ func (c Config) validate() error {
 	if c.CleanupPause < 0 {
 		return fmt.Errorf("CLEANUP_PAUSE must not be negative")
 	}
+	// A duplicate waiting on the first request's lock must give up (409)
+	// before its statement is cancelled (which would read as an outage, 503).
+	if c.DBLockTimeout >= c.DBStatementTimeout {
+		return fmt.Errorf("DB_LOCK_TIMEOUT (%s) must be shorter than DB_STATEMENT_TIMEOUT (%s)", c.DBLockTimeout, c.DBStatementTimeout)
+	}
 	// An owner must be able to finish a channel call within its lease, or
 	// a takeover would race a call that is still running.
 	if c.Lease < c.ChannelTimeout+time.Second {

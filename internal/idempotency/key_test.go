@@ -113,6 +113,15 @@ func TestPolicy(t *testing.T) {
 			t.Errorf("err = %v", err)
 		}
 	})
+	t.Run("a negative margin is refused, whatever else is set", func(t *testing.T) {
+		for _, retention := range []time.Duration{0, 40 * 24 * time.Hour} {
+			q := p
+			q.Retention, q.Margin = retention, -58*time.Second
+			if err := q.Check(); err == nil || !strings.Contains(err.Error(), "margin") {
+				t.Errorf("retention %s, margin -58s: err = %v", retention, err)
+			}
+		}
+	})
 	t.Run("a retention covering every window is accepted", func(t *testing.T) {
 		p.Retention = 40 * 24 * time.Hour
 		if err := p.Check(); err != nil || p.RetentionFor("order.create") != 40*24*time.Hour {

@@ -55,9 +55,22 @@ func (p Policy) RetentionFor(operation string) time.Duration {
 	return r
 }
 
-// Check refuses a configured retention that some replay window outlives,
-// naming the longest such window: it is the one that makes it unsafe.
+// Check refuses any combination of settings under which a record could
+// expire while a replay source may still send its intent again: a negative
+// window or margin, or a configured retention shorter than the longest
+// window plus the margin. The error names the window that makes it unsafe.
 func (p Policy) Check() error {
+	for _, w := range p.Windows {
+		if w.Duration < 0 {
+			return fmt.Errorf("the %s window (%s) must not be negative", w.Name, w.Duration)
+		}
+	}
+	if p.Margin < 0 {
+		return fmt.Errorf("retention margin %s is unsafe: it must not be negative, or records would expire inside the %s window", p.Margin, p.Longest().Name)
+	}
+	if p.MoneyFloor < 0 {
+		return fmt.Errorf("money retention floor %s must not be negative", p.MoneyFloor)
+	}
 	if p.Retention == 0 {
 		return nil
 	}

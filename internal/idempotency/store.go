@@ -82,32 +82,65 @@ func (s *Store) ClaimOrReplay(tx *gorm.DB, in Intent) (Claim, error) {
 		return Claim{Record: rec}, nil
 	}
 
+	// The scope is taken: read it and decide.
+	cur, err := s.current(tx, in.Scope)
+	if err != nil {
+		return Claim{}, err
+	}
+	return s.resolve(tx, in, cur)
+}
+
+// resolve decides what a request gets for a scope that is taken, from what
+// was read of it. A lost takeover race means someone else moved the record
+// since, so it is read again: the winner may already have finished, and then
+// its outcome is the answer, not a 409.
+func (s *Store) resolve(tx *gorm.DB, in Intent, cur observed) (Claim, error) {
+	for race := 1; ; race++ {
+		switch {
+		case cur.TenantID == "": // removed by the cleanup since the insert saw it: come back and claim it
+			return Claim{}, inProgress(1)
+		case cur.Fingerprint != in.Fingerprint:
+			return Claim{}, problem.Errorf(problem.KeyReused,
+				"This Idempotency-Key was already used for a different %s request; use a new key for a new intent.", in.Operation)
+		case cur.State.Definitive():
+			resp := cur.Response()
+			resp.Replayed = true
+			return Claim{Record: cur.Record, Replay: &resp}, nil
+		case cur.State == Processing && cur.LeaseSecondsLeft > 0:
+			return Claim{}, inProgress(cur.LeaseSecondsLeft)
+		}
+		claim, won, err := s.takeOver(tx, cur.Record)
+		if err != nil || won {
+			return claim, err
+		}
+		if race == maxTakeoverRaces {
+			return Claim{}, inProgress(1)
+		}
+		if cur, err = s.current(tx, in.Scope); err != nil {
+			return Claim{}, err
+		}
+	}
+}
+
+// maxTakeoverRaces bounds how often one claim re-reads a record that other
+// owners keep taking over under its feet.
+const maxTakeoverRaces = 3
+
+// current reads the record of scope with the database clock's view of its lease.
+func (s *Store) current(tx *gorm.DB, scope Scope) (observed, error) {
 	var cur observed
 	err := tx.Raw(`
 		SELECT *, COALESCE(EXTRACT(EPOCH FROM lease_expires_at - now()), 0)::float8 AS lease_seconds_left
 		FROM idempotency_records
 		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?`,
-		in.TenantID, in.Operation, in.Key).Scan(&cur).Error
-	if err != nil {
-		return Claim{}, err
-	}
-	switch {
-	case cur.Fingerprint != in.Fingerprint:
-		return Claim{}, problem.Errorf(problem.KeyReused,
-			"This Idempotency-Key was already used for a different %s request; use a new key for a new intent.", in.Operation)
-	case cur.State.Definitive():
-		resp := cur.Response()
-		resp.Replayed = true
-		return Claim{Record: cur.Record, Replay: &resp}, nil
-	case cur.State == Processing && cur.LeaseSecondsLeft > 0:
-		return Claim{}, inProgress(cur.LeaseSecondsLeft)
-	}
-	return s.takeOver(tx, cur.Record)
+		scope.TenantID, scope.Operation, scope.Key).Scan(&cur).Error
+	return cur, s.waitError(err)
 }
 
 // takeOver moves an unfinished intent to a new owner. The token in the WHERE
-// clause makes it a compare-and-swap: of two racing retries, one wins.
-func (s *Store) takeOver(tx *gorm.DB, rec Record) (Claim, error) {
+// clause makes it a compare-and-swap: of two racing retries, one wins, and
+// the loser (won false) reads the record again.
+func (s *Store) takeOver(tx *gorm.DB, rec Record) (claim Claim, won bool, err error) {
 	var next Record
 	res := tx.Raw(`
 		UPDATE idempotency_records
@@ -119,12 +152,12 @@ func (s *Store) takeOver(tx *gorm.DB, rec Record) (Claim, error) {
 		RETURNING *`,
 		s.Lease.Seconds(), rec.TenantID, rec.Operation, rec.IdempotencyKey, rec.LeaseToken).Scan(&next)
 	if res.Error != nil {
-		return Claim{}, s.waitError(res.Error)
+		return Claim{}, false, s.waitError(res.Error)
 	}
 	if res.RowsAffected == 0 {
-		return Claim{}, inProgress(s.Lease.Seconds())
+		return Claim{}, false, nil
 	}
-	return Claim{Record: next, Resumed: true, ResumedFrom: rec.State}, nil
+	return Claim{Record: next, Resumed: true, ResumedFrom: rec.State}, true, nil
 }
 
 // Complete stores the definitive outcome (Succeeded or FailedFinal) of the

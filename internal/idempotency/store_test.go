@@ -162,3 +162,33 @@ func fp(s string) string {
 	f, _ := idempotency.Fingerprint("op", "", s)
 	return f
 }
+
+// Issue 11.4: a retry that lost the takeover compare-and-swap to an owner
+// that has just finished used to be told 409; it now gets that outcome.
+func TestARetryLosingTheTakeoverToAFinishedOwnerReplaysItsOutcome(t *testing.T) {
+	s := newStore()
+	in := idempotency.Intent{Scope: idempotency.Scope{TenantID: "t1", Operation: "op.race", Key: "k-race"}, Fingerprint: fp("race")}
+	resp := idempotency.Response{Status: http.StatusOK, ContentType: "application/json", Body: []byte(`{"paid":true}`)}
+	var first idempotency.Claim
+	tx(t, func(tx *gorm.DB) error { var err error; first, err = s.ClaimOrReplay(tx, in); return err })
+	tx(t, func(tx *gorm.DB) error { return s.Fail(tx, in.Scope, first.Token(), 0) })
+
+	// The loser has read the record (FAILED_RETRYABLE, token 1) and is about
+	// to take it over when the winner takes it, finishes and commits.
+	stale, err := s.ReadForTest(db, in.Scope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx(t, func(tx *gorm.DB) error {
+		won, err := s.ClaimOrReplay(tx, in)
+		if err != nil || !won.Resumed || won.Token() != 2 {
+			t.Fatalf("winner's takeover = %+v, %v", won, err)
+		}
+		return s.Complete(tx, in.Scope, won.Token(), idempotency.Succeeded, resp, "res")
+	})
+	var lost idempotency.Claim
+	tx(t, func(tx *gorm.DB) error { var err error; lost, err = s.ResolveForTest(tx, in, stale); return err })
+	if lost.Replay == nil || string(lost.Replay.Body) != `{"paid":true}` || !lost.Replay.Replayed {
+		t.Fatalf("the loser's claim = %+v, want the winner's outcome replayed", lost)
+	}
+}

@@ -32,9 +32,15 @@ type Metrics struct {
 	cleaned    *prometheus.CounterVec
 }
 
+// Outcomes are what the idempotency layer can do with a request, the values
+// of the outcome label.
+var Outcomes = []string{"executed", "replayed", "key_reused", "in_progress", "validation_rejected", "unauthenticated", "unavailable", "failed"}
+
 // New registers every metric. db feeds the gauges read at scrape time
-// (records by state, stuck PROCESSING, table size).
-func New(db *gorm.DB, logger *slog.Logger) *Metrics {
+// (records by state, stuck PROCESSING, table size). Every labelled series
+// of operations and moneyOperations starts at zero, so a dashboard or an
+// alert sees it before its first event.
+func New(db *gorm.DB, logger *slog.Logger, operations, moneyOperations []string) *Metrics {
 	m := &Metrics{
 		registry: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -71,7 +77,32 @@ func New(db *gorm.DB, logger *slog.Logger) *Metrics {
 	m.registry.MustRegister(m.requests, m.conflicts, m.takeovers, m.channel, m.duplicates, m.http, m.cleaned,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&recordCollector{db: db, logger: logger})
+	m.zero(operations, moneyOperations)
 	return m
+}
+
+// zero creates every series whose label values are known in advance.
+func (m *Metrics) zero(operations, moneyOperations []string) {
+	for _, op := range operations {
+		for _, o := range Outcomes {
+			m.requests.WithLabelValues(op, o)
+		}
+		m.conflicts.WithLabelValues(op)
+	}
+	for _, op := range moneyOperations {
+		for _, by := range []string{"retry", "sweeper"} {
+			m.takeovers.WithLabelValues(op, by)
+		}
+	}
+	for _, kind := range []string{"charge", "refund"} {
+		for _, o := range []string{"ok", "unavailable", "rejected"} {
+			m.channel.WithLabelValues(kind, o)
+		}
+		m.duplicates.WithLabelValues(kind)
+	}
+	for _, action := range []string{"deleted", "archived"} {
+		m.cleaned.WithLabelValues(action)
+	}
 }
 
 // Handler serves the metrics in the Prometheus text format.
@@ -144,6 +175,8 @@ var (
 		"Idempotency records by state.", []string{"state"}, nil)
 	stuckDesc = prometheus.NewDesc("orderservice_idempotency_processing_expired",
 		"PROCESSING records whose lease has expired: work a dead owner left, waiting for a takeover.", nil, nil)
+	retryingDesc = prometheus.NewDesc("orderservice_idempotency_unfinished_retried",
+		"Unfinished records (PROCESSING or FAILED_RETRYABLE) attempted 5 times or more: intents that keep failing and need a look.", nil, nil)
 	sizeDesc = prometheus.NewDesc("orderservice_idempotency_table_bytes",
 		"Total size of the idempotency_records table with its indexes.", nil, nil)
 	archiveDesc = prometheus.NewDesc("orderservice_idempotency_archive_records",
@@ -153,6 +186,7 @@ var (
 func (c *recordCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- recordsDesc
 	ch <- stuckDesc
+	ch <- retryingDesc
 	ch <- sizeDesc
 	ch <- archiveDesc
 }
@@ -165,10 +199,11 @@ func (c *recordCollector) Collect(ch chan<- prometheus.Metric) {
 		State string
 		N     int64
 	}
-	var stuck, size, archived int64
+	var stuck, retrying, size, archived int64
 	err := errors.Join(
 		db.Raw("SELECT state, count(*) AS n FROM idempotency_records GROUP BY state").Scan(&byState).Error,
 		db.Raw("SELECT count(*) FROM idempotency_records WHERE state = 'PROCESSING' AND lease_expires_at < now()").Scan(&stuck).Error,
+		db.Raw("SELECT count(*) FROM idempotency_records WHERE state IN ('PROCESSING', 'FAILED_RETRYABLE') AND attempts >= 5").Scan(&retrying).Error,
 		db.Raw("SELECT pg_total_relation_size('idempotency_records')").Scan(&size).Error,
 		db.Raw("SELECT count(*) FROM idempotency_archive").Scan(&archived).Error,
 	)
@@ -184,6 +219,7 @@ func (c *recordCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(recordsDesc, prometheus.GaugeValue, float64(n), state)
 	}
 	ch <- prometheus.MustNewConstMetric(stuckDesc, prometheus.GaugeValue, float64(stuck))
+	ch <- prometheus.MustNewConstMetric(retryingDesc, prometheus.GaugeValue, float64(retrying))
 	ch <- prometheus.MustNewConstMetric(sizeDesc, prometheus.GaugeValue, float64(size))
 	ch <- prometheus.MustNewConstMetric(archiveDesc, prometheus.GaugeValue, float64(archived))
 }
