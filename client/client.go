@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,6 +26,7 @@ type Client struct {
 	httpClient     *http.Client
 	retry          RetryPolicy
 	attemptTimeout time.Duration
+	wait           time.Duration // Prefer: wait on unsafe calls; 0 sends none
 
 	// sleep and jitter are the backoff's clock and dice, replaced in tests.
 	sleep  func(ctx context.Context, d time.Duration) error
@@ -41,6 +43,19 @@ func WithRetry(p RetryPolicy) Option { return func(c *Client) { c.retry = p.with
 // attempt that times out is retried under the same key while the call's
 // context allows; zero, the default, leaves attempts bounded by the context.
 func WithAttemptTimeout(d time.Duration) Option { return func(c *Client) { c.attemptTimeout = d } }
+
+// DefaultWait is how long, by default, an unsafe call asks the server to
+// wait for a first attempt still in flight (Prefer: wait=10) before it
+// answers 409 request_in_progress.
+const DefaultWait = 10 * time.Second
+
+// WithWait sets how long the server may hold an unsafe call whose first
+// attempt is still in flight, so the call receives that attempt's outcome
+// as soon as it is stored instead of a 409 and a retry later. It is sent as
+// `Prefer: wait=N` in whole seconds; the server caps it (MAX_WAIT). Zero
+// sends no preference. When the wait runs out, the 409's Retry-After is
+// still honoured. An attempt timeout shorter than the wait cuts it short.
+func WithWait(d time.Duration) Option { return func(c *Client) { c.wait = max(d, 0) } }
 
 // WithHTTPClient sets the HTTP client the attempts go through. Its Timeout,
 // if any, bounds each attempt.
@@ -62,6 +77,7 @@ func New(baseURL, apiKey string, opts ...Option) *Client {
 		apiKey:     apiKey,
 		httpClient: &http.Client{Transport: transport},
 		retry:      RetryPolicy{}.withDefaults(),
+		wait:       DefaultWait,
 		sleep:      sleepCtx,
 		jitter:     fullJitter,
 	}
@@ -232,6 +248,9 @@ func (c *Client) attempt(ctx context.Context, method, path string, payload []byt
 	}
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
+		if secs := int(c.wait / time.Second); secs > 0 {
+			req.Header.Set("Prefer", "wait="+strconv.Itoa(secs))
+		}
 	}
 	resp, err := c.httpClient.Do(req)
 	if err != nil {

@@ -271,12 +271,48 @@ func (r *statusRecorder) seen() []int {
 	return append([]int(nil), r.statuses...)
 }
 
-func TestInProgressIsWaitedOutAndEndsInTheReplay(t *testing.T) {
+func TestByDefaultADuplicateWaitsForTheFirstOutcomeInOneAttempt(t *testing.T) {
 	m := apptest.Start(t, dbURL, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	rec := &statusRecorder{}
 	c := client.New(m.URL(), apptest.KeyAcme, client.WithHTTPClient(&http.Client{Transport: rec}))
+	created, err := c.CreateOrder(ctx, purchase(newCustomer(t)))
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	orderID, key := created.Value.ID, client.NewKey()
+	first := make(chan apptest.Response, 1)
+	go func() {
+		resp, err := apptest.NewClient(m, apptest.KeyAcme).Send(http.MethodPost, "/v1/orders/"+orderID+"/pay", key, `{"payment_method":"pm_slow"}`, nil)
+		if err != nil {
+			t.Errorf("first pay: %v", err)
+		}
+		first <- resp
+	}()
+	waitForState(t, ctx, c, key, "PROCESSING")
+	res, err := c.Pay(ctx, orderID, client.PayRequest{PaymentMethod: "pm_slow"}, client.WithKey(key))
+	if err != nil {
+		t.Fatalf("pay: %v", err)
+	}
+	if got := rec.seen()[1:]; len(got) != 1 || got[0] != http.StatusOK || res.Attempts != 1 || !res.Replayed {
+		t.Errorf("statuses %v, %d attempts, replayed %v: want one attempt answered with the first's 200 replayed", got, res.Attempts, res.Replayed)
+	}
+	if r := <-first; r.Status != http.StatusOK {
+		t.Errorf("first pay answered %d: %s", r.Status, r.Body)
+	}
+	if s := m.Channel.Stats(); s.Charges != 1 {
+		t.Errorf("channel made %d charges, want 1", s.Charges)
+	}
+}
+
+func TestInProgressIsWaitedOutAndEndsInTheReplay(t *testing.T) {
+	m := apptest.Start(t, dbURL, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rec := &statusRecorder{}
+	// Without Prefer: wait, the 409 and its Retry-After are the protocol.
+	c := client.New(m.URL(), apptest.KeyAcme, client.WithHTTPClient(&http.Client{Transport: rec}), client.WithWait(0))
 	created, err := c.CreateOrder(ctx, purchase(newCustomer(t)))
 	if err != nil {
 		t.Fatalf("create: %v", err)

@@ -94,10 +94,11 @@ type Main struct {
 	Channel     *channel.Server
 	ChannelAddr string
 
-	servers []*http.Server
-	stop    context.CancelFunc // background loops take no new work
-	kill    context.CancelFunc // work in flight stops: the shutdown deadline passed
-	workers sync.WaitGroup
+	servers  []*http.Server
+	stopping context.CancelFunc // waiting duplicates stop waiting: the shutdown began
+	stop     context.CancelFunc // background loops take no new work
+	kill     context.CancelFunc // work in flight stops: the shutdown deadline passed
+	workers  sync.WaitGroup
 }
 
 // Start opens the database (creating it if missing), applies migrations,
@@ -139,7 +140,10 @@ func (m *Main) start(ctx context.Context) error {
 
 	policy := cfg.Policy()
 	m.Metrics = metrics.New(db, m.Logger, order.Operations, order.MoneyOperations)
-	records := &idempotency.Store{Lease: cfg.Lease, Policy: policy}
+	records := &idempotency.Store{Lease: cfg.Lease, PhaseTimeout: cfg.ChannelTimeout, Policy: policy}
+	waiter := &idempotency.Waiter{URL: cfg.DatabaseURL, Poll: time.Second, Logger: m.Logger}
+	stopping, stopWaiting := context.WithCancel(context.WithoutCancel(ctx))
+	m.stopping = stopWaiting
 	lifetime, kill := context.WithCancel(context.WithoutCancel(ctx))
 	m.kill = kill
 	m.Orders = &order.Service{
@@ -149,7 +153,8 @@ func (m *Main) start(ctx context.Context) error {
 		Money: order.MoneyConfig{ChannelTimeout: cfg.ChannelTimeout, RetryAfter: cfg.RetryAfter},
 	}
 	api := &httpapi.Server{Orders: m.Orders, Records: records, DB: db, Logger: m.Logger,
-		Tenants: httpapi.NewTenants(cfg.APIKeys), Policy: policy, Metrics: m.Metrics}
+		Tenants: httpapi.NewTenants(cfg.APIKeys), Policy: policy, Metrics: m.Metrics,
+		Waiter: waiter, MaxWait: cfg.MaxWait, Stopping: stopping}
 
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
@@ -162,7 +167,11 @@ func (m *Main) start(ctx context.Context) error {
 	m.stop = stop
 	cleaner := &idempotency.Cleaner{DB: db, Store: records, Batch: cfg.CleanupBatch, Pause: cfg.CleanupPause,
 		Logger: m.Logger, Observe: func(r idempotency.CleanupResult) { m.Metrics.Cleaned(r.Deleted, r.Archived) }}
-	m.workers.Add(2)
+	m.workers.Add(3)
+	go func() {
+		defer m.workers.Done()
+		waiter.Run(workCtx)
+	}()
 	go func() {
 		defer m.workers.Done()
 		m.Orders.RunSweeper(workCtx, cfg.SweepInterval, cfg.SweepBatch)
@@ -203,6 +212,9 @@ func (m *Main) Close() error {
 	if m.kill != nil {
 		stop := context.AfterFunc(ctx, m.kill)
 		defer stop()
+	}
+	if m.stopping != nil {
+		m.stopping()
 	}
 	var errs []error
 	for i := len(m.servers) - 1; i >= 0; i-- {

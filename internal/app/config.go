@@ -51,6 +51,10 @@ type Config struct {
 	CleanupPause    time.Duration `env:"CLEANUP_PAUSE" envDefault:"50ms"`
 
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"8s"`
+
+	// MaxWait caps how long a duplicate may wait for its first attempt's
+	// outcome (Prefer: wait=N).
+	MaxWait time.Duration `env:"MAX_WAIT" envDefault:"10s"`
 }
 
 // LoadConfig parses and validates the configuration in environ.
@@ -98,6 +102,9 @@ func (c Config) validate() error {
 	}
 	if c.DBMaxConns < 1 || c.SweepBatch < 1 || c.CleanupBatch < 1 {
 		return fmt.Errorf("DB_MAX_CONNS, SWEEP_BATCH and CLEANUP_BATCH must be at least 1")
+	}
+	if c.MaxWait < 0 || c.MaxWait >= c.ShutdownTimeout+time.Minute {
+		return fmt.Errorf("MAX_WAIT must be between 0 and a minute beyond SHUTDOWN_TIMEOUT, not %s", c.MaxWait)
 	}
 	if c.CleanupPause < 0 {
 		return fmt.Errorf("CLEANUP_PAUSE must not be negative")

@@ -34,7 +34,11 @@ func idempotentOn[Req any](s *Server, op string, run func(context.Context, order
 		if err := decode(c, &req); err != nil {
 			return err
 		}
-		resp, err := run(c.Request().Context(), order.Caller{TenantID: tenant(c), Key: key}, c.Param("id"), req)
+		caller := order.Caller{TenantID: tenant(c), Key: key}
+		scope := idempotency.Scope{TenantID: caller.TenantID, Operation: op, Key: key}
+		resp, err := s.awaitFirst(c, scope, func() (idempotency.Response, error) {
+			return run(c.Request().Context(), caller, c.Param("id"), req)
+		})
 		if err != nil {
 			return err
 		}

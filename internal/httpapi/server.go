@@ -33,6 +33,13 @@ type Server struct {
 	// Policy is the retention policy in force, shown read-only.
 	Policy  idempotency.Policy
 	Metrics *metrics.Metrics
+	// Waiter lets a duplicate wait for its intent's first outcome (Prefer:
+	// wait), up to MaxWait; nil answers 409 at once.
+	Waiter  *idempotency.Waiter
+	MaxWait time.Duration
+	// Stopping ends when the service begins to shut down: waiting
+	// duplicates then get their 409 at once.
+	Stopping context.Context
 }
 
 // NewTenants builds the API-key table from tenant -> key pairs. Keys are

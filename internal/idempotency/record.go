@@ -75,10 +75,13 @@ type Record struct {
 	LeaseToken          int64
 	LeaseExpiresAt      *time.Time
 	Attempts            int
-	CreatedAt           time.Time
-	UpdatedAt           time.Time
-	CompletedAt         *time.Time
-	ExpiresAt           *time.Time
+	// Waiting is set by a duplicate that waits for the outcome (Prefer:
+	// wait): moving the record on then notifies it.
+	Waiting     bool
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	CompletedAt *time.Time
+	ExpiresAt   *time.Time
 }
 
 // TableName tells GORM the table the migration created.

@@ -20,8 +20,13 @@ var ErrFenced = errors.New("idempotency: lease superseded by a newer owner")
 type Store struct {
 	// Lease is how long an owner may work on an intent before a retry or
 	// the sweeper may take it over.
-	Lease  time.Duration
-	Policy Policy
+	Lease time.Duration
+	// PhaseTimeout bounds the in-flight phase of an intent that stays
+	// PROCESSING between transactions (a payment's channel call): its
+	// outcome is expected by then, which is what Retry-After tells a
+	// duplicate. Zero means only the lease is known.
+	PhaseTimeout time.Duration
+	Policy       Policy
 }
 
 // Claim is the answer of ClaimOrReplay: either a stored outcome to replay,
@@ -43,10 +48,12 @@ type Claim struct {
 // Token is the fencing token the caller must present to complete the intent.
 func (c Claim) Token() int64 { return c.Record.LeaseToken }
 
-// observed is a record with the database clock's view of its lease.
+// observed is a record with the database clock's view of its lease and of
+// the time since its current owner took it (its in-flight phase began).
 type observed struct {
 	Record
 	LeaseSecondsLeft float64
+	OwnedForSeconds  float64
 }
 
 // ClaimOrReplay is the first step of every idempotent operation. It inserts
@@ -107,7 +114,7 @@ func (s *Store) resolve(tx *gorm.DB, in Intent, cur observed) (Claim, error) {
 			resp.Replayed = true
 			return Claim{Record: cur.Record, Replay: &resp}, nil
 		case cur.State == Processing && cur.LeaseSecondsLeft > 0:
-			return Claim{}, inProgress(cur.LeaseSecondsLeft)
+			return Claim{}, inProgress(s.expectedIn(cur))
 		}
 		claim, won, err := s.takeOver(tx, cur.Record)
 		if err != nil || won {
@@ -130,11 +137,26 @@ const maxTakeoverRaces = 3
 func (s *Store) current(tx *gorm.DB, scope Scope) (observed, error) {
 	var cur observed
 	err := tx.Raw(`
-		SELECT *, COALESCE(EXTRACT(EPOCH FROM lease_expires_at - now()), 0)::float8 AS lease_seconds_left
+		SELECT *, COALESCE(EXTRACT(EPOCH FROM lease_expires_at - now()), 0)::float8 AS lease_seconds_left,
+		       EXTRACT(EPOCH FROM now() - updated_at)::float8 AS owned_for_seconds
 		FROM idempotency_records
 		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?`,
 		scope.TenantID, scope.Operation, scope.Key).Scan(&cur).Error
 	return cur, s.waitError(err)
+}
+
+// expectedIn is how many seconds from now the outcome of an intent in
+// flight is likely to be stored: when its phase's own deadline passes (plus
+// a second to record it), never later than its lease. An owner past its
+// phase deadline has probably died, and then only the lease's end (and a
+// takeover) brings the outcome.
+func (s *Store) expectedIn(cur observed) float64 {
+	if s.PhaseTimeout > 0 {
+		if left := s.PhaseTimeout.Seconds() - cur.OwnedForSeconds; left > 0 {
+			return min(cur.LeaseSecondsLeft, left+1)
+		}
+	}
+	return cur.LeaseSecondsLeft
 }
 
 // takeOver moves an unfinished intent to a new owner. The token in the WHERE
@@ -157,6 +179,9 @@ func (s *Store) takeOver(tx *gorm.DB, rec Record) (claim Claim, won bool, err er
 	if res.RowsAffected == 0 {
 		return Claim{}, false, nil
 	}
+	if err := wake(tx, next.Waiting, rec.Scope()); err != nil {
+		return Claim{}, false, err
+	}
 	return Claim{Record: next, Resumed: true, ResumedFrom: rec.State}, true, nil
 }
 
@@ -168,24 +193,32 @@ func (s *Store) Complete(tx *gorm.DB, scope Scope, token int64, state State, res
 		return errors.New("idempotency: Complete needs a definitive state")
 	}
 	contentType := resp.ContentType
-	res := tx.Exec(`
+	var waiting []bool
+	res := tx.Raw(`
 		UPDATE idempotency_records
 		SET state = ?, resource_id = COALESCE(NULLIF(?, ''), resource_id),
 		    response_status = ?, response_location = NULLIF(?, ''), response_content_type = ?, response_body = ?,
 		    completed_at = now(), expires_at = now() + make_interval(secs => ?),
 		    lease_expires_at = NULL, updated_at = now()
 		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?
-		  AND lease_token = ? AND state = 'PROCESSING'`,
+		  AND lease_token = ? AND state = 'PROCESSING'
+		RETURNING waiting`,
 		state, resourceID, resp.Status, resp.Location, contentType, resp.Body,
 		s.Policy.RetentionFor(scope.Operation).Seconds(),
-		scope.TenantID, scope.Operation, scope.Key, token)
+		scope.TenantID, scope.Operation, scope.Key, token).Scan(&waiting)
+	return moved(tx, res, waiting, scope)
+}
+
+// moved finishes a fenced write of one record: ErrFenced when it matched no
+// row, and the wake-up of waiting duplicates when it did.
+func moved(tx *gorm.DB, res *gorm.DB, waiting []bool, scope Scope) error {
 	if res.Error != nil {
 		return res.Error
 	}
-	if res.RowsAffected == 0 {
+	if len(waiting) == 0 {
 		return ErrFenced
 	}
-	return nil
+	return wake(tx, waiting[0], scope)
 }
 
 // Hold locks the record of an intent owned with token, for the rest of the
@@ -213,19 +246,15 @@ func (s *Store) Hold(tx *gorm.DB, scope Scope, token int64) error {
 // failure transient. The same key may retry at once; the sweeper resumes
 // the intent itself after retryAfter if no client does.
 func (s *Store) Fail(tx *gorm.DB, scope Scope, token int64, retryAfter time.Duration) error {
-	res := tx.Exec(`
+	var waiting []bool
+	res := tx.Raw(`
 		UPDATE idempotency_records
 		SET state = 'FAILED_RETRYABLE', lease_expires_at = now() + make_interval(secs => ?), updated_at = now()
 		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?
-		  AND lease_token = ? AND state = 'PROCESSING'`,
-		retryAfter.Seconds(), scope.TenantID, scope.Operation, scope.Key, token)
-	if res.Error != nil {
-		return res.Error
-	}
-	if res.RowsAffected == 0 {
-		return ErrFenced
-	}
-	return nil
+		  AND lease_token = ? AND state = 'PROCESSING'
+		RETURNING waiting`,
+		retryAfter.Seconds(), scope.TenantID, scope.Operation, scope.Key, token).Scan(&waiting)
+	return moved(tx, res, waiting, scope)
 }
 
 // ClaimDue takes over, for the sweeper, up to limit unfinished intents of
@@ -251,6 +280,11 @@ func (s *Store) ClaimDue(tx *gorm.DB, operations []string, limit int) ([]Record,
 		WHERE r.tenant_id = due.tenant_id AND r.operation = due.operation AND r.idempotency_key = due.idempotency_key
 		RETURNING r.*`,
 		operations, limit, s.Lease.Seconds()).Scan(&recs).Error
+	for _, rec := range recs {
+		if err == nil {
+			err = wake(tx, rec.Waiting, rec.Scope())
+		}
+	}
 	return recs, err
 }
 

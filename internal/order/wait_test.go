@@ -1,0 +1,201 @@
+package order_test
+
+// A duplicate may wait for the first result (issue 14): Prefer: wait=N.
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/orderservice/orderservice/internal/app"
+	"github.com/orderservice/orderservice/internal/apptest"
+	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/order"
+)
+
+// slowPayEnv makes pm_slow take 2s at the channel, well inside its timeout.
+var slowPayEnv = map[string]string{"PAYMENT_SLOW_DELAY": "2s", "PAYMENT_CHANNEL_TIMEOUT": "4s", "IDEMPOTENCY_LEASE": "10s", "SWEEP_INTERVAL": "1h"}
+
+// startSlowPay creates an order on c and starts its slow pay under key in the
+// background; it returns once the intent is PROCESSING at the channel, and
+// a function that waits for the first answer and the time it arrived.
+func startSlowPay(t *testing.T, m *app.Main, c *apptest.Client, key string) (id string, first func() (apptest.Response, time.Time)) {
+	t.Helper()
+	id = createOrder(t, c, moneyKey("create"))
+	done := make(chan struct{})
+	var r apptest.Response
+	var at time.Time
+	var err error
+	go func() {
+		defer close(done)
+		r, err = c.Send(http.MethodPost, "/v1/orders/"+id+"/pay", key, moneyPayBody("pm_slow"), nil)
+		at = time.Now()
+	}()
+	moneyEventually(t, 5*time.Second, "the first pay at the channel", func() (bool, string) {
+		return m.Channel.Stats().Requests == 1, "no channel request yet"
+	})
+	return id, func() (apptest.Response, time.Time) {
+		<-done
+		if err != nil {
+			t.Fatalf("first pay: %v", err)
+		}
+		return r, at
+	}
+}
+
+func preferWait(n int) http.Header { return http.Header{"Prefer": {"wait=" + strconv.Itoa(n)}} }
+
+// busyConnections counts this database's sessions doing work or holding a
+// transaction (a waiting duplicate must hold neither).
+func busyConnections(t *testing.T) int64 {
+	t.Helper()
+	var n int64
+	if err := moneyDB(t).Raw(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+		AND application_name = 'orderservice' AND state IN ('active', 'idle in transaction')`).Scan(&n).Error; err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestDuplicatesWaitingOnAnotherInstanceGetTheFirstResultAsSoonAsItIsStored(t *testing.T) {
+	a, ca := startMoney(t, slowPayEnv)
+	b, cb := start(t, slowPayEnv)
+	key := moneyKey("R2-waited")
+	id, first := startSlowPay(t, a, ca, key)
+
+	const duplicates = 100
+	type answer struct {
+		r  apptest.Response
+		at time.Time
+	}
+	answers := make([]answer, duplicates)
+	var wg sync.WaitGroup
+	for i := range answers {
+		wg.Go(func() {
+			r, err := cb.Send(http.MethodPost, "/v1/orders/"+id+"/pay", key, moneyPayBody("pm_slow"), preferWait(10))
+			if err != nil {
+				t.Errorf("duplicate %d: %v", i, err)
+			}
+			answers[i] = answer{r, time.Now()}
+		})
+	}
+	// While they wait, they hold no connection and no transaction.
+	moneyEventually(t, 5*time.Second, "every duplicate waiting", func() (bool, string) {
+		n := goroutinesIn("idempotency.(*Waiter).Await")
+		return n == duplicates, strconv.Itoa(n) + " waiting"
+	})
+	if !moneyRecord(t, a, order.OpPay, key).Waiting {
+		t.Error("the record is not flagged as waited for")
+	}
+	peak := busyConnections(t)
+	wg.Wait()
+	orig, firstAt := first()
+	if orig.Status != http.StatusOK {
+		t.Fatalf("first pay = %d %s", orig.Status, orig.Body)
+	}
+
+	var latest time.Duration
+	for i, ans := range answers {
+		if ans.r.Status != http.StatusOK || !bytes.Equal(ans.r.Body, orig.Body) || ans.r.Header.Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("duplicate %d = %d %s (replayed %q), want the first's 200 replayed", i, ans.r.Status, ans.r.Body, ans.r.Header.Get("Idempotent-Replayed"))
+		}
+		if got := ans.r.Header.Get("Preference-Applied"); got != "wait=10" {
+			t.Errorf("duplicate %d: Preference-Applied = %q, want wait=10", i, got)
+		}
+		latest = max(latest, ans.at.Sub(firstAt))
+	}
+	t.Logf("%d duplicates on another instance answered at most %s after the first; busy connections while they waited: %d", duplicates, latest, peak)
+	if latest > time.Second {
+		t.Errorf("the last duplicate answered %s after the first's completion, want within a second", latest)
+	}
+	if peak > 3 {
+		t.Errorf("%d connections busy while %d duplicates waited, want at most a few", peak, duplicates)
+	}
+	moneyCheckStats(t, a.Channel.Stats(), moneyStats{charges: 1, declined: 0, refunds: 0, requests: 1, lookups: 0, duplicates: 0})
+	moneyCheckStats(t, b.Channel.Stats(), moneyStats{charges: 0, declined: 0, refunds: 0, requests: 0, lookups: 0, duplicates: 0})
+}
+
+func TestWithoutPreferADuplicateIsToldWhenTheOutcomeIsLikely(t *testing.T) {
+	m, c := startMoney(t, slowPayEnv)
+	key := moneyKey("R2-409")
+	id, first := startSlowPay(t, m, c, key)
+	r := moneyPay(t, c, id, key, "pm_slow")
+	moneyWantAnswer(t, "an impatient duplicate", r, http.StatusConflict, "request_in_progress")
+	after, err := strconv.Atoi(r.Header.Get("Retry-After"))
+	// The channel call has at most 4s left (PAYMENT_CHANNEL_TIMEOUT), the
+	// lease 10s: the hint is the call's deadline plus a second.
+	if err != nil || after < 1 || after > 5 {
+		t.Errorf("Retry-After = %q, want 1..5 (the channel timeout left + 1), not the 10s lease", r.Header.Get("Retry-After"))
+	}
+	if orig, _ := first(); orig.Status != http.StatusOK {
+		t.Fatalf("first pay = %d %s", orig.Status, orig.Body)
+	}
+}
+
+func TestAWaitShorterThanTheWorkEndsIn409(t *testing.T) {
+	m, c := startMoney(t, slowPayEnv)
+	key := moneyKey("R2-short")
+	id, first := startSlowPay(t, m, c, key)
+	r, err := c.Send(http.MethodPost, "/v1/orders/"+id+"/pay", key, moneyPayBody("pm_slow"), preferWait(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	moneyWantAnswer(t, "a duplicate that waits 1s for 2s of work", r, http.StatusConflict, "request_in_progress")
+	if r.Header.Get("Retry-After") == "" || r.Header.Get("Preference-Applied") != "" {
+		t.Errorf("headers = %v, want Retry-After and no Preference-Applied", r.Header)
+	}
+	first()
+}
+
+func TestWaitingClientsThatHangUpLeaveNothingBehind(t *testing.T) {
+	m, c := startMoney(t, slowPayEnv)
+	key := moneyKey("R2-hangup")
+	id, first := startSlowPay(t, m, c, key)
+	before := runtime.NumGoroutine()
+	var wg sync.WaitGroup
+	for range 50 {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, m.URL()+"/v1/orders/"+id+"/pay",
+				strings.NewReader(`{"payment_method":"pm_slow"}`))
+			req.Header.Set("Authorization", "Bearer "+apptest.KeyAcme)
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Idempotency-Key", key)
+			req.Header.Set("Prefer", "wait=10")
+			if res, err := http.DefaultClient.Do(req); err == nil {
+				res.Body.Close()
+				t.Errorf("a client that hung up after 300ms got %d", res.StatusCode)
+			}
+		})
+	}
+	wg.Wait()
+	// The first pay is still at the channel; nothing of the 50 may remain.
+	moneyEventually(t, 2*time.Second, "no waiter left", func() (bool, string) {
+		n := goroutinesIn("idempotency.(*Waiter).Await")
+		return n == 0, strconv.Itoa(n) + " goroutines still in Await"
+	})
+	if n := busyConnections(t); n > 2 {
+		t.Errorf("%d connections busy after the waiters hung up", n)
+	}
+	t.Logf("goroutines: %d before the 50 waiters, %d after they hung up", before, runtime.NumGoroutine())
+	if orig, _ := first(); orig.Status != http.StatusOK {
+		t.Fatalf("first pay = %d %s", orig.Status, orig.Body)
+	}
+	if rec := moneyRecord(t, m, order.OpPay, key); rec.State != idempotency.Succeeded {
+		t.Errorf("record = %s", rec.State)
+	}
+}
+
+// goroutinesIn counts the goroutines whose stack passes through fn.
+func goroutinesIn(fn string) int {
+	buf := make([]byte, 8<<20)
+	stacks := string(buf[:runtime.Stack(buf, true)])
+	return strings.Count(stacks, fn)
+}
