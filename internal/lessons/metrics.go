@@ -143,11 +143,11 @@ var signalSeries = []struct {
 	labels       []string
 }{
 	{"replays", "orderservice_idempotent_requests_total", []string{`outcome="replayed"`}},
-	{"parameter conflicts (422)", "orderservice_idempotency_key_conflicts_total", nil},
+	{"key conflicts (422)", "orderservice_idempotency_key_conflicts_total", nil},
 	{"in flight (409)", "orderservice_idempotent_requests_total", []string{`outcome="in_progress"`}},
 	{"stuck PROCESSING", "orderservice_idempotency_processing_expired", nil},
 	{"records", "orderservice_idempotency_records", nil},
-	{"channel duplicates absorbed", "orderservice_payment_channel_duplicates_absorbed_total", nil},
+	{"duplicates absorbed", "orderservice_payment_channel_duplicates_absorbed_total", nil},
 }
 
 // signals reads each signal in two snapshots: counters summed over the
