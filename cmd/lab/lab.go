@@ -3,8 +3,8 @@ package main
 import (
 	"context"
 	"errors"
-	"time"
 	"sync"
+	"time"
 
 	"github.com/orderservice/orderservice/internal/lessons"
 )

@@ -53,6 +53,9 @@ func routes(l *lab) http.Handler {
 	static, _ := fs.Sub(webFiles, "web")
 	mux := http.NewServeMux()
 	mux.Handle("GET /", http.FileServerFS(static))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
 	mux.HandleFunc("GET /api/lessons", l.handleLessons)
 	mux.HandleFunc("GET /api/events", l.handleEvents)
 	mux.HandleFunc("POST /api/run", l.handleRun)

@@ -12,8 +12,9 @@ import (
 )
 
 // imageCommands are the commands the image must contain: the service, the
-// channel compose runs from the same image, and the healthcheck probe.
-var imageCommands = []string{"./cmd/orderservice", "./cmd/paymentchannel", "./cmd/healthcheck"}
+// channel and the lab compose runs from the same image, and the healthcheck
+// probe.
+var imageCommands = []string{"./cmd/orderservice", "./cmd/paymentchannel", "./cmd/lab", "./cmd/healthcheck"}
 
 func TestDockerfile(t *testing.T) {
 	d := parseDockerfile(t)
