@@ -246,6 +246,23 @@ func TestLabInABrowser(t *testing.T) {
 		count(t, "orders on the order lane", len(unique(p.Orders)), 2)
 	})
 
+	t.Run("a request of the learner's own, twice under one key, is replayed", func(t *testing.T) {
+		send := func(want string) {
+			t.Helper()
+			if err := chromedp.Do(browser,
+				setValue("#own-op", "create"),
+				setValue("#own-key", "own-K1"),
+				click(`#own button[type="submit"]`),
+				waitVisible(want)); err != nil {
+				t.Fatalf("own request: %v", err)
+			}
+		}
+		send(`#own-status[data-status="201"][data-replayed="false"]`)
+		send(`#own-status[data-status="201"][data-replayed="true"]`)
+		p := read(t, browser)
+		sameKey(t, p, "order.create", 2)
+	})
+
 	t.Run("fault toggles set the channel's real faults", func(t *testing.T) {
 		if err := chromedp.Do(browser,
 			setValue("#unavail", "100"),
@@ -270,7 +287,7 @@ func TestLabInABrowser(t *testing.T) {
 		passed(t, p)
 		// The whole timeline, not its scrolled tail: the picture tells the story.
 		if _, err := chromedp.Run(browser, chromedp.Evaluate[bool](
-			`(() => { const r = document.getElementById("rows"); r.style.maxHeight = "none"; r.scrollTop = 0; return true })()`)); err != nil {
+			`(() => { document.getElementById("own").reset(); const r = document.getElementById("rows"); r.style.maxHeight = "none"; r.scrollTop = 0; return true })()`)); err != nil {
 			t.Fatal(err)
 		}
 		png, err := chromedp.Run(browser, chromedp.FullScreenshot(100))

@@ -32,62 +32,80 @@ func All() []Lesson {
 	list := []Lesson{
 		{
 			Title: "A lost response: the retry with R1 gets O9 back, never a new O10",
-			Why: "Creation needs the key most: until the answer arrives the client has no order id, " +
-				"so only R1 can lead its retry back to O9. The record for R1 and the order commit in one transaction.",
+			Why: "Creation needs the key most. Until the answer arrives the client has no order id: when the response " +
+				"that carried O9 is lost, it cannot ask about O9, it can only send the same request again under R1. " +
+				"So the server binds R1 to O9 before anyone can see either, with a unique record that commits in the same " +
+				"transaction as the order, and the retry finds that record and gets the first result back, O9, never a new O10.",
 			run: lostResponse,
 		},
 		{
 			Title: "Two real purchases under two keys are two orders",
-			Why: "A key names an intent, an order id names an entity. Deduplicating on customer + product " +
-				"would swallow a real second purchase; two intents (two keys) must stay two orders.",
+			Why: "Clicking \"place order\" twice may be one intent retried by the network, or a customer who really wants two. " +
+				"The idempotency key names the intent (this action); the order id names the entity (what the action made). " +
+				"Deduplicating on customer and product would swallow a legitimate second purchase, so two intents, two keys, " +
+				"stay two orders.",
 			run: twoPurchases,
 		},
 		{
 			Title: "The same key with other parameters is refused with 422",
-			Why: "The scope (tenant, operation, key) finds the record and a fingerprint of the normalised business fields " +
-				"guards it: other items under R1 are a caller's bug, refused without executing, while trace data and spelling do not count.",
+			Why: "A key is scoped by caller, operation and key (tenant, operation, request id, one unique index), so tenants " +
+				"cannot collide and a create never deduplicates a cancel. The record also keeps a fingerprint of the normalised " +
+				"fields that have side effects: the same key with other items is a caller's bug, refused as a conflict without " +
+				"executing and without handing back the first answer, while trace ids and spelling are left out of the fingerprint.",
 			run: keyReused,
 		},
 		{
 			Title: "A duplicate while the first is still in flight: 409 + Retry-After, then the replay",
-			Why: "The first request won the unique insert and holds a lease on the intent (PROCESSING). A duplicate must not run it " +
-				"again nor pretend it succeeded: it is told to come back, and then gets the first request's real result.",
+			Why: "The first request won the unique insert and with it the right to execute: its record goes ABSENT → PROCESSING " +
+				"under a lease. A duplicate that finds PROCESSING must neither run the intent again nor answer success it has not " +
+				"seen: it is told the request is in progress and when to come back, and once the record is SUCCEEDED it gets the " +
+				"first request's real, stored result.",
 			run: inFlight,
 		},
 		{
 			Title: "One order, three intents: create:R1, pay:R2, cancel:R3",
-			Why: "A business key lives long and carries many idempotent operations; each has its own key and its own record, " +
-				"and the order's history names the key behind every change.",
+			Why: "A business key lives long (foreign keys, queries, the state machine) and carries many idempotent operations: " +
+				"order O9 is created under R1, paid under R2 and cancelled under R3. Each operation has its own key and its own " +
+				"record, which only has to cover its replay window, and the order's history names the key behind every change.",
 			run: oneOrderThreeIntents,
 		},
 		{
 			Title: "Two layers: the same key replays, a new key meets the state machine",
-			Why: "Idempotency stops identical requests; the order state machine stops different but illegal ones. " +
-				"A fresh key on a PAID order is a new intent, so only the state machine can refuse it, and a CANCELLED order cannot ship.",
+			Why: "Idempotency stops identical requests; the order's state machine stops requests that differ but make no sense. " +
+				"A new key on a PAID order is a new intent, so the idempotency layer lets it through and only the state machine " +
+				"can refuse to charge twice; in the same way a CANCELLED order cannot ship. Both layers are needed.",
 			run: twoLayers,
 		},
 		{
 			Title: "A lost channel response: the retry sends the same key downstream, the channel absorbs it",
-			Why: "Local deduplication cannot stop a second charge if every retry sends the channel a new key. " +
-				"The service derives one stable key per intent and stores it, so the channel recognises the retry as a duplicate.",
+			Why: "When the payment channel honours idempotency keys too, the service must pass it a stable key for the intent " +
+				"(derived from R2 once and stored), not a new key per attempt: otherwise local deduplication cannot stop a second " +
+				"charge downstream. With the same key on the retry, the channel recognises the duplicate and answers with the " +
+				"charge it already made.",
 			run: lostChannelResponse,
 		},
 		{
 			Title: "An unfinished intent is taken over after its lease, with the real outcome asked of the channel",
-			Why: "A PROCESSING record must never wait forever: its owner holds a lease, and once it runs out a retry or the sweeper " +
-				"takes the intent over with a higher fencing token and first asks the channel what really happened under the stable key.",
+			Why: "What if a record is stuck in PROCESSING? Its owner holds a lease, not a lock for ever: once the lease runs out, a " +
+				"retry or the timeout sweep takes the intent over under a higher fencing token (so the old owner can no longer " +
+				"write), and before doing anything again it asks the channel for the business outcome under the stable key, " +
+				"then records what really happened.",
 			run: takeover,
 		},
 		{
 			Title: "Retention follows the longest replay window; one day is unsafe",
-			Why: "A deleted record lets a late replay run again. Clients retry for 24 hours, a broker redelivers for 7 days, " +
-				"operators replay by hand for 30: records are kept longer than all of them, and money records are archived.",
+			Why: "Once a record is deleted, an old request that arrives again runs again, with its side effects. If clients " +
+				"retry for up to 24 hours, the broker keeps messages for 7 days and manual compensation may replay for 30, " +
+				"keeping records for one day is unsafe: retention is derived from the longest replay source, and money records " +
+				"are archived rather than simply deleted.",
 			run: retention,
 		},
 		{
 			Title: "What the metrics saw during this demo",
-			Why: "Watch replays, parameter conflicts, stuck PROCESSING, record growth and downstream duplicate rejections: " +
-				"each scenario above moved one of them, and an operator would see it the same way.",
+			Why: "Watch idempotency hits (replays), same-key parameter conflicts, PROCESSING timeouts, record growth and the " +
+				"duplicates the downstream channel rejected: each lesson above moved one of them, and an operator sees them the " +
+				"same way. Behind them, the database's unique index is the last line of defence against races, never " +
+				"\"check, then insert\".",
 			run: metricsMoved,
 		},
 	}

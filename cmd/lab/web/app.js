@@ -218,6 +218,8 @@ function wireForms() {
     try {
       const a = await api("/api/send", body);
       $("own-status").textContent = `${a.status}${a.replayed ? " replayed" : ""}${a.code ? " " + a.code : ""}`;
+      $("own-status").dataset.status = String(a.status);
+      $("own-status").dataset.replayed = String(!!a.replayed);
     } catch (err) { $("own-status").textContent = err.message; }
   });
   $("run").addEventListener("click", () => run(false));
