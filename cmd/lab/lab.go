@@ -81,7 +81,7 @@ func (l *lab) waitForStep(ctx context.Context, r lessons.Request) error {
 		l.waiting--
 		l.mu.Unlock()
 	}()
-	l.hub.publish(lessons.Event{Kind: kindWaiting, Request: &r})
+	l.hub.publish(lessons.Event{Kind: kindWaiting, Request: &r, At: time.Now()})
 	select {
 	case <-l.next:
 		return nil

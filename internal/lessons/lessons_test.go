@@ -88,8 +88,9 @@ func TestEveryLessonTellsAWellFormedStory(t *testing.T) {
 				case KindRequest:
 					requests[e.Request.ID] = *e.Request
 					mu.Lock()
-					if !stepped[e.Request.ID] {
-						t.Errorf("request %d was sent without its step", e.Request.ID)
+					skipped := i > 0 && evs[i-1].Kind == KindSay && evs[i-1].Text == fmt.Sprintf(stepSkipped, e.Request.ID)
+					if !stepped[e.Request.ID] && !skipped {
+						t.Errorf("request %d was sent without its step, and not while another was in flight", e.Request.ID)
 					}
 					mu.Unlock()
 				case KindAnswer:

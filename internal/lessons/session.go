@@ -65,6 +65,8 @@ type Session struct {
 	reqID  int
 	step   StepFunc
 	resume time.Time // when the last step was let go, for waits in step mode
+	// inFlight counts the lesson's requests sent and not yet answered.
+	inFlight int
 	seen   observed
 	// requests are the requests sent so far, by id, for Resend.
 	requests map[int]Request

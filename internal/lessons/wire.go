@@ -22,6 +22,9 @@ type recorder struct {
 	next http.RoundTripper
 }
 
+// stepSkipped is the note on a request that a step does not hold.
+const stepSkipped = "step mode sends #%d at once: another request is still in flight, and time does not wait"
+
 type resendKey struct{}
 
 // withResend marks a request as a re-send of request id: it is not a step
@@ -47,9 +50,15 @@ func (t *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 	s.reqID++
 	r.ID = s.reqID
 	s.requests[r.ID] = r
-	step := s.step
+	step, inFlight := s.step, s.inFlight
 	s.mu.Unlock()
-	if step != nil && resend == 0 {
+	switch {
+	case step == nil || resend != 0:
+	case inFlight > 0:
+		// Holding it would let the request in flight finish first and tell
+		// another story (a replay where the lesson shows a 409).
+		s.note(stepSkipped, r.ID)
+	default:
 		if err := step(req.Context(), r); err != nil {
 			return nil, err
 		}
@@ -57,6 +66,14 @@ func (t *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 		s.resume = time.Now()
 		s.mu.Unlock()
 	}
+	s.mu.Lock()
+	s.inFlight++
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.inFlight--
+		s.mu.Unlock()
+	}()
 
 	s.emit(Event{Kind: KindRequest, Request: &r})
 	start := time.Now()

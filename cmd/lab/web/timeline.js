@@ -130,7 +130,7 @@ export function draw(e, resend) {
     case "waiting": {
       const r = e.request;
       const li = row("wait", e, el("div", { class: "pill" },
-        el("b", {}, `⏸ next: ${r.method} ${short(r.path)}`),
+        el("b", {}, `▷ next: ${r.method} ${short(r.path)}`),
         el("span", { class: "sub" }, "press n (Next request) to send it" + (r.key ? " · key " + shortKey(r.key) : ""))));
       li.dataset.request = String(r.id);
       break;
