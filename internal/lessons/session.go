@@ -67,7 +67,7 @@ type Session struct {
 	resume time.Time // when the last step was let go, for waits in step mode
 	// inFlight counts the lesson's requests sent and not yet answered.
 	inFlight int
-	seen   observed
+	seen     observed
 	// requests are the requests sent so far, by id, for Resend.
 	requests map[int]Request
 
