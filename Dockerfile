@@ -1,8 +1,9 @@
 # syntax=docker/dockerfile:1
 
-# One image, three static binaries: the order service (default), the mock
-# payment channel (compose sets entrypoint /paymentchannel) and the health
-# probe that compose's healthchecks run, since distroless has no shell or curl.
+# One image, four static binaries: the order service (default), the mock
+# payment channel (compose sets entrypoint /paymentchannel), the lab (the
+# lessons in a browser; entrypoint /lab) and the health probe that compose's
+# healthchecks run, since distroless has no shell or curl.
 
 # Matches go.mod's go line; the official image sets GOTOOLCHAIN=local, so an
 # older Go here would fail the build rather than download a toolchain.
@@ -22,13 +23,15 @@ RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
     go build -trimpath -ldflags='-s -w' -o /out/orderservice ./cmd/orderservice && \
     go build -trimpath -ldflags='-s -w' -o /out/paymentchannel ./cmd/paymentchannel && \
+    go build -trimpath -ldflags='-s -w' -o /out/lab ./cmd/lab && \
     go build -trimpath -ldflags='-s -w' -o /out/healthcheck ./cmd/healthcheck
 
 FROM gcr.io/distroless/static-debian12:nonroot
-COPY --from=build /out/orderservice /out/paymentchannel /out/healthcheck /
+COPY --from=build /out/orderservice /out/paymentchannel /out/lab /out/healthcheck /
 USER nonroot:nonroot
-# 8080: order API; 8081: payment channel (its own container in compose).
-EXPOSE 8080 8081
+# 8080: order API; 8081: payment channel and 8090: lab (their own
+# containers in compose).
+EXPOSE 8080 8081 8090
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
     CMD ["/healthcheck", "http://127.0.0.1:8080/readyz"]
 ENTRYPOINT ["/orderservice"]

@@ -35,6 +35,17 @@ DEMO_API_KEY     ?= demo-key-acme
 demo: ## narrated scenarios of every lesson against the running service
 	$(GO) run ./cmd/demo -url $(DEMO_BASE_URL) -channel $(DEMO_CHANNEL_URL) -api-key $(DEMO_API_KEY)
 
+# The lab, like the demo, talks to a running service: `make run` first, then
+# open http://localhost:8090. Override e.g. `make lab LAB_SERVICE_URL=http://host:8080`.
+LAB_ADDR        ?= localhost:8090
+LAB_SERVICE_URL ?= $(DEMO_BASE_URL)
+LAB_CHANNEL_URL ?= http://127.0.0.1:8081
+LAB_API_KEY     ?= $(DEMO_API_KEY)
+
+.PHONY: lab
+lab: ## the lessons in a browser on http://localhost:8090, against the running service
+	$(GO) run ./cmd/lab -listen $(LAB_ADDR) -url $(LAB_SERVICE_URL) -channel $(LAB_CHANNEL_URL) -api-key $(LAB_API_KEY)
+
 bench: ## load benchmarks against the real service and PostgreSQL; writes docs/benchmarks/ (BENCHFLAGS=-quick for a short run)
 	$(GO) run -tags bench ./cmd/bench $(BENCHFLAGS)
 

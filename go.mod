@@ -13,7 +13,11 @@ require (
 	gorm.io/gorm v1.31.2
 )
 
-require github.com/go-json-experiment/json v1.27.2 // indirect
+require (
+	github.com/chromedp/cdproto v0.160.1 // indirect
+	github.com/chromedp/chromedp v0.23.1 // indirect
+	github.com/go-json-experiment/json v1.27.2 // indirect
+)
 
 require (
 	github.com/Shopify/toxiproxy/v2 v2.12.0 // indirect

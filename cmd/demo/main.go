@@ -22,6 +22,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/orderservice/orderservice/internal/lessons"
 )
 
 func main() {
@@ -33,15 +35,12 @@ func main() {
 	}
 }
 
-// config is what the demo needs to know about the system it talks to.
+// config is what the demo needs to know: the system it talks to, and how
+// to print.
 type config struct {
-	baseURL    string // the order service's API
-	channelURL string // the payment channel, for its /admin endpoints
-	apiKey     string // the tenant's API key
-	color      bool
-	only       map[int]bool // scenario numbers to run; empty runs all
-	// sweepWait bounds how long scenario 8 waits for the background sweeper.
-	sweepWait time.Duration
+	lessons.Config
+	color bool
+	only  map[int]bool // scenario numbers to run; empty runs all
 }
 
 // run parses the flags, checks that the service and the channel answer, and
@@ -51,11 +50,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	d := newDemo(cfg, stdout)
-	if err := d.preflight(ctx); err != nil {
+	t := &terminal{out: stdout, color: cfg.color}
+	s := lessons.NewSession(cfg.Config, t.event)
+	if err := s.Preflight(ctx); err != nil {
 		return err
 	}
-	return d.play(ctx, scenarios())
+	return t.play(ctx, s, cfg, lessons.All())
 }
 
 func parseConfig(args []string, getenv func(string) string, stdout, stderr io.Writer) (config, error) {
@@ -69,20 +69,18 @@ func parseConfig(args []string, getenv func(string) string, stdout, stderr io.Wr
 	}
 	var cfg config
 	var color, only string
-	fs.StringVar(&cfg.baseURL, "url", orDefault("DEMO_BASE_URL", "http://localhost:8080"), "base URL of the order service (env DEMO_BASE_URL)")
-	fs.StringVar(&cfg.channelURL, "channel", orDefault("DEMO_CHANNEL_URL", "http://localhost:8081"), "base URL of the payment channel's admin API (env DEMO_CHANNEL_URL)")
-	fs.StringVar(&cfg.apiKey, "api-key", orDefault("DEMO_API_KEY", "demo-key-acme"), "API key of the tenant to play as (env DEMO_API_KEY)")
+	fs.StringVar(&cfg.BaseURL, "url", orDefault("DEMO_BASE_URL", "http://localhost:8080"), "base URL of the order service (env DEMO_BASE_URL)")
+	fs.StringVar(&cfg.ChannelURL, "channel", orDefault("DEMO_CHANNEL_URL", "http://localhost:8081"), "base URL of the payment channel's admin API (env DEMO_CHANNEL_URL)")
+	fs.StringVar(&cfg.APIKey, "api-key", orDefault("DEMO_API_KEY", "demo-key-acme"), "API key of the tenant to play as (env DEMO_API_KEY)")
 	fs.StringVar(&color, "color", orDefault("DEMO_COLOR", "auto"), "auto (when stdout is a terminal and NO_COLOR is unset), always or never")
 	fs.StringVar(&only, "only", "", "comma-separated scenario numbers to run, e.g. 4,7 (default all)")
-	fs.DurationVar(&cfg.sweepWait, "sweep-wait", 45*time.Second, "how long to wait for the service's sweeper in scenario 8")
+	fs.DurationVar(&cfg.SweepWait, "sweep-wait", 45*time.Second, "how long to wait for the service's sweeper in scenario 8")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
 	if fs.NArg() > 0 {
 		return config{}, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	cfg.baseURL = strings.TrimRight(cfg.baseURL, "/")
-	cfg.channelURL = strings.TrimRight(cfg.channelURL, "/")
 
 	switch color {
 	case "auto":

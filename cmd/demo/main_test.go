@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/orderservice/orderservice/internal/apptest"
+	"github.com/orderservice/orderservice/internal/lessons"
 	"github.com/orderservice/orderservice/internal/testdb"
 )
 
@@ -45,9 +46,9 @@ func TestDemoPassesAgainstTheRealService(t *testing.T) {
 	t.Run("every scenario passes", func(t *testing.T) {
 		out := play(t)
 		summary := out[strings.LastIndex(out, "Summary:"):]
-		list := scenarios()
+		list := lessons.All()
 		for i, s := range list {
-			if line := fmt.Sprintf("✓ %d. %s", i+1, s.title); !strings.Contains(summary, line) {
+			if line := fmt.Sprintf("✓ %d. %s", i+1, s.Title); !strings.Contains(summary, line) {
 				t.Errorf("the summary does not mark scenario %d passed; want %q in:\n%s", i+1, line, summary)
 			}
 		}

@@ -54,8 +54,18 @@ func TestBinariesWithComposeConfiguration(t *testing.T) {
 	ordersURL := "http://" + addr
 	orders.waitOK(t, ordersURL+"/readyz")
 
+	labSvc := service(t, p, svcLab)
+	labEnv := environment(t, labSvc)
+	labAddr := testproc.FreeAddr(t)
+	labEnv["LAB_ADDR"] = labAddr
+	labEnv["LAB_SERVICE_URL"] = ordersURL // compose: lb, in front of this replica and its twin
+	labEnv["LAB_CHANNEL_URL"] = channelURL
+	lab := startProcess(t, svcLab, bins[labSvc.Entrypoint[0]], labEnv)
+	labURL := "http://" + labAddr
+	lab.waitOK(t, labURL+"/healthz")
+
 	t.Run("the compose healthchecks pass", func(t *testing.T) {
-		for svc, hostPort := range map[string]string{svcChannel: chAddr, svcReplica1: addr} {
+		for svc, hostPort := range map[string]string{svcChannel: chAddr, svcReplica1: addr, svcLab: labAddr} {
 			test := service(t, p, svc).HealthCheck.Test // ["CMD", "/healthcheck", URL]
 			probe, err := url.Parse(test[2])
 			if err != nil {
@@ -131,8 +141,32 @@ func TestBinariesWithComposeConfiguration(t *testing.T) {
 		}
 	})
 
-	t.Run("both processes exit 0 on SIGTERM", func(t *testing.T) {
-		orders.stop(t) // first, as compose does: dependants stop before their dependencies
+	t.Run("the lab serves its page and the lessons, and reads the channel's faults", func(t *testing.T) {
+		page := call(t, http.MethodGet, labURL+"/", "", "", "")
+		page.expect(t, http.StatusOK, nil)
+		if !bytes.Contains(page.body, []byte(`<script type="module" src="app.js">`)) {
+			t.Errorf("GET / is not the lab's page: %.200s", page.body)
+		}
+		var list struct {
+			Lessons []struct {
+				Number int `json:"number"`
+			} `json:"lessons"`
+			Service string `json:"service"`
+		}
+		call(t, http.MethodGet, labURL+"/api/lessons", "", "", "").expect(t, http.StatusOK, &list)
+		if len(list.Lessons) != 10 || list.Service != ordersURL {
+			t.Errorf("lab lists %d lessons against %q, want 10 against %s", len(list.Lessons), list.Service, ordersURL)
+		}
+		var faults map[string]float64
+		call(t, http.MethodGet, labURL+"/api/faults", "", "", "").expect(t, http.StatusOK, &faults)
+		if _, ok := faults["unavailable_rate"]; !ok {
+			t.Errorf("lab's /api/faults = %v, want the channel's faults", faults)
+		}
+	})
+
+	t.Run("every process exits 0 on SIGTERM", func(t *testing.T) {
+		lab.stop(t) // first, as compose does: dependants stop before their dependencies
+		orders.stop(t)
 		channel.stop(t)
 	})
 }

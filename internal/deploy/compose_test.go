@@ -17,8 +17,8 @@ import (
 func TestCompose(t *testing.T) {
 	p := loadCompose(t)
 
-	t.Run("declares exactly the six services", func(t *testing.T) {
-		want := []string{svcLB, svcReplica1, svcReplica2, svcChannel, svcPostgres, svcPrometheus}
+	t.Run("declares exactly the seven services", func(t *testing.T) {
+		want := []string{svcLB, svcReplica1, svcReplica2, svcChannel, svcPostgres, svcPrometheus, svcLab}
 		slices.Sort(want)
 		if got := p.ServiceNames(); !slices.Equal(got, want) {
 			t.Fatalf("services = %v, want %v", got, want)
@@ -64,6 +64,29 @@ func TestCompose(t *testing.T) {
 		lb := service(t, p, svcLB)
 		expectDependsOnHealthy(t, lb, replicas...)
 		expectPublished(t, lb, 8080)
+	})
+
+	t.Run("the lab starts after the healthy load balancer and channel and publishes 8090", func(t *testing.T) {
+		lab := service(t, p, svcLab)
+		expectDependsOnHealthy(t, lab, svcLB, svcChannel)
+		expectPublished(t, lab, 8090)
+	})
+
+	t.Run("the lab plays against the replicas behind lb, as a demo tenant", func(t *testing.T) {
+		env := environment(t, service(t, p, svcLab))
+		if u, err := url.Parse(env["LAB_SERVICE_URL"]); err != nil || u.Scheme != "http" || u.Host != svcLB+":8080" {
+			t.Errorf("LAB_SERVICE_URL = %q, want http://%s:8080 (both replicas, round robin)", env["LAB_SERVICE_URL"], svcLB)
+		}
+		if u, err := url.Parse(env["LAB_CHANNEL_URL"]); err != nil || u.Scheme != "http" || u.Host != svcChannel+":8081" {
+			t.Errorf("LAB_CHANNEL_URL = %q, want http://%s:8081", env["LAB_CHANNEL_URL"], svcChannel)
+		}
+		keys := environment(t, service(t, p, svcReplica1))["API_KEYS"]
+		if key := env["LAB_API_KEY"]; key == "" || !strings.Contains(keys, "="+key) {
+			t.Errorf("LAB_API_KEY = %q is not one of the replicas' API_KEYS %q", key, keys)
+		}
+		if got := listenPort(t, env["LAB_ADDR"]); got != "8090" {
+			t.Errorf("the lab listens on %s, but publishes 8090", got)
+		}
 	})
 
 	t.Run("the two replicas are the same service under two names", func(t *testing.T) {
@@ -121,6 +144,7 @@ func TestCompose(t *testing.T) {
 			svcReplica2: "http://127.0.0.1:8080/readyz",
 			svcChannel:  "http://127.0.0.1:8081/healthz",
 			svcLB:       "http://127.0.0.1:8080/healthz",
+			svcLab:      "http://127.0.0.1:8090/healthz",
 		}
 		for name, want := range probes {
 			test := service(t, p, name).HealthCheck.Test
@@ -135,7 +159,7 @@ func TestCompose(t *testing.T) {
 
 	t.Run("the app services run binaries the image contains", func(t *testing.T) {
 		bins := parseDockerfile(t).imageBinaries(t)
-		for _, name := range append([]string{svcChannel}, replicas...) {
+		for _, name := range append([]string{svcChannel, svcLab}, replicas...) {
 			s := service(t, p, name)
 			if s.Build == nil || filepath.Clean(s.Build.Context) != absRoot(t) || s.Build.Dockerfile != "Dockerfile" {
 				t.Errorf("%s: build = %v, want the repository's Dockerfile", name, s.Build)
@@ -151,6 +175,9 @@ func TestCompose(t *testing.T) {
 		}
 		if ep := service(t, p, svcChannel).Entrypoint; !slices.Equal(ep, []string{"/paymentchannel"}) {
 			t.Errorf("paymentchannel entrypoint = %q, want [/paymentchannel]", ep)
+		}
+		if ep := service(t, p, svcLab).Entrypoint; !slices.Equal(ep, []string{"/lab"}) {
+			t.Errorf("lab entrypoint = %q, want [/lab]", ep)
 		}
 		if ep := service(t, p, svcReplica1).Entrypoint; len(ep) != 0 {
 			t.Errorf("replicas should use the image's ENTRYPOINT, not %q", ep)

@@ -12,8 +12,9 @@ import (
 )
 
 // imageCommands are the commands the image must contain: the service, the
-// channel compose runs from the same image, and the healthcheck probe.
-var imageCommands = []string{"./cmd/orderservice", "./cmd/paymentchannel", "./cmd/healthcheck"}
+// channel and the lab compose runs from the same image, and the healthcheck
+// probe.
+var imageCommands = []string{"./cmd/orderservice", "./cmd/paymentchannel", "./cmd/lab", "./cmd/healthcheck"}
 
 func TestDockerfile(t *testing.T) {
 	d := parseDockerfile(t)
@@ -98,7 +99,8 @@ func TestDockerfile(t *testing.T) {
 				t.Errorf(".dockerignore does not exclude %s", want)
 			}
 		}
-		// Everything `go build` reads: sources and the embedded migrations.
+		// Everything `go build` reads: sources, the embedded migrations and
+		// the lab's embedded page.
 		err := filepath.WalkDir(repoRoot, func(path string, e fs.DirEntry, err error) error {
 			if err != nil {
 				return err
@@ -113,7 +115,8 @@ func TestDockerfile(t *testing.T) {
 			}
 			needed := rel == "go.mod" || rel == "go.sum" ||
 				(strings.HasSuffix(rel, ".go") && !strings.HasSuffix(rel, "_test.go")) ||
-				(strings.HasPrefix(rel, "migrations/") && strings.HasSuffix(rel, ".sql"))
+				(strings.HasPrefix(rel, "migrations/") && strings.HasSuffix(rel, ".sql")) ||
+				strings.HasPrefix(rel, "cmd/lab/web/")
 			if needed && ignored(patterns, rel) {
 				t.Errorf(".dockerignore excludes %s, which the build needs", rel)
 			}

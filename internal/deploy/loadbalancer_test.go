@@ -42,6 +42,17 @@ func TestLoadBalancerAndScrapeConfig(t *testing.T) {
 		}
 	})
 
+	t.Run("nginx says which replica answered", func(t *testing.T) {
+		// The lab's instance lane reads it; a header set inside a location
+		// would hide the server-level one there.
+		if !regexp.MustCompile(`(?m)^\s*add_header\s+X-Upstream-Addr\s+\$upstream_addr\s+always;`).MatchString(nginx) {
+			t.Errorf("nginx.conf does not add X-Upstream-Addr $upstream_addr always")
+		}
+		if n := len(regexp.MustCompile(`(?m)^\s*add_header\b`).FindAllString(nginx, -1)); n != 1 {
+			t.Errorf("nginx.conf has %d add_header directives, want the one at server level", n)
+		}
+	})
+
 	t.Run("nginx never retries a POST on the other replica", func(t *testing.T) {
 		main := regexp.MustCompile(`(?s)location / \{(.*?)\n        \}`).FindStringSubmatch(nginx)
 		if main == nil {

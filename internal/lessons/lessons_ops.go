@@ -1,4 +1,4 @@
-package main
+package lessons
 
 import (
 	"cmp"
@@ -10,9 +10,9 @@ import (
 )
 
 // 9. The retention policy.
-func retention(ctx context.Context, d *demo) error {
-	d.send("GET /v1/idempotency-policy")
-	p, err := d.policy(ctx)
+func retention(ctx context.Context, s *Session) error {
+	s.send("GET /v1/idempotency-policy")
+	p, err := s.policy(ctx)
 	if err != nil {
 		return err
 	}
@@ -41,8 +41,8 @@ func retention(ctx context.Context, d *demo) error {
 		}
 		rows = append(rows, []string{w.name, days(w.dur), covered})
 	}
-	d.table(rows)
-	d.got("longest window %s, margin %s, money floor %s, lease %s", p.LongestWindow, dayString(p.Margin), dayString(p.MoneyFloor), dayString(p.Lease))
+	s.table(rows)
+	s.got("longest window %s, margin %s, money floor %s, lease %s", p.LongestWindow, dayString(p.Margin), dayString(p.MoneyFloor), dayString(p.Lease))
 
 	rows = [][]string{{"operation", "records kept for", "then"}}
 	allCover, moneyArchived := true, true
@@ -62,12 +62,12 @@ func retention(ctx context.Context, d *demo) error {
 			moneyArchived = moneyArchived && op.Archived
 		}
 	}
-	d.table(rows)
+	s.table(rows)
 
-	d.check(len(windows) == 3, "the policy names the three replay sources (client retries, broker redelivery, manual compensation)")
-	d.check(longest.dur > oneDay, "one day is unsafe here: %s replays for %s", longest.name, days(longest.dur))
-	d.check(len(p.Operations) > 0 && allCover, "every operation's records outlive the longest window (%s)", days(longest.dur))
-	d.check(moneyArchived, "money operations (order.pay, order.cancel) are archived, not just deleted")
+	s.check(len(windows) == 3, "the policy names the three replay sources (client retries, broker redelivery, manual compensation)")
+	s.check(longest.dur > oneDay, "one day is unsafe here: %s replays for %s", longest.name, days(longest.dur))
+	s.check(len(p.Operations) > 0 && allCover, "every operation's records outlive the longest window (%s)", days(longest.dur))
+	s.check(moneyArchived, "money operations (order.pay, order.cancel) are archived, not just deleted")
 	return nil
 }
 
@@ -89,24 +89,24 @@ func dayString(s string) string {
 }
 
 // 10. The metrics that moved.
-func metricsMoved(ctx context.Context, d *demo) error {
-	d.send("GET /metrics  (scraped before scenario 1, and now)")
-	now, err := d.scrapeMetrics(ctx)
+func metricsMoved(ctx context.Context, s *Session) error {
+	s.send("GET /metrics  (scraped before scenario 1, and now)")
+	now, err := s.scrapeMetrics(ctx)
 	if err != nil {
 		return err
 	}
-	deltas, instances := moved(d.metricsAtStart, now)
-	d.got("%d orderservice_* series moved, over %d service instance(s) (HTTP latency histograms left out)", len(deltas), instances)
+	deltas, instances := moved(s.metricsAtStart, now)
+	s.got("%d orderservice_* series moved, over %d service instance(s) (HTTP latency histograms left out)", len(deltas), instances)
 	rows := [][]string{{"series", "before", "after", "change"}}
 	for _, m := range deltas {
 		rows = append(rows, []string{m.series, number(m.before), number(m.after), fmt.Sprintf("%+g", m.after-m.before)})
 	}
 	if len(deltas) > 0 {
-		d.table(rows)
+		s.table(rows)
 	}
 	for _, series := range now {
 		if v, ok := series["orderservice_idempotency_processing_expired"]; ok {
-			d.note("orderservice_idempotency_processing_expired (stuck PROCESSING) is %s now: nothing was left behind", number(v))
+			s.note("orderservice_idempotency_processing_expired (stuck PROCESSING) is %s now: nothing was left behind", number(v))
 			break
 		}
 	}
@@ -127,15 +127,15 @@ func metricsMoved(ctx context.Context, d *demo) error {
 	}
 	checked := false
 	for _, e := range expected {
-		if !d.ran[e.scenario] {
+		if !s.ran(e.scenario) {
 			continue
 		}
 		checked = true
 		n := increase(deltas, e.name, e.labels...)
-		d.check(n > 0, "%s: +%s (first caused by scenario %d)", e.what, number(n), e.scenario)
+		s.check(n > 0, "%s: +%s (first caused by scenario %d)", e.what, number(n), e.scenario)
 	}
 	if !checked {
-		d.check(instances > 0, "metrics were scraped (run the other scenarios to see them move)")
+		s.check(instances > 0, "metrics were scraped (run the other scenarios to see them move)")
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package main
+package lessons
 
 import (
 	"bufio"
@@ -18,10 +18,10 @@ type metricSnapshot map[string]map[string]float64
 // instanceSeries identifies the process that answered a scrape.
 const instanceSeries = "process_start_time_seconds"
 
-func (d *demo) scrapeMetrics(ctx context.Context) (metricSnapshot, error) {
+func (s *Session) scrapeMetrics(ctx context.Context) (metricSnapshot, error) {
 	snap := metricSnapshot{}
 	for range 4 {
-		a, err := d.get(ctx, d.cfg.baseURL+"/metrics", false)
+		a, err := s.get(ctx, s.cfg.BaseURL+"/metrics", false)
 		if err != nil {
 			return nil, err
 		}
@@ -133,4 +133,61 @@ func increase(deltas []metricDelta, name string, labels ...string) float64 {
 		}
 	}
 	return sum
+}
+
+// signalSeries are the seed's monitoring signals ("watch replays,
+// parameter conflicts, PROCESSING timeouts, record growth and downstream
+// duplicate rejections"), each as the series /metrics shows it.
+var signalSeries = []struct {
+	name, series string
+	labels       []string
+}{
+	{"replays", "orderservice_idempotent_requests_total", []string{`outcome="replayed"`}},
+	{"key conflicts (422)", "orderservice_idempotency_key_conflicts_total", nil},
+	{"in flight (409)", "orderservice_idempotent_requests_total", []string{`outcome="in_progress"`}},
+	{"stuck PROCESSING", "orderservice_idempotency_processing_expired", nil},
+	{"records", "orderservice_idempotency_records", nil},
+	{"duplicates absorbed", "orderservice_payment_channel_duplicates_absorbed_total", nil},
+}
+
+// signals reads each signal in two snapshots: counters summed over the
+// instances both saw, gauges (read from the shared database) from one.
+func signals(before, after metricSnapshot) []Signal {
+	out := make([]Signal, 0, len(signalSeries))
+	for _, sig := range signalSeries {
+		out = append(out, Signal{Name: sig.name, Series: sig.series,
+			Before: valueOf(before, after, sig.series, sig.labels),
+			After:  valueOf(after, before, sig.series, sig.labels)})
+	}
+	return out
+}
+
+// valueOf sums series name (with labels) in snap over the instances that
+// other has too; a gauge is the same on every instance, so one counts.
+func valueOf(snap, other metricSnapshot, name string, labels []string) float64 {
+	var total float64
+	for instance, series := range snap {
+		if _, ok := other[instance]; !ok {
+			continue
+		}
+		var v float64
+		for s, x := range series {
+			n, rest, _ := strings.Cut(s, "{")
+			if n != name {
+				continue
+			}
+			match := true
+			for _, l := range labels {
+				match = match && strings.Contains(rest, l)
+			}
+			if match {
+				v += x
+			}
+		}
+		if !isCounter(name) {
+			return v
+		}
+		total += v
+	}
+	return total
 }

@@ -1,4 +1,4 @@
-package main
+package lessons
 
 import (
 	"bytes"
@@ -50,7 +50,7 @@ func (a rawAnswer) String() string {
 // post sends one POST to the order service as the demo's tenant, with the
 // given key and JSON body, and no retry. A timeout of zero keeps the
 // default; a short one plays a client that hangs up.
-func (d *demo) post(ctx context.Context, path, key string, body any, timeout time.Duration) (rawAnswer, error) {
+func (s *Session) post(ctx context.Context, path, key string, body any, timeout time.Duration) (rawAnswer, error) {
 	b, err := json.Marshal(body)
 	if err != nil {
 		return rawAnswer{}, err
@@ -60,27 +60,27 @@ func (d *demo) post(ctx context.Context, path, key string, body any, timeout tim
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.cfg.baseURL+path, bytes.NewReader(b))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.cfg.BaseURL+path, bytes.NewReader(b))
 	if err != nil {
 		return rawAnswer{}, err
 	}
-	req.Header.Set("Authorization", "Bearer "+d.cfg.apiKey)
+	req.Header.Set("Authorization", "Bearer "+s.cfg.APIKey)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
-	return d.do(req)
+	return s.do(s.http, req)
 }
 
 // get reads url, as the demo's tenant when auth is set, and fails on a
 // non-2xx answer.
-func (d *demo) get(ctx context.Context, url string, auth bool) (rawAnswer, error) {
+func (s *Session) get(ctx context.Context, url string, auth bool) (rawAnswer, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return rawAnswer{}, err
 	}
 	if auth {
-		req.Header.Set("Authorization", "Bearer "+d.cfg.apiKey)
+		req.Header.Set("Authorization", "Bearer "+s.cfg.APIKey)
 	}
-	a, err := d.do(req)
+	a, err := s.do(s.look, req)
 	if err == nil && (a.status < 200 || a.status > 299) {
 		err = fmt.Errorf("GET %s: %d %s", url, a.status, bytes.TrimSpace(a.body))
 	}
@@ -88,22 +88,33 @@ func (d *demo) get(ctx context.Context, url string, auth bool) (rawAnswer, error
 }
 
 // getJSON reads url and decodes its JSON body into v.
-func (d *demo) getJSON(ctx context.Context, url string, auth bool, v any) error {
-	a, err := d.get(ctx, url, auth)
+func (s *Session) getJSON(ctx context.Context, url string, auth bool, v any) error {
+	a, err := s.get(ctx, url, auth)
 	if err != nil {
 		return err
 	}
 	return json.Unmarshal(a.body, v)
 }
 
-func (d *demo) do(req *http.Request) (rawAnswer, error) {
-	resp, err := d.http.Do(req)
+func (s *Session) do(c *http.Client, req *http.Request) (rawAnswer, error) {
+	resp, err := c.Do(req)
 	if err != nil {
 		return rawAnswer{}, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
 	return rawAnswer{status: resp.StatusCode, header: resp.Header, body: b}, err
+}
+
+// deadline is start+timeout, or later when a learner stepping through the
+// lesson let a request go since: time spent waiting for them does not count.
+func (s *Session) deadline(start time.Time, timeout time.Duration) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.resume.After(start) {
+		start = s.resume
+	}
+	return start.Add(timeout)
 }
 
 // The payment channel's admin API.
@@ -117,14 +128,14 @@ type channelStats struct {
 	LostResponses      int64 `json:"lost_responses"`
 }
 
-func (s channelStats) String() string {
+func (st channelStats) String() string {
 	return fmt.Sprintf("charges=%d refunds=%d duplicates_absorbed=%d lookups=%d lost_responses=%d",
-		s.Charges, s.Refunds, s.DuplicatesAbsorbed, s.Lookups, s.LostResponses)
+		st.Charges, st.Refunds, st.DuplicatesAbsorbed, st.Lookups, st.LostResponses)
 }
 
-func (d *demo) channelStats(ctx context.Context) (channelStats, error) {
-	var s channelStats
-	return s, d.getJSON(ctx, d.cfg.channelURL+"/admin/stats", false, &s)
+func (s *Session) channelStats(ctx context.Context) (channelStats, error) {
+	var st channelStats
+	return st, s.getJSON(ctx, s.cfg.ChannelURL+"/admin/stats", false, &st)
 }
 
 // channelCharge is one charge the channel made (GET /admin/charges), with
@@ -140,11 +151,11 @@ type channelCharge struct {
 
 // chargesFor returns the channel's charges for one order: the service
 // sends the order id as the charge's reference.
-func (d *demo) chargesFor(ctx context.Context, orderID string) ([]channelCharge, error) {
+func (s *Session) chargesFor(ctx context.Context, orderID string) ([]channelCharge, error) {
 	var all struct {
 		Charges []channelCharge `json:"charges"`
 	}
-	if err := d.getJSON(ctx, d.cfg.channelURL+"/admin/charges", false, &all); err != nil {
+	if err := s.getJSON(ctx, s.cfg.ChannelURL+"/admin/charges", false, &all); err != nil {
 		return nil, err
 	}
 	var mine []channelCharge
@@ -159,8 +170,8 @@ func (d *demo) chargesFor(ctx context.Context, orderID string) ([]channelCharge,
 // The order service's views of an intent.
 
 // record is the service's record of key for one operation.
-func (d *demo) record(ctx context.Context, key, operation string) (client.IdempotencyRecord, error) {
-	res, err := d.api.IdempotencyRecords(ctx, key)
+func (s *Session) record(ctx context.Context, key, operation string) (client.IdempotencyRecord, error) {
+	res, err := s.view.IdempotencyRecords(ctx, key)
 	if err != nil {
 		return client.IdempotencyRecord{}, err
 	}
@@ -172,8 +183,21 @@ func (d *demo) record(ctx context.Context, key, operation string) (client.Idempo
 	return client.IdempotencyRecord{}, fmt.Errorf("no %s record for key %s", operation, key)
 }
 
-// showRecord prints the fields of a record that tell who owns the intent.
-func (d *demo) showRecord(r client.IdempotencyRecord) {
+// records are the service's records of key, one per operation, as the
+// timeline's record lane shows them.
+func (s *Session) records(ctx context.Context, key string) ([]Record, error) {
+	res, err := s.view.IdempotencyRecords(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Record, 0, len(res.Value))
+	for _, r := range res.Value {
+		out = append(out, laneRecord(r))
+	}
+	return out, nil
+}
+
+func laneRecord(r client.IdempotencyRecord) Record {
 	lease := "none"
 	if r.LeaseExpiresAt != nil {
 		if left := time.Until(*r.LeaseExpiresAt); left > 0 {
@@ -182,19 +206,28 @@ func (d *demo) showRecord(r client.IdempotencyRecord) {
 			lease = fmt.Sprintf("expired %.1fs ago", -left.Seconds())
 		}
 	}
-	d.got("record %s %s: state %s, attempts %d, lease_token %d, lease %s",
-		r.Operation, r.IdempotencyKey, r.State, r.Attempts, r.LeaseToken, lease)
+	return Record{Key: r.IdempotencyKey, Operation: r.Operation, State: r.State, Attempts: r.Attempts,
+		LeaseToken: r.LeaseToken, Lease: lease, ResourceID: r.ResourceID}
+}
+
+// showRecord narrates the fields of a record that tell who owns the
+// intent, and puts it on the record lane if it changed.
+func (s *Session) showRecord(r client.IdempotencyRecord) {
+	lr := laneRecord(r)
+	s.got("record %s %s: state %s, attempts %d, lease_token %d, lease %s",
+		lr.Operation, lr.Key, lr.State, lr.Attempts, lr.LeaseToken, lr.Lease)
+	s.noteRecord(lr)
 }
 
 // waitForRecord polls the record until it is in state, or timeout passes.
-func (d *demo) waitForRecord(ctx context.Context, key, operation, state string, timeout time.Duration) (client.IdempotencyRecord, error) {
-	deadline := time.Now().Add(timeout)
+func (s *Session) waitForRecord(ctx context.Context, key, operation, state string, timeout time.Duration) (client.IdempotencyRecord, error) {
+	start := time.Now()
 	for {
-		r, err := d.record(ctx, key, operation)
+		r, err := s.record(ctx, key, operation)
 		if err == nil && r.State == state {
 			return r, nil
 		}
-		if time.Now().After(deadline) {
+		if time.Now().After(s.deadline(start, timeout)) {
 			if err == nil {
 				err = fmt.Errorf("record %s %s still %s after %s", operation, key, r.State, timeout)
 			}
@@ -222,13 +255,13 @@ type policy struct {
 	} `json:"operations"`
 }
 
-func (d *demo) policy(ctx context.Context) (policy, error) {
+func (s *Session) policy(ctx context.Context) (policy, error) {
 	var p policy
-	return p, d.getJSON(ctx, d.cfg.baseURL+"/v1/idempotency-policy", true, &p)
+	return p, s.getJSON(ctx, s.cfg.BaseURL+"/v1/idempotency-policy", true, &p)
 }
 
 // ordersOf counts the tenant's orders of one customer.
-func (d *demo) ordersOf(ctx context.Context, customer string) (int, error) {
-	res, err := d.api.ListOrders(ctx, client.ListOptions{CustomerID: customer, Limit: 100})
+func (s *Session) ordersOf(ctx context.Context, customer string) (int, error) {
+	res, err := s.view.ListOrders(ctx, client.ListOptions{CustomerID: customer, Limit: 100})
 	return len(res.Value.Orders), err
 }

@@ -1,0 +1,269 @@
+// The lab's page: the lesson list and controls, fed by the lab's
+// Server-Sent Events. Every request the page shows was really sent to the
+// order service; the page only asks the lab to send it.
+
+import * as timeline from "./timeline.js";
+import * as charts from "./charts.js";
+
+const $ = (id) => document.getElementById(id);
+const state = { lessons: [], selected: 1, running: false, stepping: false, waiting: 0, lastSeq: 0, lastOrder: "" };
+
+async function api(path, body) {
+  const res = await fetch(path, body === undefined ? {} : {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+  });
+  const text = await res.text();
+  const data = text ? JSON.parse(text) : {};
+  if (!res.ok) throw new Error(data.error || res.statusText);
+  return data;
+}
+
+// Lessons.
+
+function renderLessons() {
+  const ol = $("lessons");
+  ol.replaceChildren(...state.lessons.map((l) => {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.dataset.lesson = String(l.number);
+    b.dataset.status = l.status || "";
+    b.setAttribute("aria-current", String(l.number === state.selected));
+    b.innerHTML = `<span class="n">${l.number}.</span><span class="title"></span><span class="mark" aria-hidden="true"></span>`;
+    b.querySelector(".title").textContent = l.title;
+    b.querySelector(".mark").textContent = { passed: "✓", failed: "✗", running: "●" }[l.status] || "";
+    b.title = (l.status ? l.status + " · " : "") + "Enter runs it";
+    b.addEventListener("click", () => { select(l.number); run(false); });
+    b.addEventListener("focus", () => select(l.number, false));
+    const li = document.createElement("li");
+    li.append(b);
+    return li;
+  }));
+}
+
+function select(n, focus = true) {
+  if (!state.lessons.some((l) => l.number === n)) return;
+  state.selected = n;
+  for (const b of document.querySelectorAll("#lessons button")) {
+    const on = Number(b.dataset.lesson) === n;
+    b.setAttribute("aria-current", String(on));
+    if (on && focus && document.activeElement !== b) b.focus();
+  }
+  if (!state.running && state.shown !== n) showIntro(n);
+}
+
+function showIntro(n) {
+  const l = state.lessons.find((x) => x.number === n);
+  $("title").textContent = `${l.number}. ${l.title}`;
+  $("intro").textContent = "Press r (Run) to play it, or s (Step) to send one request at a time.";
+}
+
+function setStatus(n, status) {
+  const l = state.lessons.find((x) => x.number === n);
+  if (l) l.status = status;
+  const b = document.querySelector(`#lessons button[data-lesson="${n}"]`);
+  if (b) {
+    b.dataset.status = status;
+    b.querySelector(".mark").textContent = { passed: "✓", failed: "✗", running: "●" }[status] || "";
+  }
+}
+
+// Running.
+
+async function run(step, lesson = state.selected) {
+  try {
+    await api("/api/run", { lesson, step });
+  } catch (err) {
+    flash($("state"), err.message);
+  }
+}
+
+async function next(all = false) {
+  try { await api("/api/step", { all }); } catch (err) { flash($("state"), err.message); }
+}
+
+async function resend(id, newKey) {
+  try { await api("/api/resend", { request: id, new_key: newKey }); } catch (err) { flash($("state"), err.message); }
+}
+
+function flash(where, text) {
+  where.textContent = text;
+  where.dataset.flash = "true";
+}
+
+function renderState() {
+  const s = $("state");
+  s.dataset.state = state.running ? "running" : "idle";
+  s.dataset.flash = "false";
+  s.textContent = !state.running ? "idle" : state.stepping ? (state.waiting ? "stepping: a request is waiting (n)" : "stepping…") : "running…";
+  $("run").disabled = $("step").disabled = $("all").disabled = state.running;
+  $("next").disabled = !(state.running && state.stepping && state.waiting);
+  $("rest").disabled = !(state.running && state.stepping);
+}
+
+// Events.
+
+function onEvent(e) {
+  if (e.seq && e.seq <= state.lastSeq && e.kind !== "state") return;
+  if (e.seq) state.lastSeq = e.seq;
+  switch (e.kind) {
+    case "state":
+      state.running = e.text === "running";
+      state.stepping = state.running && !!e.ok;
+      if (!state.running) state.waiting = 0;
+      renderState();
+      return;
+    case "lesson_start":
+      state.shown = e.lesson;
+      timeline.clear(e);
+      select(e.lesson, false);
+      setStatus(e.lesson, "running");
+      $("title").textContent = `${e.lesson}. ${e.text}`;
+      $("intro").textContent = "Running: every row below is a real request, answer or change, as it happens.";
+      $("outcome").hidden = true;
+      $("checks").replaceChildren();
+      $("why").textContent = "";
+      return;
+    case "waiting":
+      state.waiting++;
+      renderState();
+      break;
+    case "request":
+      if (document.querySelector(`li.wait[data-request="${e.request.id}"]`)) state.waiting = Math.max(0, state.waiting - 1);
+      renderState();
+      break;
+    case "answer":
+      if (e.answer.order_id) state.lastOrder = e.answer.order_id;
+      break;
+    case "why":
+      $("why").textContent = e.text;
+      $("outcome").hidden = false;
+      return;
+    case "check": {
+      const li = document.createElement("li");
+      li.dataset.ok = String(e.ok);
+      li.textContent = e.text;
+      $("checks").append(li);
+      $("outcome").hidden = false;
+      return;
+    }
+    case "metrics":
+      charts.record(e.signals);
+      charts.render($("metrics"), e.signals);
+      $("metrics-section").hidden = false;
+      return;
+    case "lesson_end":
+      if (e.text) {
+        const li = document.createElement("li");
+        li.className = "stopped";
+        li.dataset.ok = "false";
+        li.textContent = "could not finish: " + e.text;
+        $("checks").append(li);
+      }
+      setStatus(e.lesson, e.ok ? "passed" : "failed");
+      $("intro").textContent = e.ok ? "Every check passed. Send any request again with ↻ to see the replay or the refusal."
+        : "A check failed or the lesson stopped: see below.";
+      $("main").dataset.lessonDone = String(e.lesson);
+      return;
+  }
+  timeline.draw(e, resend);
+}
+
+function connect() {
+  const es = new EventSource("/api/events");
+  es.onopen = () => { $("live").dataset.live = "true"; $("live").textContent = "live"; };
+  es.onerror = () => { $("live").dataset.live = "false"; $("live").textContent = "reconnecting…"; };
+  es.onmessage = (m) => onEvent(JSON.parse(m.data));
+}
+
+// Faults at the channel, and the learner's own requests.
+
+function faultsFromForm() {
+  return {
+    lost_response_rate: Number($("lost").value) / 100,
+    unavailable_rate: Number($("unavail").value) / 100,
+    latency_ms: Number($("latency").value),
+    latency_jitter_ms: 0,
+  };
+}
+
+function showFaults(f) {
+  $("lost").value = Math.round(f.lost_response_rate * 100);
+  $("unavail").value = Math.round(f.unavailable_rate * 100);
+  $("latency").value = f.latency_ms;
+  updateOutputs();
+  const on = f.lost_response_rate > 0 || f.unavailable_rate > 0 || f.latency_ms > 0;
+  $("faults-status").textContent = on ? "faults on" : "no faults";
+  $("faults-status").dataset.on = String(on);
+}
+
+function updateOutputs() {
+  $("lost-out").textContent = $("lost").value + "%";
+  $("unavail-out").textContent = $("unavail").value + "%";
+  $("latency-out").textContent = $("latency").value + " ms";
+}
+
+async function setFaults(f) {
+  try { showFaults(await api("/api/faults", f)); } catch (err) { $("faults-status").textContent = err.message; }
+}
+
+function wireForms() {
+  for (const id of ["lost", "unavail", "latency"]) $(id).addEventListener("input", updateOutputs);
+  $("faults").addEventListener("submit", (ev) => { ev.preventDefault(); setFaults(faultsFromForm()); });
+  $("faults-clear").addEventListener("click", () => setFaults({ lost_response_rate: 0, unavailable_rate: 0, latency_ms: 0, latency_jitter_ms: 0 }));
+  $("own").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const op = $("own-op").value;
+    const body = { operation: op, order_id: $("own-order").value.trim() || state.lastOrder,
+      payment_method: $("own-method").value, key: $("own-key").value.trim() };
+    try {
+      const a = await api("/api/send", body);
+      $("own-status").textContent = `${a.status}${a.replayed ? " replayed" : ""}${a.code ? " " + a.code : ""}`;
+      $("own-status").dataset.status = String(a.status);
+      $("own-status").dataset.replayed = String(!!a.replayed);
+    } catch (err) { $("own-status").textContent = err.message; }
+  });
+  $("run").addEventListener("click", () => run(false));
+  $("step").addEventListener("click", () => run(true));
+  $("next").addEventListener("click", () => next(false));
+  $("rest").addEventListener("click", () => next(true));
+  $("all").addEventListener("click", () => run(false, 0));
+}
+
+function wireKeys() {
+  document.addEventListener("keydown", (ev) => {
+    if (ev.ctrlKey || ev.metaKey || ev.altKey) return;
+    const t = ev.target;
+    if (t.closest && t.closest("input, select, textarea")) return;
+    const k = ev.key;
+    if (k === "ArrowDown" || k === "ArrowUp") {
+      if (!t.closest || !t.closest("#lessons")) return;
+      ev.preventDefault();
+      const n = state.selected + (k === "ArrowDown" ? 1 : -1);
+      select(Math.min(Math.max(n, 1), state.lessons.length));
+      return;
+    }
+    if (/^[0-9]$/.test(k)) { select(k === "0" ? 10 : Number(k)); return; }
+    const act = { r: () => run(false), s: () => run(true), n: () => next(false), c: () => next(true), a: () => run(false, 0) }[k];
+    if (act) { ev.preventDefault(); act(); }
+  });
+}
+
+async function main() {
+  const info = await api("/api/lessons");
+  $("service").textContent = info.service;
+  $("channel").textContent = info.channel;
+  $("run-id").textContent = info.run_id;
+  state.lessons = info.lessons.map((l) => ({ ...l, status: l.passed === undefined ? "" : l.passed ? "passed" : "failed" }));
+  state.running = !!info.running;
+  state.stepping = !!info.stepping;
+  renderLessons();
+  showIntro(state.selected);
+  timeline.empty("No lesson yet: pick one on the left and press r.");
+  wireForms();
+  wireKeys();
+  renderState();
+  connect();
+  try { showFaults(await api("/api/faults")); } catch (err) { $("faults-status").textContent = err.message; }
+}
+
+main();

@@ -1,0 +1,269 @@
+package lessons
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// recorder is the transport of every request a lesson's client sends the
+// service: it waits for the step, emits the request and its answer, and
+// (with Config.Observe) what the answer changed in the record, the order
+// and the channel. The clients above it (the Go client, raw posts) do not
+// know it is there, exactly as an application's would not.
+type recorder struct {
+	s    *Session
+	next http.RoundTripper
+}
+
+// stepSkipped is the note on a request that a step does not hold.
+const stepSkipped = "step mode sends #%d at once: another request is still in flight, and time does not wait"
+
+type resendKey struct{}
+
+// withResend marks a request as a re-send of request id: it is not a step
+// of the lesson, so it never waits for one.
+func withResend(ctx context.Context, id int) context.Context {
+	return context.WithValue(ctx, resendKey{}, id)
+}
+
+func (t *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
+	s := t.s
+	r := Request{Method: req.Method, Path: req.URL.RequestURI(), Key: req.Header.Get("Idempotency-Key")}
+	r.Operation = operationOf(req.Method, req.URL.Path)
+	if req.GetBody != nil {
+		if b, err := req.GetBody(); err == nil {
+			raw, _ := io.ReadAll(b)
+			r.Body = string(raw)
+		}
+	}
+	resend, _ := req.Context().Value(resendKey{}).(int)
+	r.Resend = resend
+
+	s.mu.Lock()
+	s.reqID++
+	r.ID = s.reqID
+	s.requests[r.ID] = r
+	step, inFlight := s.step, s.inFlight
+	s.mu.Unlock()
+	switch {
+	case step == nil || resend != 0:
+	case inFlight > 0:
+		// Holding it would let the request in flight finish first and tell
+		// another story (a replay where the lesson shows a 409).
+		s.note(stepSkipped, r.ID)
+	default:
+		if err := step(req.Context(), r); err != nil {
+			return nil, err
+		}
+		s.mu.Lock()
+		s.resume = time.Now()
+		s.mu.Unlock()
+	}
+	s.mu.Lock()
+	s.inFlight++
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.inFlight--
+		s.mu.Unlock()
+	}()
+
+	s.emit(Event{Kind: KindRequest, Request: &r})
+	start := time.Now()
+	resp, err := t.next.RoundTrip(req)
+	a := Answer{RequestID: r.ID}
+	var body []byte
+	if err == nil {
+		body, err = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	a.Millis = time.Since(start).Milliseconds()
+	if err != nil {
+		a.Error = "no answer: " + hangUp(req.Context(), err)
+	} else {
+		a.Status = resp.StatusCode
+		a.Replayed = resp.Header.Get("Idempotent-Replayed") == "true"
+		a.RetryAfter = resp.Header.Get("Retry-After")
+		a.Location = resp.Header.Get("Location")
+		a.Key = resp.Header.Get("Idempotency-Key")
+		a.Instance = resp.Header.Get("X-Upstream-Addr")
+		var fields struct {
+			ID     string `json:"id"`
+			Status any    `json:"status"`
+			Code   string `json:"code"`
+		}
+		_ = json.Unmarshal(body, &fields)
+		a.Code = fields.Code
+		if st, ok := fields.Status.(string); ok && fields.ID != "" {
+			a.OrderID, a.OrderStatus = fields.ID, st
+		}
+	}
+	s.emit(Event{Kind: KindAnswer, Answer: &a})
+	if s.cfg.Observe {
+		// The client may have hung up; what it left behind is still worth a look.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(req.Context()), 5*time.Second)
+		s.observe(ctx, r, a)
+		cancel()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// hangUp says why no answer came, in a learner's words.
+func hangUp(ctx context.Context, err error) string {
+	if ctx.Err() != nil {
+		return "the client hung up (" + ctx.Err().Error() + ")"
+	}
+	return err.Error()
+}
+
+// operationOf names the idempotent operation of a request, as the
+// service's records do, or "" for a read.
+func operationOf(method, path string) string {
+	if method != http.MethodPost {
+		return ""
+	}
+	parts := strings.Split(strings.Trim(path, "/"), "/")
+	switch {
+	case len(parts) == 2 && parts[0] == "v1" && parts[1] == "orders":
+		return "order.create"
+	case len(parts) == 4 && parts[0] == "v1" && parts[1] == "orders":
+		return "order." + parts[3]
+	}
+	return ""
+}
+
+// orderInPath is the order id of /v1/orders/{id}/…, or "".
+func orderInPath(path string) string {
+	parts := strings.Split(strings.Trim(path, "/"), "/")
+	if len(parts) >= 3 && parts[0] == "v1" && parts[1] == "orders" {
+		return parts[2]
+	}
+	return ""
+}
+
+// observed is what the lanes showed last, so only changes are emitted.
+type observed struct {
+	records map[string]string // key|operation -> state/attempts/token
+	orders  map[string]string // id -> status
+	charges map[string]string // id -> status/requests
+}
+
+func newObserved() observed {
+	return observed{records: map[string]string{}, orders: map[string]string{}, charges: map[string]string{}}
+}
+
+// observe reads what an answer may have changed and emits what did.
+func (s *Session) observe(ctx context.Context, r Request, a Answer) {
+	if r.Key != "" && r.Operation != "" {
+		if recs, err := s.records(ctx, r.Key); err == nil {
+			for _, rec := range recs {
+				s.noteRecord(rec)
+			}
+		}
+	}
+	if a.OrderID != "" {
+		s.noteOrder(Order{ID: a.OrderID, Status: a.OrderStatus})
+	}
+	order := orderInPath(r.Path)
+	if order == "" {
+		order = a.OrderID
+	}
+	if order != "" && (r.Operation == "order.pay" || r.Operation == "order.cancel") {
+		if charges, err := s.chargesFor(ctx, order); err == nil {
+			for _, c := range charges {
+				s.noteCharge(c)
+			}
+		}
+	}
+}
+
+// noteRecord emits a record when its state, attempts or lease token
+// changed since the lane last showed it.
+func (s *Session) noteRecord(r Record) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id, v := r.Key+"|"+r.Operation, fmt.Sprintf("%s/%d/%d", r.State, r.Attempts, r.LeaseToken)
+	if s.seen.records[id] == v {
+		return
+	}
+	s.seen.records[id] = v
+	s.emitLocked(Event{Kind: KindRecord, Record: &r})
+}
+
+func (s *Session) noteOrder(o Order) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.seen.orders[o.ID] == o.Status {
+		return
+	}
+	s.seen.orders[o.ID] = o.Status
+	s.emitLocked(Event{Kind: KindOrder, Order: &o})
+}
+
+func (s *Session) noteCharge(c channelCharge) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v := c.Status + "/" + strconv.Itoa(c.Requests)
+	if s.seen.charges[c.ID] == v {
+		return
+	}
+	s.seen.charges[c.ID] = v
+	s.emitLocked(Event{Kind: KindCharge, Charge: &Charge{ID: c.ID, Status: c.Status, Amount: c.Amount,
+		OrderID: c.Reference, IdempotencyKey: c.IdempotencyKey, Requests: c.Requests}})
+}
+
+// Resend sends request id again, as a client would, with the same key or
+// a new one; its request and answer are emitted like the lesson's own.
+func (s *Session) Resend(ctx context.Context, id int, newKey bool) (Answer, error) {
+	s.mu.Lock()
+	orig, ok := s.requests[id]
+	s.mu.Unlock()
+	if !ok {
+		return Answer{}, fmt.Errorf("no request %d in this session", id)
+	}
+	key := orig.Key
+	if newKey || key == "" {
+		key = fmt.Sprintf("%s-lab-%d", s.runID, time.Now().UnixNano())
+	}
+	return s.Send(withResend(ctx, id), orig.Method, orig.Path, key, orig.Body)
+}
+
+// Send sends one request of the learner's own to the service, as the
+// session's tenant, and returns the answer the timeline shows for it.
+func (s *Session) Send(ctx context.Context, method, path, key, body string) (Answer, error) {
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	if _, ok := ctx.Value(resendKey{}).(int); !ok {
+		ctx = withResend(ctx, -1) // not a step of any lesson
+	}
+	req, err := http.NewRequestWithContext(ctx, method, s.cfg.BaseURL+path, rd)
+	if err != nil {
+		return Answer{}, err
+	}
+	req.Header.Set("Authorization", "Bearer "+s.cfg.APIKey)
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	a, err := s.do(s.http, req)
+	if err != nil {
+		return Answer{Error: err.Error()}, err
+	}
+	return Answer{Status: a.status, Replayed: a.header.Get("Idempotent-Replayed") == "true",
+		Code: a.field("code"), OrderID: a.field("id")}, nil
+}
