@@ -46,6 +46,10 @@ LAB_API_KEY     ?= $(DEMO_API_KEY)
 lab: ## the lessons in a browser on http://localhost:8090, against the running service
 	$(GO) run ./cmd/lab -listen $(LAB_ADDR) -url $(LAB_SERVICE_URL) -channel $(LAB_CHANNEL_URL) -api-key $(LAB_API_KEY)
 
+.PHONY: lab-screenshot
+lab-screenshot: ## run the lab's browser test and refresh docs/lab.png, the README's picture
+	LAB_SCREENSHOT=update $(GO) test -count=1 -run TestLabInABrowser ./cmd/lab/
+
 bench: ## load benchmarks against the real service and PostgreSQL; writes docs/benchmarks/ (BENCHFLAGS=-quick for a short run)
 	$(GO) run -tags bench ./cmd/bench $(BENCHFLAGS)
 

@@ -55,7 +55,7 @@ func All() []Lesson {
 			run: keyReused,
 		},
 		{
-			Title: "A duplicate while the first is still in flight: 409 + Retry-After, then the replay",
+			Title: "A duplicate while the first is still in flight: 409 + Retry-After, or wait for the first result",
 			Why: "The first request won the unique insert and with it the right to execute: its record goes ABSENT → PROCESSING " +
 				"under a lease. A duplicate that finds PROCESSING must neither run the intent again nor answer success it has not " +
 				"seen: it is told the request is in progress and when to come back, and once the record is SUCCEEDED it gets the " +
@@ -271,20 +271,22 @@ func inFlight(ctx context.Context, s *Session) error {
 		return err
 	}
 	s.got("%s", dup)
-	s.note("Retry-After is what is left of the first request's lease: an upper bound. A client honours it; the demo")
-	s.note("instead waits for the first request to finish, then lets the client retry under the same key.")
+	s.note("Retry-After says when the first request's outcome is likely stored: its channel call's deadline plus a")
+	s.note("second, never more than its lease. Or the duplicate asks to wait for it, holding no connection meanwhile:")
+	s.send("POST /v1/orders/%s/pay  Idempotency-Key: %s  Prefer: wait=10  (the same duplicate, willing to wait)", short(o.ID), r2)
+	waited, err := s.postWith(ctx, "/v1/orders/"+o.ID+"/pay", r2, slow, 0, http.Header{"Prefer": {"wait=10"}})
+	waitedAt := time.Now()
+	if err != nil {
+		return err
+	}
+	s.got("%s", waited)
 	first := <-firstDone
 	if first.err != nil {
 		return fmt.Errorf("the first pay: %w", first.err)
 	}
 	s.got("the first request, after %.1fs: %d order %s %s (Attempts=%d)", first.took.Seconds(), first.res.Status,
 		short(first.res.Value.ID), first.res.Value.Status, first.res.Attempts)
-	s.send("client.Pay(%s, pm_slow, WithKey(%q))  the client's retry", short(o.ID), r2)
-	again, err := s.api.Pay(ctx, o.ID, slow, client.WithKey(r2))
-	if err != nil {
-		return err
-	}
-	s.got("%d order %s %s, Replayed=%v, Attempts=%d", again.Status, short(again.Value.ID), again.Value.Status, again.Replayed, again.Attempts)
+	lag := waitedAt.Sub(start.Add(first.took))
 	charges, err := s.chargesFor(ctx, o.ID)
 	if err != nil {
 		return err
@@ -292,10 +294,13 @@ func inFlight(ctx context.Context, s *Session) error {
 
 	retryAfter, _ := strconv.Atoi(dup.header.Get("Retry-After"))
 	s.check(dup.status == http.StatusConflict && dup.field("code") == client.CodeInProgress,
-		"the duplicate got 409 request_in_progress while the first was running")
+		"the impatient duplicate got 409 request_in_progress while the first was running")
 	s.check(retryAfter >= 1, "with Retry-After: %d (whole seconds, at least 1)", retryAfter)
 	s.check(first.res.Value.Status == client.StatusPaid && !first.res.Replayed, "the first request executed: PAID")
-	s.check(again.Replayed && again.Value.Status == client.StatusPaid, "the retry got the first result replayed, not a second execution")
+	s.check(waited.status == http.StatusOK && waited.header.Get("Idempotent-Replayed") == "true" && waited.field("status") == string(client.StatusPaid),
+		"the waiting duplicate got the first result replayed, not a second execution")
+	s.check(waited.header.Get("Preference-Applied") == "wait=10", "with Preference-Applied: wait=10")
+	s.check(lag < time.Second, "as soon as the first result was stored (%dms after the first's answer)", lag.Milliseconds())
 	s.check(len(charges) == 1, "the channel holds exactly 1 charge for the order (found %d)", len(charges))
 	return nil
 }

@@ -39,7 +39,7 @@ func (a rawAnswer) String() string {
 	if code := a.field("code"); code != "" {
 		parts = append(parts, "code "+code)
 	}
-	for _, h := range []string{"Idempotent-Replayed", "Retry-After", "Location"} {
+	for _, h := range []string{"Idempotent-Replayed", "Preference-Applied", "Retry-After", "Location"} {
 		if v := a.header.Get(h); v != "" {
 			parts = append(parts, h+": "+v)
 		}
@@ -51,6 +51,11 @@ func (a rawAnswer) String() string {
 // given key and JSON body, and no retry. A timeout of zero keeps the
 // default; a short one plays a client that hangs up.
 func (s *Session) post(ctx context.Context, path, key string, body any, timeout time.Duration) (rawAnswer, error) {
+	return s.postWith(ctx, path, key, body, timeout, nil)
+}
+
+// postWith is post with extra request headers (such as Prefer).
+func (s *Session) postWith(ctx context.Context, path, key string, body any, timeout time.Duration, header http.Header) (rawAnswer, error) {
 	b, err := json.Marshal(body)
 	if err != nil {
 		return rawAnswer{}, err
@@ -67,6 +72,9 @@ func (s *Session) post(ctx context.Context, path, key string, body any, timeout 
 	req.Header.Set("Authorization", "Bearer "+s.cfg.APIKey)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
+	for k, vs := range header {
+		req.Header[k] = vs
+	}
 	return s.do(s.http, req)
 }
 
