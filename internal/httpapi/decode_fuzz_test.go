@@ -52,7 +52,7 @@ type fuzzedRoute struct {
 
 // through decodes into Req with the handlers' decoder and, if that worked,
 // runs the use case on it, as idempotentOn does.
-func through[Req any](use func(*order.Service) func(context.Context, order.Caller, string, Req) (idempotency.Response, error)) func(echo.Context, *order.Service) (error, error) {
+func through[Req any](use func(*order.Service) func(context.Context, order.Caller, string, Req) (idempotency.Result, error)) func(echo.Context, *order.Service) (error, error) {
 	return func(c echo.Context, s *order.Service) (error, error) {
 		var req Req
 		if err := decode(c, &req); err != nil {
@@ -64,21 +64,21 @@ func through[Req any](use func(*order.Service) func(context.Context, order.Calle
 }
 
 var fuzzedRoutes = []fuzzedRoute{
-	{"create", through(func(s *order.Service) func(context.Context, order.Caller, string, order.CreateRequest) (idempotency.Response, error) {
-		return func(ctx context.Context, c order.Caller, _ string, r order.CreateRequest) (idempotency.Response, error) {
+	{"create", through(func(s *order.Service) func(context.Context, order.Caller, string, order.CreateRequest) (idempotency.Result, error) {
+		return func(ctx context.Context, c order.Caller, _ string, r order.CreateRequest) (idempotency.Result, error) {
 			return s.Create(ctx, c, r)
 		}
 	})},
-	{"pay", through(func(s *order.Service) func(context.Context, order.Caller, string, order.PayRequest) (idempotency.Response, error) {
+	{"pay", through(func(s *order.Service) func(context.Context, order.Caller, string, order.PayRequest) (idempotency.Result, error) {
 		return s.Pay
 	})},
-	{"ship", through(func(s *order.Service) func(context.Context, order.Caller, string, order.ShipRequest) (idempotency.Response, error) {
+	{"ship", through(func(s *order.Service) func(context.Context, order.Caller, string, order.ShipRequest) (idempotency.Result, error) {
 		return s.Ship
 	})},
-	{"cancel", through(func(s *order.Service) func(context.Context, order.Caller, string, order.CancelRequest) (idempotency.Response, error) {
+	{"cancel", through(func(s *order.Service) func(context.Context, order.Caller, string, order.CancelRequest) (idempotency.Result, error) {
 		return s.Cancel
 	})},
-	{"deliver", through(func(s *order.Service) func(context.Context, order.Caller, string, order.DeliverRequest) (idempotency.Response, error) {
+	{"deliver", through(func(s *order.Service) func(context.Context, order.Caller, string, order.DeliverRequest) (idempotency.Result, error) {
 		return s.Deliver
 	})},
 }
@@ -145,13 +145,13 @@ func FuzzDecodeRequest(f *testing.F) {
 // wantClientProblem checks the response the error handler would send.
 func wantClientProblem(t *testing.T, route string, err error) {
 	t.Helper()
-	p := toProblem(err)
+	p := toProblem(echoProblem(err))
 	switch p.Code {
 	case problem.InvalidRequest, problem.PayloadTooLarge, problem.UnsupportedMediaType:
 	default:
 		t.Fatalf("%s: %v answers %s", route, err, p.Code)
 	}
-	if status, body := problem.Render(p); status >= 500 || !bytes.Contains(body, []byte(`"code":"`+string(p.Code)+`"`)) {
-		t.Fatalf("%s: %v renders as %d %s", route, err, status, body)
+	if r := RenderError(p); r.Status >= 500 || !bytes.Contains(r.Body, []byte(`"code":"`+string(p.Code)+`"`)) {
+		t.Fatalf("%s: %v renders as %d %s", route, err, r.Status, r.Body)
 	}
 }

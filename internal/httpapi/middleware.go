@@ -8,20 +8,19 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/problem"
 )
 
-// Keys of values a request carries through echo's context, for the log line.
+// Keys of values a request carries through echo's context, for the metrics
+// and the log line.
 const (
-	ctxTenant    = "tenant"
-	ctxOperation = "operation"
-	ctxKey       = "idempotency_key"
-	ctxOrderID   = "order_id"
-	ctxOutcome   = "outcome"
-	ctxCode      = "problem_code"
+	ctxTenant      = "tenant"
+	ctxOperation   = "operation"
+	ctxKey         = "idempotency_key"
+	ctxOrderID     = "order_id"
+	ctxDisposition = "disposition"
 )
-
-const outcomeReplayed = "replayed"
 
 // authenticate resolves the tenant from the bearer API key. The tenant comes
 // only from here, never from a header or body field.
@@ -41,27 +40,62 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 
 func tenant(c echo.Context) string { return c.Get(ctxTenant).(string) }
 
+// answerErrors answers an error the handler returned, there and then (see
+// handleError), so that the middleware around it sees the status sent. An
+// idempotent request's disposition is named from the error here when the
+// handler did not name it from a result.
+func (s *Server) answerErrors(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		err := next(c)
+		if err == nil {
+			return nil
+		}
+		if _, named := c.Get(ctxDisposition).(idempotency.Disposition); !named {
+			c.Set(ctxDisposition, idempotency.DispositionOf(idempotency.Result{}, toProblem(echoProblem(err))))
+		}
+		c.Error(err)
+		return nil
+	}
+}
+
+// measure observes every request's latency and counts each idempotent
+// request by what the idempotency layer did with it.
+func (s *Server) measure(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		start := time.Now()
+		err := next(c)
+		s.Metrics.HTTP(c.Request().Method, c.Path(), c.Response().Status, time.Since(start))
+		if op := stringOf(c.Get(ctxOperation)); op != "" {
+			s.Metrics.Request(op, disposition(c))
+		}
+		return err
+	}
+}
+
+// disposition is what the idempotency layer did with the request; a
+// handler that returned neither a result nor an error executed it.
+func disposition(c echo.Context) idempotency.Disposition {
+	if d, ok := c.Get(ctxDisposition).(idempotency.Disposition); ok {
+		return d
+	}
+	return idempotency.Executed
+}
+
 // logRequests writes one structured line per request: who, which intent,
 // what came of it and how long it took. Never the API key or the body.
 func (s *Server) logRequests(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		start := time.Now()
 		err := next(c)
-		if err != nil {
-			c.Error(err)
-		}
 		req, res := c.Request(), c.Response()
-		took, result := time.Since(start), outcome(c, res.Status)
-		s.Metrics.HTTP(req.Method, c.Path(), res.Status, took)
-		s.Metrics.Request(stringOf(c.Get(ctxOperation)), result)
 		attrs := []slog.Attr{
 			slog.String("method", req.Method),
 			slog.String("route", c.Path()),
 			slog.Int("status", res.Status),
-			slog.Float64("latency_ms", float64(took.Microseconds())/1000),
+			slog.Float64("latency_ms", float64(time.Since(start).Microseconds())/1000),
 		}
 		if c.Get(ctxOperation) != nil { // what the idempotency layer did, for idempotent operations
-			attrs = append(attrs, slog.String("outcome", result))
+			attrs = append(attrs, slog.String("outcome", string(disposition(c))))
 		}
 		for _, k := range []string{ctxTenant, ctxOperation, ctxKey, ctxOrderID} {
 			if v, ok := c.Get(k).(string); ok && v != "" {
@@ -75,33 +109,8 @@ func (s *Server) logRequests(next echo.HandlerFunc) echo.HandlerFunc {
 			attrs = append(attrs, slog.String("trace_id", t))
 		}
 		s.Logger.LogAttrs(req.Context(), slog.LevelInfo, "request", attrs...)
-		return nil
+		return err
 	}
-}
-
-// outcome names what the idempotency layer did with the request.
-func outcome(c echo.Context, status int) string {
-	if o, ok := c.Get(ctxOutcome).(string); ok {
-		return o
-	}
-	switch problem.Code(stringOf(c.Get(ctxCode))) {
-	case "":
-		if status < 400 {
-			return "executed"
-		}
-		return "failed"
-	case problem.KeyReused:
-		return "key_reused"
-	case problem.RequestInProgress:
-		return "in_progress"
-	case problem.InvalidRequest, problem.KeyMissing, problem.KeyInvalid, problem.PayloadTooLarge, problem.UnsupportedMediaType:
-		return "validation_rejected"
-	case problem.Unauthenticated:
-		return "unauthenticated"
-	case problem.ServiceUnavailable:
-		return "unavailable"
-	}
-	return "failed"
 }
 
 func stringOf(v any) string {

@@ -67,12 +67,30 @@ func (s *Server) idempotencyRecords(c echo.Context) error {
 	}
 	out := make([]recordJSON, len(recs))
 	for i, r := range recs {
+		status, err := responseStatus(r)
+		if err != nil {
+			return err
+		}
 		out[i] = recordJSON{Operation: r.Operation, IdempotencyKey: r.IdempotencyKey, State: r.State,
-			Fingerprint: r.Fingerprint, ResourceID: r.Resource(), ResponseStatus: r.ResponseStatus,
+			Fingerprint: r.Fingerprint, ResourceID: r.Resource(), ResponseStatus: status,
 			Attempts: r.Attempts, LeaseToken: r.LeaseToken, LeaseExpiresAt: r.LeaseExpiresAt,
 			CreatedAt: r.CreatedAt, CompletedAt: r.CompletedAt, ExpiresAt: r.ExpiresAt}
 	}
 	return c.JSON(http.StatusOK, map[string]any{"records": out})
+}
+
+// responseStatus is the HTTP status a record's stored result renders to (and
+// every replay of it is sent with), or nil while it holds none.
+func responseStatus(r idempotency.Record) (*int, error) {
+	if r.Outcome == nil {
+		return nil, nil
+	}
+	res, err := r.Result()
+	if err != nil {
+		return nil, err
+	}
+	status := Render(res).Status
+	return &status, nil
 }
 
 // idempotencyPolicy shows the retention policy in force and how it follows

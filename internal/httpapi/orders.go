@@ -12,17 +12,23 @@ import (
 	"github.com/orderservice/orderservice/internal/problem"
 )
 
+// useCase is an order use case as the routes call it: on the order named
+// in the path (orderID), or on none ("").
+type useCase[Req any] func(ctx context.Context, c order.Caller, orderID string, req Req) (idempotency.Result, error)
+
 // idempotent adapts a use case that acts on no existing resource (create)
-// to a handler. The handler only reads the key and the body: claiming,
-// executing and storing the outcome happen in the use case's transaction.
-func idempotent[Req any](s *Server, op string, run func(context.Context, order.Caller, Req) (idempotency.Response, error)) echo.HandlerFunc {
-	return idempotentOn(s, op, func(ctx context.Context, c order.Caller, _ string, req Req) (idempotency.Response, error) {
+// to a handler.
+func idempotent[Req any](s *Server, op string, run func(context.Context, order.Caller, Req) (idempotency.Result, error)) echo.HandlerFunc {
+	return idempotentOn(s, op, func(ctx context.Context, c order.Caller, _ string, req Req) (idempotency.Result, error) {
 		return run(ctx, c, req)
 	})
 }
 
-// idempotentOn adapts a use case on the order named in the path.
-func idempotentOn[Req any](s *Server, op string, run func(context.Context, order.Caller, string, Req) (idempotency.Response, error)) echo.HandlerFunc {
+// idempotentOn adapts a use case on the order named in the path. The
+// handler only reads the key and the body: claiming, executing and storing
+// the result happen in the use case's transaction; the handler renders the
+// result it returns.
+func idempotentOn[Req any](s *Server, op string, run useCase[Req]) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		c.Set(ctxOperation, op)
 		key, err := idempotency.ParseKeyHeader(c.Request().Header.Values("Idempotency-Key"))
@@ -36,16 +42,17 @@ func idempotentOn[Req any](s *Server, op string, run func(context.Context, order
 		}
 		caller := order.Caller{TenantID: tenant(c), Key: key}
 		scope := idempotency.Scope{TenantID: caller.TenantID, Operation: op, Key: key}
-		resp, err := s.awaitFirst(c, scope, func() (idempotency.Response, error) {
+		res, err := s.awaitFirst(c, scope, func() (idempotency.Result, error) {
 			return run(c.Request().Context(), caller, c.Param("id"), req)
 		})
 		if err != nil {
 			return err
 		}
-		if resp.Location != "" {
-			c.Set(ctxOrderID, resp.Location[len("/v1/orders/"):])
+		c.Set(ctxDisposition, idempotency.DispositionOf(res, nil))
+		if res.Outcome == idempotency.OutcomeCreated {
+			c.Set(ctxOrderID, res.Resource)
 		}
-		return send(c, resp)
+		return send(c, Render(res))
 	}
 }
 

@@ -1,5 +1,8 @@
 // Package httpapi is the HTTP face of the service: routes, authentication,
-// request decoding, and the one place where errors become problem+json.
+// request decoding, and the rendering of what the use cases return (an
+// idempotency.Result or an error) as status, headers and body. Render and
+// RenderError are exported so that another transport answers with the
+// same bytes.
 package httpapi
 
 import (
@@ -15,7 +18,6 @@ import (
 	"github.com/labstack/echo/v4/middleware"
 	"gorm.io/gorm"
 
-	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/metrics"
 	"github.com/orderservice/orderservice/internal/order"
@@ -57,7 +59,7 @@ func (s *Server) Handler() *echo.Echo {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.handleError
-	e.Use(s.logRequests)
+	e.Use(s.logRequests, s.measure, s.answerErrors)
 	// A panic in a handler rolls its transaction back (GORM re-panics after
 	// ROLLBACK) and becomes a 500 here instead of a dropped connection.
 	e.Use(middleware.RecoverWithConfig(middleware.RecoverConfig{DisableStackAll: true, DisablePrintStack: true}))
@@ -71,58 +73,53 @@ func (s *Server) handleError(err error, c echo.Context) {
 	if c.Response().Committed {
 		return
 	}
-	p := toProblem(err)
-	status, body := problem.Render(p)
-	c.Set(ctxCode, string(p.Code))
+	resp := RenderError(echoProblem(err))
 	switch {
-	case status == http.StatusServiceUnavailable: // transient, and the client was told to retry
+	case resp.Status == http.StatusServiceUnavailable: // transient, and the client was told to retry
 		s.Logger.WarnContext(c.Request().Context(), "request postponed", "err", err, "method", c.Request().Method, "path", c.Path())
-	case status >= http.StatusInternalServerError:
-		s.Logger.ErrorContext(c.Request().Context(), "request failed", "err", err, "code", p.Code,
+	case resp.Status >= http.StatusInternalServerError:
+		s.Logger.ErrorContext(c.Request().Context(), "request failed", "err", err, "code", problem.CodeOf(toProblem(err)),
 			"method", c.Request().Method, "path", c.Path())
 	}
-	if p.RetryAfter > 0 {
-		c.Response().Header().Set("Retry-After", retryAfter(p.RetryAfter))
-	}
 	if c.Request().Method == http.MethodHead {
-		_ = c.NoContent(status)
+		if resp.RetryAfter > 0 {
+			c.Response().Header().Set("Retry-After", retryAfter(resp.RetryAfter))
+		}
+		_ = c.NoContent(resp.Status)
 		return
 	}
-	_ = c.Blob(status, problem.ContentType, body)
+	_ = send(c, resp)
 }
 
-// toProblem maps every error the handlers can see to a problem.
-func toProblem(err error) *problem.Error {
+// echoProblem turns echo's own errors (unknown route, wrong method, body
+// too large or not JSON) into the domain errors they answer; any other
+// error passes unchanged.
+func echoProblem(err error) error {
 	var he *echo.HTTPError
-	switch {
-	case errors.As(err, &he):
-		switch he.Code {
-		case http.StatusNotFound:
-			return problem.Errorf(problem.NotFound, "No such resource.")
-		case http.StatusMethodNotAllowed:
-			return problem.Errorf(problem.MethodNotAllowed, "This method is not allowed on this resource.")
-		case http.StatusRequestEntityTooLarge:
-			return problem.Errorf(problem.PayloadTooLarge, "The request body is larger than %d bytes.", maxBody)
-		case http.StatusUnsupportedMediaType:
-			return problem.Errorf(problem.UnsupportedMediaType, "Send the body as application/json.")
-		}
-	case problem.CodeOf(err) != problem.Internal:
-		return problem.As(err)
-	case database.IsUnavailable(err) || database.IsLockTimeout(err) || errors.Is(err, context.DeadlineExceeded):
-		return &problem.Error{Code: problem.ServiceUnavailable, Detail: "A dependency is unavailable; retry with the same Idempotency-Key.", RetryAfter: time.Second}
+	if !errors.As(err, &he) {
+		return err
 	}
-	return problem.As(err)
+	switch he.Code {
+	case http.StatusNotFound:
+		return problem.Errorf(problem.NotFound, "No such resource.")
+	case http.StatusMethodNotAllowed:
+		return problem.Errorf(problem.MethodNotAllowed, "This method is not allowed on this resource.")
+	case http.StatusRequestEntityTooLarge:
+		return problem.Errorf(problem.PayloadTooLarge, "The request body is larger than %d bytes.", maxBody)
+	case http.StatusUnsupportedMediaType:
+		return problem.Errorf(problem.UnsupportedMediaType, "Send the body as application/json.")
+	}
+	return err
 }
 
-// send writes an operation's response: the stored one when replayed.
-func send(c echo.Context, resp idempotency.Response) error {
+// send writes a rendered answer.
+func send(c echo.Context, resp Response) error {
 	h := c.Response().Header()
 	if resp.Location != "" {
 		h.Set("Location", resp.Location)
 	}
 	if resp.Replayed {
 		h.Set("Idempotent-Replayed", "true")
-		c.Set(ctxOutcome, outcomeReplayed)
 	}
 	if resp.RetryAfter > 0 {
 		h.Set("Retry-After", retryAfter(resp.RetryAfter))

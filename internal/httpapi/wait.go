@@ -37,7 +37,7 @@ func preferredWait(h []string, max time.Duration) time.Duration {
 // connection) until the first attempt's outcome is stored, then asks again,
 // which replays it. The wait ends with a 409 when it runs out, when the
 // client hangs up, or when the service begins to stop.
-func (s *Server) awaitFirst(c echo.Context, scope idempotency.Scope, run func() (idempotency.Response, error)) (idempotency.Response, error) {
+func (s *Server) awaitFirst(c echo.Context, scope idempotency.Scope, run func() (idempotency.Result, error)) (idempotency.Result, error) {
 	resp, err := run()
 	wait := preferredWait(c.Request().Header.Values("Prefer"), s.MaxWait)
 	if wait <= 0 || s.Waiter == nil || problem.CodeOf(err) != problem.RequestInProgress {

@@ -41,9 +41,9 @@ func (s *Store) CleanupBatch(tx *gorm.DB, limit int) (CleanupResult, error) {
 		), archived AS (
 			INSERT INTO idempotency_archive
 				(tenant_id, operation, idempotency_key, fingerprint, state, resource_id,
-				 response_status, response_sha256, attempts, created_at, completed_at, expires_at)
+				 outcome, result_code, result_sha256, attempts, created_at, completed_at, expires_at)
 			SELECT tenant_id, operation, idempotency_key, fingerprint, state, resource_id,
-			       response_status, sha256(response_body), attempts, created_at, completed_at, expires_at
+			       outcome, result_code, sha256(result_body), attempts, created_at, completed_at, expires_at
 			FROM gone
 			WHERE operation IN ?
 			RETURNING 1

@@ -22,16 +22,18 @@ func TestCleanupPass(t *testing.T) {
 	// FAILED_RETRYABLE.
 	seed := fmt.Sprintf(`
 		INSERT INTO idempotency_records (tenant_id, operation, idempotency_key, fingerprint, state, resource_id,
-			response_status, response_body, lease_token, lease_expires_at, attempts, created_at, completed_at, expires_at)
+			outcome, result_code, result_body, lease_token, lease_expires_at, attempts, created_at, completed_at, expires_at)
 		SELECT 'clean', CASE WHEN i %% 4 = 0 THEN 'op.money' ELSE 'op.plain' END, 'old-' || i, repeat('a', 64),
-		       CASE WHEN i %% 10 = 0 THEN 'FAILED_FINAL' ELSE 'SUCCEEDED' END, 'r-' || i, 200, '{"ok":true}'::bytea, 1, NULL, 1,
+		       CASE WHEN i %% 10 = 0 THEN 'FAILED_FINAL' ELSE 'SUCCEEDED' END, 'r-' || i,
+		       CASE WHEN i %% 10 = 0 THEN 'failed' ELSE 'done' END, CASE WHEN i %% 10 = 0 THEN 'refused' END,
+		       '{"ok":true}'::bytea, 1, NULL, 1,
 		       now() - interval '40 days', now() - interval '40 days', now() - interval '1 day'
 		FROM generate_series(1, %d) AS i;
-		INSERT INTO idempotency_records (tenant_id, operation, idempotency_key, fingerprint, state, response_status, response_body,
+		INSERT INTO idempotency_records (tenant_id, operation, idempotency_key, fingerprint, state, outcome, result_body,
 			lease_expires_at, completed_at, expires_at)
 		SELECT 'clean', 'op.money', 'live-' || i, repeat('a', 64),
 		       (ARRAY['SUCCEEDED', 'PROCESSING', 'FAILED_RETRYABLE'])[1 + i %% 3],
-		       CASE WHEN i %% 3 = 0 THEN 200 END, CASE WHEN i %% 3 = 0 THEN '{}'::bytea END,
+		       CASE WHEN i %% 3 = 0 THEN 'done' END, CASE WHEN i %% 3 = 0 THEN '{}'::bytea END,
 		       CASE WHEN i %% 3 = 0 THEN NULL ELSE now() - interval '1 hour' END,
 		       CASE WHEN i %% 3 = 0 THEN now() END,
 		       CASE WHEN i %% 3 = 0 THEN now() + interval '1 day' END
@@ -113,7 +115,7 @@ func TestCleanupPass(t *testing.T) {
 			t.Errorf("archived = %d, want %d", res.Archived, expired/4)
 		}
 		var n int64
-		db.Raw("SELECT count(*) FROM idempotency_archive WHERE tenant_id = 'clean' AND operation = 'op.money' AND response_sha256 = sha256('{\"ok\":true}'::bytea)").Scan(&n)
+		db.Raw("SELECT count(*) FROM idempotency_archive WHERE tenant_id = 'clean' AND operation = 'op.money' AND result_sha256 = sha256('{\"ok\":true}'::bytea)").Scan(&n)
 		if n != expired/4 {
 			t.Errorf("archive rows = %d, want %d", n, expired/4)
 		}

@@ -10,7 +10,11 @@
 package idempotency
 
 import (
+	"encoding/json"
+	"fmt"
 	"time"
+
+	"github.com/orderservice/orderservice/internal/problem"
 )
 
 // State is where a record is in its life:
@@ -47,34 +51,22 @@ type Intent struct {
 	ResourceID  string
 }
 
-// Response is the outcome a client receives, stored so that a replay is the
-// same status, the same Location and the same body bytes.
-type Response struct {
-	Status      int
-	Location    string
-	ContentType string
-	Body        []byte
-	// Replayed is true when the response came from a stored record.
-	Replayed bool
-	// RetryAfter is sent with transient failures; it is never stored.
-	RetryAfter time.Duration
-}
-
 // Record is one row of idempotency_records.
 type Record struct {
-	TenantID            string `gorm:"primaryKey"`
-	Operation           string `gorm:"primaryKey"`
-	IdempotencyKey      string `gorm:"primaryKey"`
-	Fingerprint         string
-	State               State
-	ResourceID          *string
-	ResponseStatus      *int
-	ResponseLocation    *string
-	ResponseContentType *string
-	ResponseBody        []byte
-	LeaseToken          int64
-	LeaseExpiresAt      *time.Time
-	Attempts            int
+	TenantID       string `gorm:"primaryKey"`
+	Operation      string `gorm:"primaryKey"`
+	IdempotencyKey string `gorm:"primaryKey"`
+	Fingerprint    string
+	State          State
+	ResourceID     *string
+	// Outcome, ResultCode and ResultBody hold the stored Result of a
+	// definitive record (see Result).
+	Outcome        *Outcome
+	ResultCode     *string
+	ResultBody     []byte
+	LeaseToken     int64
+	LeaseExpiresAt *time.Time
+	Attempts       int
 	// Waiting is set by a duplicate that waits for the outcome (Prefer:
 	// wait): moving the record on then notifies it.
 	Waiting     bool
@@ -95,13 +87,22 @@ func (r *Record) Scope() Scope {
 // Resource is the bound resource id, or "".
 func (r *Record) Resource() string { return deref(r.ResourceID) }
 
-// Response returns the stored outcome of a definitive record.
-func (r *Record) Response() Response {
-	resp := Response{Location: deref(r.ResponseLocation), ContentType: deref(r.ResponseContentType), Body: r.ResponseBody}
-	if r.ResponseStatus != nil {
-		resp.Status = *r.ResponseStatus
+// Result returns the stored outcome of a definitive record, as it was
+// first returned, marked Replayed.
+func (r *Record) Result() (Result, error) {
+	if r.Outcome == nil {
+		return Result{}, fmt.Errorf("idempotency: record %s/%s holds no result", r.Operation, r.IdempotencyKey)
 	}
-	return resp
+	res := Result{Outcome: *r.Outcome, Resource: r.Resource(), Replayed: true}
+	if res.Outcome != OutcomeFailed {
+		res.Body = r.ResultBody
+		return res, nil
+	}
+	res.Failure = &problem.Error{}
+	if err := json.Unmarshal(r.ResultBody, res.Failure); err != nil {
+		return Result{}, fmt.Errorf("idempotency: record %s/%s: stored failure: %w", r.Operation, r.IdempotencyKey, err)
+	}
+	return res, nil
 }
 
 func deref(s *string) string {

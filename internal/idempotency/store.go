@@ -34,16 +34,17 @@ type Store struct {
 type Claim struct {
 	Record Record
 	// Replay, when set, is the definitive outcome to send back unchanged.
-	Replay *Response
-	// Resumed is true when an earlier attempt of this intent exists (it
-	// failed retryably, or its owner's lease expired): the caller resumes
-	// that attempt rather than starting a new one.
-	Resumed bool
-	// ResumedFrom is the state the intent was taken over from: PROCESSING
-	// means its owner died mid-flight, FAILED_RETRYABLE that it gave up
-	// cleanly on an unknown outcome.
+	Replay *Result
+	// ResumedFrom is set when an earlier attempt of this intent exists and
+	// the caller resumes it rather than starting a new one: it is the state
+	// the intent was taken over from. Processing means its owner died
+	// mid-flight, FailedRetryable that it gave up cleanly on an unknown
+	// outcome.
 	ResumedFrom State
 }
+
+// Resumes reports whether the claim took over an earlier attempt.
+func (c Claim) Resumes() bool { return c.ResumedFrom != "" }
 
 // Token is the fencing token the caller must present to complete the intent.
 func (c Claim) Token() int64 { return c.Record.LeaseToken }
@@ -110,9 +111,11 @@ func (s *Store) resolve(tx *gorm.DB, in Intent, cur observed) (Claim, error) {
 			return Claim{}, problem.Errorf(problem.KeyReused,
 				"This Idempotency-Key was already used for a different %s request; use a new key for a new intent.", in.Operation)
 		case cur.State.Definitive():
-			resp := cur.Response()
-			resp.Replayed = true
-			return Claim{Record: cur.Record, Replay: &resp}, nil
+			res, err := cur.Result()
+			if err != nil {
+				return Claim{}, err
+			}
+			return Claim{Record: cur.Record, Replay: &res}, nil
 		case cur.State == Processing && cur.LeaseSecondsLeft > 0:
 			return Claim{}, inProgress(s.expectedIn(cur))
 		}
@@ -182,28 +185,30 @@ func (s *Store) takeOver(tx *gorm.DB, rec Record) (claim Claim, won bool, err er
 	if err := wake(tx, next.Waiting, rec.Scope()); err != nil {
 		return Claim{}, false, err
 	}
-	return Claim{Record: next, Resumed: true, ResumedFrom: rec.State}, true, nil
+	return Claim{Record: next, ResumedFrom: rec.State}, true, nil
 }
 
-// Complete stores the definitive outcome (Succeeded or FailedFinal) of the
-// intent owned with token. ErrFenced means a newer owner took over: the
-// caller's transaction must roll back so its business write is undone too.
-func (s *Store) Complete(tx *gorm.DB, scope Scope, token int64, state State, resp Response, resourceID string) error {
-	if !state.Definitive() {
-		return errors.New("idempotency: Complete needs a definitive state")
+// Complete stores the definitive outcome of the intent owned with token:
+// SUCCEEDED for a created or done result, FAILED_FINAL for a failed one.
+// ErrFenced means a newer owner took over: the caller's transaction must
+// roll back so its business write is undone too.
+func (s *Store) Complete(tx *gorm.DB, scope Scope, token int64, result Result) error {
+	outcome, code, body, err := result.stored()
+	if err != nil {
+		return err
 	}
-	contentType := resp.ContentType
+	state, resourceID := result.state(), result.Resource
 	var waiting []bool
 	res := tx.Raw(`
 		UPDATE idempotency_records
 		SET state = ?, resource_id = COALESCE(NULLIF(?, ''), resource_id),
-		    response_status = ?, response_location = NULLIF(?, ''), response_content_type = ?, response_body = ?,
+		    outcome = ?, result_code = ?, result_body = ?,
 		    completed_at = now(), expires_at = now() + make_interval(secs => ?),
 		    lease_expires_at = NULL, updated_at = now()
 		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?
 		  AND lease_token = ? AND state = 'PROCESSING'
 		RETURNING waiting`,
-		state, resourceID, resp.Status, resp.Location, contentType, resp.Body,
+		state, resourceID, outcome, code, body,
 		s.Policy.RetentionFor(scope.Operation).Seconds(),
 		scope.TenantID, scope.Operation, scope.Key, token).Scan(&waiting)
 	return moved(tx, res, waiting, scope)

@@ -2,7 +2,6 @@ package idempotency_test
 
 import (
 	"errors"
-	"net/http"
 	"testing"
 
 	"gorm.io/gorm"
@@ -14,7 +13,7 @@ import (
 func TestClaimOrReplay(t *testing.T) {
 	s := newStore()
 	in := idempotency.Intent{Scope: idempotency.Scope{TenantID: "t1", Operation: "op.test", Key: "k1"}, Fingerprint: fp("a")}
-	resp := idempotency.Response{Status: http.StatusCreated, Location: "/x/1", ContentType: "application/json", Body: []byte(`{"id":1}`)}
+	res := idempotency.Created("res-1", []byte(`{"id":1}`))
 
 	var first idempotency.Claim
 	t.Run("the first claim owns the intent with token 1", func(t *testing.T) {
@@ -23,7 +22,7 @@ func TestClaimOrReplay(t *testing.T) {
 			first, err = s.ClaimOrReplay(tx, in)
 			return err
 		})
-		if first.Replay != nil || first.Resumed || first.Token() != 1 || first.Record.State != idempotency.Processing {
+		if first.Replay != nil || first.Resumes() || first.Token() != 1 || first.Record.State != idempotency.Processing {
 			t.Fatalf("claim = %+v", first)
 		}
 	})
@@ -45,13 +44,13 @@ func TestClaimOrReplay(t *testing.T) {
 		}
 	})
 
-	t.Run("completing stores the response; a duplicate replays it", func(t *testing.T) {
+	t.Run("completing stores the result; a duplicate replays it", func(t *testing.T) {
 		tx(t, func(tx *gorm.DB) error {
-			return s.Complete(tx, in.Scope, first.Token(), idempotency.Succeeded, resp, "res-1")
+			return s.Complete(tx, in.Scope, first.Token(), res)
 		})
 		var c idempotency.Claim
 		tx(t, func(tx *gorm.DB) error { var err error; c, err = s.ClaimOrReplay(tx, in); return err })
-		if c.Replay == nil || c.Replay.Status != 201 || string(c.Replay.Body) != `{"id":1}` || c.Replay.Location != "/x/1" || !c.Replay.Replayed {
+		if c.Replay == nil || c.Replay.Outcome != idempotency.OutcomeCreated || string(c.Replay.Body) != `{"id":1}` || c.Replay.Resource != "res-1" || !c.Replay.Replayed {
 			t.Fatalf("replay = %+v", c.Replay)
 		}
 		if c.Record.Resource() != "res-1" || c.Record.ExpiresAt == nil {
@@ -61,7 +60,7 @@ func TestClaimOrReplay(t *testing.T) {
 
 	t.Run("a second Complete is fenced: the outcome is written once", func(t *testing.T) {
 		err := db.Transaction(func(tx *gorm.DB) error {
-			return s.Complete(tx, in.Scope, first.Token(), idempotency.FailedFinal, resp, "")
+			return s.Complete(tx, in.Scope, first.Token(), idempotency.Failed("", problem.Errorf(problem.NotFound, "gone")))
 		})
 		if !errors.Is(err, idempotency.ErrFenced) {
 			t.Fatalf("err = %v", err)
@@ -93,14 +92,14 @@ func TestTakeoverAndFencing(t *testing.T) {
 	var next idempotency.Claim
 	t.Run("an expired lease is taken over with a new token", func(t *testing.T) {
 		tx(t, func(tx *gorm.DB) error { var err error; next, err = s.ClaimOrReplay(tx, in); return err })
-		if !next.Resumed || next.ResumedFrom != idempotency.Processing || next.Token() != old.Token()+1 || next.Record.Attempts != 2 {
+		if !next.Resumes() || next.ResumedFrom != idempotency.Processing || next.Token() != old.Token()+1 || next.Record.Attempts != 2 {
 			t.Fatalf("takeover = %+v", next)
 		}
 	})
 	t.Run("the superseded owner's write affects 0 rows", func(t *testing.T) {
 		before := rowText(t, in.Scope)
 		err := db.Transaction(func(tx *gorm.DB) error {
-			return s.Complete(tx, in.Scope, old.Token(), idempotency.Succeeded, idempotency.Response{Status: 200, Body: []byte("{}")}, "")
+			return s.Complete(tx, in.Scope, old.Token(), idempotency.Done("", []byte("{}")))
 		})
 		if !errors.Is(err, idempotency.ErrFenced) {
 			t.Fatalf("err = %v", err)
@@ -116,7 +115,7 @@ func TestTakeoverAndFencing(t *testing.T) {
 		tx(t, func(tx *gorm.DB) error { return s.Fail(tx, in.Scope, next.Token(), 60e9) })
 		var again idempotency.Claim
 		tx(t, func(tx *gorm.DB) error { var err error; again, err = s.ClaimOrReplay(tx, in); return err })
-		if !again.Resumed || again.ResumedFrom != idempotency.FailedRetryable || again.Token() != next.Token()+1 {
+		if !again.Resumes() || again.ResumedFrom != idempotency.FailedRetryable || again.Token() != next.Token()+1 {
 			t.Fatalf("resume = %+v", again)
 		}
 	})
@@ -168,7 +167,7 @@ func fp(s string) string {
 func TestARetryLosingTheTakeoverToAFinishedOwnerReplaysItsOutcome(t *testing.T) {
 	s := newStore()
 	in := idempotency.Intent{Scope: idempotency.Scope{TenantID: "t1", Operation: "op.race", Key: "k-race"}, Fingerprint: fp("race")}
-	resp := idempotency.Response{Status: http.StatusOK, ContentType: "application/json", Body: []byte(`{"paid":true}`)}
+	res := idempotency.Done("res", []byte(`{"paid":true}`))
 	var first idempotency.Claim
 	tx(t, func(tx *gorm.DB) error { var err error; first, err = s.ClaimOrReplay(tx, in); return err })
 	tx(t, func(tx *gorm.DB) error { return s.Fail(tx, in.Scope, first.Token(), 0) })
@@ -181,10 +180,10 @@ func TestARetryLosingTheTakeoverToAFinishedOwnerReplaysItsOutcome(t *testing.T) 
 	}
 	tx(t, func(tx *gorm.DB) error {
 		won, err := s.ClaimOrReplay(tx, in)
-		if err != nil || !won.Resumed || won.Token() != 2 {
+		if err != nil || !won.Resumes() || won.Token() != 2 {
 			t.Fatalf("winner's takeover = %+v, %v", won, err)
 		}
-		return s.Complete(tx, in.Scope, won.Token(), idempotency.Succeeded, resp, "res")
+		return s.Complete(tx, in.Scope, won.Token(), res)
 	})
 	var lost idempotency.Claim
 	tx(t, func(tx *gorm.DB) error { var err error; lost, err = s.ResolveForTest(tx, in, stale); return err })

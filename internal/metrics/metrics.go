@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"gorm.io/gorm"
 
+	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/payment"
 )
 
@@ -31,10 +32,6 @@ type Metrics struct {
 	http       *prometheus.HistogramVec
 	cleaned    *prometheus.CounterVec
 }
-
-// Outcomes are what the idempotency layer can do with a request, the values
-// of the outcome label.
-var Outcomes = []string{"executed", "replayed", "key_reused", "in_progress", "validation_rejected", "unauthenticated", "unavailable", "failed"}
 
 // New registers every metric. db feeds the gauges read at scrape time
 // (records by state, stuck PROCESSING, table size). Every labelled series
@@ -84,8 +81,8 @@ func New(db *gorm.DB, logger *slog.Logger, operations, moneyOperations []string)
 // zero creates every series whose label values are known in advance.
 func (m *Metrics) zero(operations, moneyOperations []string) {
 	for _, op := range operations {
-		for _, o := range Outcomes {
-			m.requests.WithLabelValues(op, o)
+		for _, o := range idempotency.Dispositions {
+			m.requests.WithLabelValues(op, string(o))
 		}
 		m.conflicts.WithLabelValues(op)
 	}
@@ -110,13 +107,14 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{Registry: m.registry})
 }
 
-// Request counts one idempotent request and what came of it.
-func (m *Metrics) Request(operation, outcome string) {
+// Request counts one idempotent request and what the idempotency layer did
+// with it (the outcome label).
+func (m *Metrics) Request(operation string, outcome idempotency.Disposition) {
 	if m == nil || operation == "" {
 		return
 	}
-	m.requests.WithLabelValues(operation, outcome).Inc()
-	if outcome == "key_reused" {
+	m.requests.WithLabelValues(operation, string(outcome)).Inc()
+	if outcome == idempotency.Conflicted {
 		m.conflicts.WithLabelValues(operation).Inc()
 	}
 }

@@ -4,7 +4,6 @@ package order
 
 import (
 	"context"
-	"net/http"
 
 	"gorm.io/gorm"
 
@@ -16,12 +15,12 @@ import (
 // off: the same validation, the same rows, the same response, but no record
 // is claimed or stored. It exists only in benchmark builds (-tags bench), to
 // measure what the layer costs; a retry of it makes a second order.
-func (s *Service) CreateWithoutIdempotency(ctx context.Context, c Caller, req CreateRequest) (idempotency.Response, error) {
+func (s *Service) CreateWithoutIdempotency(ctx context.Context, c Caller, req CreateRequest) (idempotency.Result, error) {
 	n, total, err := req.normalize()
 	if err != nil {
-		return idempotency.Response{}, err
+		return idempotency.Result{}, err
 	}
-	var resp idempotency.Response
+	var resp idempotency.Result
 	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
 		o, err := newOrder(c.TenantID, n, total)
 		if err != nil {
@@ -30,7 +29,7 @@ func (s *Service) CreateWithoutIdempotency(ctx context.Context, c Caller, req Cr
 		if err := insertOrder(tx, o, OpCreate, c.Key); err != nil {
 			return err
 		}
-		resp, err = respond(http.StatusCreated, o, "/v1/orders/"+o.ID.String())
+		resp, err = created(o)
 		return err
 	})
 	return resp, err

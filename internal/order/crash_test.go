@@ -166,10 +166,11 @@ func TestSupersededOwnerCannotWrite(t *testing.T) {
 			moneyDB(t).Exec("DELETE FROM idempotency_records WHERE tenant_id = ? AND idempotency_key = ?", in.TenantID, in.Key)
 		})
 		row := func() string { return recordText(t, in.Scope) }
-		resp := idempotency.Response{Status: http.StatusOK, ContentType: "application/json", Body: []byte(`{"late":true}`)}
+		late := func(resource string) idempotency.Result { return idempotency.Done(resource, []byte(`{"late":true}`)) }
+		lateFailure := idempotency.Failed("", problem.Errorf(order.CodeNotFound, "late"))
 
 		old, err := store.ClaimOrReplay(m.DB, in)
-		if err != nil || old.Token() != 1 || old.Replay != nil || old.Resumed {
+		if err != nil || old.Token() != 1 || old.Replay != nil || old.Resumes() {
 			t.Fatalf("first claim = %+v, %v", old, err)
 		}
 		if _, err := store.ClaimOrReplay(m.DB, in); problem.CodeOf(err) != problem.RequestInProgress {
@@ -177,12 +178,12 @@ func TestSupersededOwnerCannotWrite(t *testing.T) {
 		}
 		expireLease(t, in.TenantID, in.Operation, in.Key)
 		next, err := store.ClaimOrReplay(m.DB, in)
-		if err != nil || next.Token() != 2 || !next.Resumed || next.ResumedFrom != idempotency.Processing {
+		if err != nil || next.Token() != 2 || !next.Resumes() || next.ResumedFrom != idempotency.Processing {
 			t.Fatalf("takeover = %+v, %v; want token 2 resumed from PROCESSING", next, err)
 		}
 
 		before := row()
-		if err := store.Complete(m.DB, in.Scope, old.Token(), idempotency.Succeeded, resp, "late-resource"); !errors.Is(err, idempotency.ErrFenced) {
+		if err := store.Complete(m.DB, in.Scope, old.Token(), late("late-resource")); !errors.Is(err, idempotency.ErrFenced) {
 			t.Errorf("Complete with the old token = %v, want ErrFenced", err)
 		}
 		if err := store.Fail(m.DB, in.Scope, old.Token(), time.Second); !errors.Is(err, idempotency.ErrFenced) {
@@ -198,17 +199,17 @@ func TestSupersededOwnerCannotWrite(t *testing.T) {
 				in.TenantID, in.Key).Error; err != nil {
 				return err
 			}
-			return store.Complete(tx, in.Scope, old.Token(), idempotency.Succeeded, resp, "")
+			return store.Complete(tx, in.Scope, old.Token(), late(""))
 		})
 		if !errors.Is(err, idempotency.ErrFenced) || row() != before {
 			t.Errorf("fenced transaction = %v; record %s, want it rolled back to %s", err, row(), before)
 		}
 
-		if err := store.Complete(m.DB, in.Scope, next.Token(), idempotency.Succeeded, resp, "r-1"); err != nil {
+		if err := store.Complete(m.DB, in.Scope, next.Token(), late("r-1")); err != nil {
 			t.Fatalf("Complete by the current owner: %v", err)
 		}
 		done := row()
-		if err := store.Complete(m.DB, in.Scope, old.Token(), idempotency.FailedFinal, resp, ""); !errors.Is(err, idempotency.ErrFenced) || row() != done {
+		if err := store.Complete(m.DB, in.Scope, old.Token(), lateFailure); !errors.Is(err, idempotency.ErrFenced) || row() != done {
 			t.Errorf("late Complete after the successor finished = %v, record changed: %v", err, row() != done)
 		}
 		if rec, _ := store.Get(m.DB, in.Scope); rec.State != idempotency.Succeeded || rec.LeaseToken != 2 {

@@ -3,11 +3,8 @@ package order
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/looplab/fsm"
-
-	"github.com/orderservice/orderservice/internal/problem"
 )
 
 // Status is an order's stored status. The row in the database is the truth;
@@ -85,26 +82,20 @@ func machine(o *Order) *fsm.FSM {
 	})
 }
 
-// fire applies ev to o, or returns 409 invalid_transition naming the current
-// status and the refused event. On success o.Status is the new status.
+// fire applies ev to o, or refuses with invalid_transition naming the
+// current status and the refused event. On success o.Status is the new
+// status.
 func (o *Order) fire(ev Event) error {
 	m := machine(o)
 	if err := m.Event(context.Background(), string(ev)); err != nil {
-		reason := fmt.Sprintf("An order in status %s cannot %s.", o.Status, ev)
 		var canceled fsm.CanceledError
 		if errors.As(err, &canceled) && canceled.Err != nil {
-			reason = fmt.Sprintf("An order in status %s cannot %s: %s.", o.Status, ev, canceled.Err)
+			return errTransition(o.Status, ev, canceled.Err)
 		}
-		return problem.Errorf(problem.InvalidTransition, "%s", reason).
-			With("current_status", o.Status).With("event", ev)
+		return errTransition(o.Status, ev, nil)
 	}
 	o.Status = Status(m.Current())
 	return nil
-}
-
-// Can reports whether ev is allowed from status s (guards aside).
-func (s Status) Can(ev Event) bool {
-	return machine(&Order{Status: s, TotalAmount: 1}).Can(string(ev))
 }
 
 // Diagram renders the lifecycle table as a Mermaid state diagram. A test

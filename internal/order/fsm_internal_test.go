@@ -62,8 +62,8 @@ func TestLifecycleTableAllowsExactlyTheContractsMoves(t *testing.T) {
 			to, allowed := wantMoves[from][ev]
 			if !allowed {
 				t.Run(fmt.Sprintf("%s on a %s order is refused as invalid_transition", ev, from), func(t *testing.T) {
-					if from.Can(ev) {
-						t.Fatalf("Can(%s) from %s = true, want false", ev, from)
+					if tableAllows(from, ev) {
+						t.Fatalf("the table allows %s from %s, want not", ev, from)
 					}
 					o := &Order{Status: from, TotalAmount: 2500}
 					err := o.fire(ev)
@@ -76,8 +76,8 @@ func TestLifecycleTableAllowsExactlyTheContractsMoves(t *testing.T) {
 			}
 			allowedPairs++
 			t.Run(fmt.Sprintf("%s on a %s order moves it to %s", ev, from, to), func(t *testing.T) {
-				if !from.Can(ev) {
-					t.Fatalf("Can(%s) from %s = false, want true", ev, from)
+				if !tableAllows(from, ev) {
+					t.Fatalf("the table does not allow %s from %s, want it to", ev, from)
 				}
 				o := &Order{Status: from, TotalAmount: 2500}
 				if err := o.fire(ev); err != nil {
@@ -115,7 +115,7 @@ func TestLifecycleTableNamesOnlyKnownStatusesAndEvents(t *testing.T) {
 	})
 	t.Run("create is not a transition of any status", func(t *testing.T) {
 		for _, s := range allStatuses {
-			if s.Can(EventCreate) {
+			if tableAllows(s, EventCreate) {
 				t.Errorf("create is allowed from %s", s)
 			}
 		}
@@ -135,15 +135,27 @@ func TestPayGuardRefusesAnOrderWithNothingToCharge(t *testing.T) {
 	}
 }
 
-// wantRefusal checks err is 409 invalid_transition naming from and ev.
+// tableAllows reports whether the lifecycle table lists ev from status s
+// (guards aside).
+func tableAllows(s Status, ev Event) bool {
+	for _, e := range lifecycle {
+		if e.Name == string(ev) && slices.Contains(e.Src, string(s)) {
+			return true
+		}
+	}
+	return false
+}
+
+// wantRefusal checks err is invalid_transition naming from and ev.
 func wantRefusal(t *testing.T, err error, from Status, ev Event) {
 	t.Helper()
 	var p *problem.Error
 	if !errors.As(err, &p) {
 		t.Fatalf("fire(%s) from %s = %v, want a problem", ev, from, err)
 	}
-	if p.Code != problem.InvalidTransition || problem.Status(p.Code) != 409 {
-		t.Errorf("code = %s (%d), want invalid_transition (409)", p.Code, problem.Status(p.Code))
+	// Its status, 409, is httpapi's: TestEveryCodeHasTheContractsStatus.
+	if p.Code != CodeInvalidTransition {
+		t.Errorf("code = %s, want invalid_transition", p.Code)
 	}
 	if got := p.Extensions["current_status"]; got != from {
 		t.Errorf("current_status = %v, want %s", got, from)

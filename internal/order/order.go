@@ -1,6 +1,8 @@
-// Package order is the order capability: the Order entity and its lifecycle
-// table, its storage, and the use cases (create, pay, cancel, ship, deliver)
-// that each run exactly once per idempotency key.
+// Package order is the order capability: the Order entity, its rules and
+// lifecycle table, its storage, and the use cases (create, pay, cancel,
+// ship, deliver) that each run exactly once per idempotency key. A use case
+// returns an idempotency.Result, what came of the intent in words no
+// transport owns; internal/httpapi (or any other transport) renders it.
 package order
 
 import (
@@ -10,8 +12,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-
-	"github.com/orderservice/orderservice/internal/problem"
 )
 
 // Operation names, the middle part of every idempotency scope.
@@ -103,6 +103,39 @@ func (m *Metadata) Scan(src any) error {
 	return json.Unmarshal(b, m)
 }
 
+// The order's rules: each intent method fires its event in the lifecycle
+// table (fsm.go), which refuses an illegal one before anything is written,
+// and says what the intent must do next. They do no I/O.
+
+// Pay moves an unpaid order to PAYMENT_PENDING and returns the charge of its
+// total, by method, that the payment channel is to make.
+func (o *Order) Pay(method string) (Payment, error) {
+	if err := o.fire(EventPay); err != nil {
+		return Payment{}, err
+	}
+	return Payment{Kind: KindCharge, Amount: o.TotalAmount, Currency: o.Currency, PaymentMethod: &method}, nil
+}
+
+// HoldsMoney reports whether the order is paid, so that cancelling it means
+// refunding it first.
+func (o *Order) HoldsMoney() bool { return o.Status == StatusPaid }
+
+// Cancel cancels an order that holds no money.
+func (o *Order) Cancel() error { return o.fire(EventCancel) }
+
+// Refund moves a paid order to REFUND_PENDING and returns the refund of the
+// charge that paid it; the order is CANCELLED once the refund succeeded.
+func (o *Order) Refund() (Payment, error) {
+	charge := o.settledCharge()
+	if err := o.fire(EventRefund); err != nil {
+		return Payment{}, err
+	}
+	if charge == nil || charge.ChannelRef == nil {
+		return Payment{}, errors.New("paid order has no settled charge to refund")
+	}
+	return Payment{Kind: KindRefund, Amount: charge.Amount, Currency: charge.Currency, RefundOf: charge.ChannelRef}, nil
+}
+
 // Ship moves a paid order to SHIPPED with its shipment details.
 func (o *Order) Ship(carrier, trackingNumber string) error {
 	if err := o.fire(EventShip); err != nil {
@@ -115,8 +148,38 @@ func (o *Order) Ship(carrier, trackingNumber string) error {
 // Deliver moves a shipped order to DELIVERED.
 func (o *Order) Deliver() error { return o.fire(EventDeliver) }
 
-// ErrNotFound is the answer for an order that does not exist for the
-// caller's tenant, whether or not another tenant has one with that id.
-func errNotFound(id string) error {
-	return problem.Errorf(problem.OrderNotFound, "No order %s exists.", id)
+// settle applies the channel's definitive answer on the pending payment p:
+// the order makes the answer's transition and its loaded payment (which the
+// representation shows) takes the answer's status.
+func (o *Order) settle(p Payment, ans channelResult, at time.Time) (Event, error) {
+	ev := ans.event(p.Kind)
+	if err := o.fire(ev); err != nil {
+		return ev, err
+	}
+	for i := range o.payments {
+		if q := &o.payments[i]; q.ID == p.ID {
+			q.Status, q.ChannelRef, q.UpdatedAt = ans.paymentStatus(), ans.channelRef(), at
+		}
+	}
+	return ev, nil
+}
+
+// paymentOf is the payment the intent (op, key) asked the channel for, if any.
+func (o *Order) paymentOf(op, key string) *Payment {
+	for i := range o.payments {
+		if p := &o.payments[i]; p.Operation == op && p.IdempotencyKey == key {
+			return p
+		}
+	}
+	return nil
+}
+
+// settledCharge is the charge that made the order PAID.
+func (o *Order) settledCharge() *Payment {
+	for i := len(o.payments) - 1; i >= 0; i-- {
+		if p := &o.payments[i]; p.Kind == KindCharge && p.Status == PaymentSucceeded {
+			return p
+		}
+	}
+	return nil
 }

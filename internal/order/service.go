@@ -3,7 +3,6 @@ package order
 import (
 	"context"
 	"log/slog"
-	"net/http"
 	"slices"
 	"time"
 
@@ -12,7 +11,6 @@ import (
 
 	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
-	"github.com/orderservice/orderservice/internal/problem"
 )
 
 // Caller is who asks, as the API key proved it, and the Idempotency-Key
@@ -32,7 +30,8 @@ func (c Caller) intent(op, resource string, fields any) (idempotency.Intent, err
 }
 
 // intentOn is the intent of an operation on the order named in the path.
-// A malformed id names no order: 404, before anything is recorded.
+// A malformed id names no order: order_not_found, before anything is
+// recorded.
 func (c Caller) intentOn(op, orderID string, fields any) (uuid.UUID, idempotency.Intent, error) {
 	id, err := parseID(orderID)
 	if err != nil {
@@ -120,99 +119,73 @@ func (s *Service) logger() *slog.Logger {
 	return s.Logger
 }
 
-// outcome is what an operation's body produces: the response to store and
-// send, and the resource the intent created or acted on.
-type outcome struct {
-	resp     idempotency.Response
-	resource string
-}
-
 // once runs a single-transaction operation exactly once per intent:
 //
-//  1. claim the intent, or replay its stored outcome;
+//  1. claim the intent, or replay its stored result;
 //  2. execute the business write;
-//  3. store the outcome on the record,
+//  3. store the result on the record,
 //
-// all in ONE transaction, so a crash leaves both or neither. A definitive
-// business failure (order_not_found, invalid_transition) is stored as
-// FAILED_FINAL and replayed like a success; exec must return it before it
-// writes anything. Any other error rolls everything back and records
-// nothing, so the same key may simply be sent again.
-func (s *Service) once(ctx context.Context, in idempotency.Intent, exec func(tx *gorm.DB) (outcome, error)) (idempotency.Response, error) {
-	var resp idempotency.Response
+// all in ONE transaction, so a crash leaves both or neither. A refusal (see
+// refuse) is stored as a failed result and replayed like a success; exec
+// must return it before it writes anything. Any other error rolls
+// everything back and records nothing, so the same key may simply be sent
+// again.
+func (s *Service) once(ctx context.Context, in idempotency.Intent, exec func(tx *gorm.DB) (idempotency.Result, error)) (idempotency.Result, error) {
+	var res idempotency.Result
 	err := database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
 		claim, err := s.Records.ClaimOrReplay(tx, in)
 		if err != nil {
 			return err
 		}
 		if claim.Replay != nil {
-			resp = *claim.Replay
+			res = *claim.Replay
 			return nil
 		}
-		out, err := exec(tx)
-		resp, err = s.finish(tx, in, claim.Token(), out, err)
+		res, err = exec(tx)
+		res, err = s.finish(tx, in, claim.Token(), res, err)
 		return err
 	})
-	return resp, err
+	return res, err
 }
 
-// finish stores an operation's outcome on its record, in the caller's
-// transaction: its success, or a definitive business failure rendered as
-// the problem it answers. Any other error is returned for a rollback.
-func (s *Service) finish(tx *gorm.DB, in idempotency.Intent, token int64, out outcome, err error) (idempotency.Response, error) {
-	state := idempotency.Succeeded
+// finish stores an operation's result on its record, in the caller's
+// transaction: its success, or the refusal it ended with. Any other error
+// is returned for a rollback.
+func (s *Service) finish(tx *gorm.DB, in idempotency.Intent, token int64, res idempotency.Result, err error) (idempotency.Result, error) {
 	if err != nil {
-		if !isFinal(err) {
-			return idempotency.Response{}, err
+		refused, ok := refusalOf(err)
+		if !ok {
+			return idempotency.Result{}, err
 		}
-		state, out = idempotency.FailedFinal, failure(err, in.ResourceID)
+		res = idempotency.Failed(in.ResourceID, refused)
 	}
-	return out.resp, s.Records.Complete(tx, in.Scope, token, state, out.resp, out.resource)
-}
-
-// isFinal reports whether err is a definitive business answer that is
-// stored and replayed, rather than a transient failure.
-func isFinal(err error) bool {
-	switch problem.CodeOf(err) {
-	case problem.OrderNotFound, problem.InvalidTransition, problem.KeyReused:
-		return true
-	}
-	return false
-}
-
-// failure renders a definitive business failure as the outcome to store.
-func failure(err error, resource string) outcome {
-	status, body := problem.Render(err)
-	return outcome{resp: idempotency.Response{Status: status, ContentType: problem.ContentType, Body: body}, resource: resource}
+	return res, s.Records.Complete(tx, in.Scope, token, res)
 }
 
 // Create makes a new order. The Idempotency-Key is what makes a lost
 // response safe to retry: the client has no order id yet, so only the key
 // can lead the retry to the order the first attempt created.
-func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (idempotency.Response, error) {
+func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (idempotency.Result, error) {
 	n, total, err := req.normalize()
 	if err != nil {
-		return idempotency.Response{}, err
+		return idempotency.Result{}, err
 	}
 	in, err := c.intent(OpCreate, "", n)
 	if err != nil {
-		return idempotency.Response{}, err
+		return idempotency.Result{}, err
 	}
-	return s.once(ctx, in, func(tx *gorm.DB) (outcome, error) {
+	return s.once(ctx, in, func(tx *gorm.DB) (idempotency.Result, error) {
 		o, err := newOrder(c.TenantID, n, total)
 		if err != nil {
-			return outcome{}, err
+			return idempotency.Result{}, err
 		}
 		if err := insertOrder(tx, o, OpCreate, c.Key); err != nil {
-			return outcome{}, err
+			return idempotency.Result{}, err
 		}
-		if s.Hooks.AfterOrderInsert != nil {
-			if err := s.Hooks.AfterOrderInsert(); err != nil {
-				return outcome{}, err
-			}
+		if err := s.Hooks.run(s.Hooks.AfterOrderInsert); err != nil {
+			return idempotency.Result{}, err
 		}
-		resp, err := respond(http.StatusCreated, o, "/v1/orders/"+o.ID.String())
-		return outcome{resp: resp, resource: o.ID.String()}, err
+		return created(o)
 	})
 }
 
@@ -236,33 +209,32 @@ func newOrder(tenantID string, n CreateRequest, total int64) (*Order, error) {
 // transition runs a one-transaction state change under an idempotency key:
 // lock the order, apply change (pure: it only fires the state machine and
 // sets fields, so a refusal comes before any write), save the transition.
-func (s *Service) transition(ctx context.Context, c Caller, op string, ev Event, orderID string, fields any, change func(*Order) error) (idempotency.Response, error) {
+func (s *Service) transition(ctx context.Context, c Caller, op string, ev Event, orderID string, fields any, change func(*Order) error) (idempotency.Result, error) {
 	id, in, err := c.intentOn(op, orderID, fields)
 	if err != nil {
-		return idempotency.Response{}, err
+		return idempotency.Result{}, err
 	}
-	return s.once(ctx, in, func(tx *gorm.DB) (outcome, error) {
+	return s.once(ctx, in, func(tx *gorm.DB) (idempotency.Result, error) {
 		o, err := lockOrder(tx, c.TenantID, id)
 		if err != nil {
-			return outcome{}, err
+			return idempotency.Result{}, err
 		}
 		from := o.Status
 		if err := change(o); err != nil {
-			return outcome{}, err
+			return idempotency.Result{}, err
 		}
 		if err := saveTransition(tx, o, from, ev, op, c.Key); err != nil {
-			return outcome{}, err
+			return idempotency.Result{}, err
 		}
-		resp, err := ok(o)
-		return outcome{resp: resp, resource: id.String()}, err
+		return done(o)
 	})
 }
 
 // Ship marks a paid order shipped.
-func (s *Service) Ship(ctx context.Context, c Caller, orderID string, req ShipRequest) (idempotency.Response, error) {
+func (s *Service) Ship(ctx context.Context, c Caller, orderID string, req ShipRequest) (idempotency.Result, error) {
 	n, err := req.normalize()
 	if err != nil {
-		return idempotency.Response{}, err
+		return idempotency.Result{}, err
 	}
 	return s.transition(ctx, c, OpShip, EventShip, orderID, n, func(o *Order) error {
 		return o.Ship(n.Carrier, n.TrackingNumber)
@@ -270,7 +242,7 @@ func (s *Service) Ship(ctx context.Context, c Caller, orderID string, req ShipRe
 }
 
 // Deliver marks a shipped order delivered.
-func (s *Service) Deliver(ctx context.Context, c Caller, orderID string, _ DeliverRequest) (idempotency.Response, error) {
+func (s *Service) Deliver(ctx context.Context, c Caller, orderID string, _ DeliverRequest) (idempotency.Result, error) {
 	return s.transition(ctx, c, OpDeliver, EventDeliver, orderID, DeliverRequest{}, (*Order).Deliver)
 }
 
@@ -331,7 +303,7 @@ func (s *Service) History(ctx context.Context, tenantID, orderID string, pg Page
 func parseID(s string) (uuid.UUID, error) {
 	id, err := uuid.Parse(s)
 	if err != nil || len(s) != 36 {
-		return uuid.UUID{}, problem.Errorf(problem.OrderNotFound, "No order exists with this id.")
+		return uuid.UUID{}, errNoSuchID()
 	}
 	return id, nil
 }

@@ -5,11 +5,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
+	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/problem"
 )
 
@@ -82,6 +84,33 @@ func saveTransition(tx *gorm.DB, o *Order, from Status, ev Event, op, key string
 	o.UpdatedAt = now
 	return tx.Create(&HistoryEntry{OrderID: o.ID, Event: ev, Operation: op, IdempotencyKey: key,
 		FromStatus: from, ToStatus: o.Status, CreatedAt: now}).Error
+}
+
+// insertPayment writes the pending payment of a money intent's phase 1.
+func insertPayment(tx *gorm.DB, p *Payment) error { return tx.Create(p).Error }
+
+// pendingPayment finds the payment an earlier attempt of the intent wrote.
+func pendingPayment(db *gorm.DB, scope idempotency.Scope) (p Payment, found bool, err error) {
+	err = db.Where("tenant_id = ? AND operation = ? AND idempotency_key = ?", scope.TenantID, scope.Operation, scope.Key).Take(&p).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return Payment{}, false, nil
+	}
+	return p, err == nil, err
+}
+
+// settlePayment records the channel's answer on the pending payment id and
+// returns when it did.
+func settlePayment(tx *gorm.DB, id uuid.UUID, status PaymentStatus, channelRef *string) (time.Time, error) {
+	now := tx.NowFunc()
+	res := tx.Model(&Payment{}).Where("id = ? AND status = ?", id, PaymentPending).
+		Updates(map[string]any{"status": status, "channel_ref": channelRef, "updated_at": now})
+	if res.Error != nil {
+		return now, res.Error
+	}
+	if res.RowsAffected != 1 {
+		return now, fmt.Errorf("payment %s is not pending", id)
+	}
+	return now, nil
 }
 
 // PageRequest is one page of a keyset-paginated list: at most Limit rows

@@ -2,7 +2,6 @@ package order
 
 import (
 	"encoding/json"
-	"net/http"
 	"time"
 
 	"github.com/orderservice/orderservice/internal/idempotency"
@@ -103,16 +102,18 @@ func (h HistoryEntry) MarshalJSON() ([]byte, error) {
 		IdempotencyKey: h.IdempotencyKey, FromStatus: h.FromStatus, ToStatus: h.ToStatus, CreatedAt: h.CreatedAt})
 }
 
-// respond renders the response an operation stores and sends.
-func respond(status int, o *Order, location string) (idempotency.Response, error) {
+// created is the result of the intent that made o: its representation,
+// stored so that every replay shows the order as it was then.
+func created(o *Order) (idempotency.Result, error) {
 	body, err := json.Marshal(o)
-	if err != nil {
-		return idempotency.Response{}, err
-	}
-	return idempotency.Response{Status: status, Location: location, ContentType: "application/json", Body: body}, nil
+	return idempotency.Created(o.ID.String(), body), err
 }
 
-func ok(o *Order) (idempotency.Response, error) { return respond(http.StatusOK, o, "") }
+// done is the result of an intent that acted on o.
+func done(o *Order) (idempotency.Result, error) {
+	body, err := json.Marshal(o)
+	return idempotency.Done(o.ID.String(), body), err
+}
 
 func deref(s *string) string {
 	if s == nil {

@@ -1,0 +1,121 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/orderservice/orderservice/internal/database"
+	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/order"
+	"github.com/orderservice/orderservice/internal/problem"
+)
+
+// ProblemType is the media type of a problem document (RFC 9457).
+const ProblemType = "application/problem+json"
+
+// codes is the one table from a domain error's code to its HTTP status and
+// the problem document's title. A code missing here is a 500.
+var codes = map[problem.Code]struct {
+	status int
+	title  string
+}{
+	problem.InvalidRequest:       {http.StatusBadRequest, "The request is invalid"},
+	problem.KeyMissing:           {http.StatusBadRequest, "Idempotency-Key is required"},
+	problem.KeyInvalid:           {http.StatusBadRequest, "Idempotency-Key is malformed"},
+	problem.Unauthenticated:      {http.StatusUnauthorized, "Missing or unknown API key"},
+	order.CodePaymentDeclined:    {http.StatusPaymentRequired, "The payment was declined"},
+	order.CodePaymentRefused:     {http.StatusPaymentRequired, "The payment channel refused the charge"},
+	order.CodeRefundRefused:      {http.StatusConflict, "The payment channel refused the refund"},
+	order.CodeNotFound:           {http.StatusNotFound, "Order not found"},
+	problem.NotFound:             {http.StatusNotFound, "Not found"},
+	problem.MethodNotAllowed:     {http.StatusMethodNotAllowed, "Method not allowed"},
+	problem.RequestInProgress:    {http.StatusConflict, "A request with this key is in progress"},
+	order.CodeInvalidTransition:  {http.StatusConflict, "The order cannot make this transition"},
+	problem.PayloadTooLarge:      {http.StatusRequestEntityTooLarge, "The request body is too large"},
+	problem.UnsupportedMediaType: {http.StatusUnsupportedMediaType, "Unsupported media type"},
+	problem.KeyReused:            {http.StatusUnprocessableEntity, "Idempotency-Key reused with different parameters"},
+	problem.Internal:             {http.StatusInternalServerError, "Internal error"},
+	problem.ServiceUnavailable:   {http.StatusServiceUnavailable, "Service temporarily unavailable"},
+}
+
+// StatusOf is the HTTP status of a code; an unknown code is 500.
+func StatusOf(code problem.Code) int {
+	if c, ok := codes[code]; ok {
+		return c.status
+	}
+	return http.StatusInternalServerError
+}
+
+// Response is an answer as HTTP sends it.
+type Response struct {
+	Status      int
+	Location    string
+	ContentType string
+	Body        []byte
+	// Replayed is sent as Idempotent-Replayed: true.
+	Replayed bool
+	// RetryAfter, when set, is sent as Retry-After (whole seconds).
+	RetryAfter time.Duration
+}
+
+// Render is the HTTP form of an intent's result: 201 with the new order's
+// Location, 200, or the failure's problem document. Any transport that must
+// answer with the bytes HTTP would send calls it; it depends on nothing but
+// the result, so a replay of a stored result is the same bytes as the first
+// answer.
+func Render(res idempotency.Result) Response {
+	switch res.Outcome {
+	case idempotency.OutcomeCreated:
+		return Response{Status: http.StatusCreated, Location: "/v1/orders/" + res.Resource,
+			ContentType: "application/json", Body: res.Body, Replayed: res.Replayed}
+	case idempotency.OutcomeDone:
+		return Response{Status: http.StatusOK, ContentType: "application/json", Body: res.Body, Replayed: res.Replayed}
+	}
+	r := RenderError(res.Failure)
+	r.Replayed = res.Replayed
+	return r
+}
+
+// RenderError is the HTTP form of an error a use case (or the HTTP layer)
+// returned: its problem document, status and Retry-After. An error without
+// a code is an unavailable dependency (503, retry with the same key) or a
+// hidden internal one (500).
+func RenderError(err error) Response {
+	p := toProblem(err)
+	status, body := renderProblem(p)
+	return Response{Status: status, ContentType: ProblemType, Body: body, RetryAfter: p.RetryAfter}
+}
+
+// toProblem maps an error to the domain error it answers with.
+func toProblem(err error) *problem.Error {
+	switch {
+	case problem.CodeOf(err) != problem.Internal:
+		return problem.As(err)
+	case database.IsUnavailable(err) || database.IsLockTimeout(err) || errors.Is(err, context.DeadlineExceeded):
+		return &problem.Error{Code: problem.ServiceUnavailable, Detail: "A dependency is unavailable; retry with the same Idempotency-Key.", RetryAfter: time.Second}
+	}
+	return problem.As(err)
+}
+
+// renderProblem writes e as an RFC 9457 document. encoding/json writes a
+// map's keys sorted, so the same error is always the same bytes.
+func renderProblem(e *problem.Error) (status int, body []byte) {
+	status = StatusOf(e.Code)
+	doc := make(map[string]any, 5+len(e.Extensions))
+	for k, v := range e.Extensions {
+		doc[k] = v
+	}
+	doc["type"] = "urn:orderservice:problem:" + string(e.Code)
+	doc["title"] = codes[e.Code].title
+	doc["status"] = status
+	doc["detail"] = e.Detail
+	doc["code"] = e.Code
+	body, err := json.Marshal(doc)
+	if err != nil { // only a non-marshalable extension gets here
+		return http.StatusInternalServerError, []byte(`{"type":"urn:orderservice:problem:internal","title":"Internal error","status":500,"code":"internal"}`)
+	}
+	return status, body
+}

@@ -1,0 +1,561 @@
+package order
+
+// How a payment intent runs. Pay and Cancel move money through the payment
+// channel in three phases, so that no database connection is held while the
+// channel works and every retry, crash and takeover of the intent converges
+// on one movement of money:
+//
+//	phase 1, one transaction (open):        claim or replay the intent, lock
+//	         the order, apply its rule; either the intent ends here or a
+//	         pending payment with its stable downstream key is written;
+//	phase 2, no transaction  (askChannel):  ask the channel, under that key;
+//	phase 3, one transaction (record):      store the answer, fenced by the
+//	         lease token; an unknown answer postpones the intent instead.
+//
+// A retry of an unfinished intent (failed retryably, or its owner's lease
+// expired) skips the rule and resumes the payment phase 1 wrote; the
+// sweeper (Sweep) does the same for intents nobody retries.
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"gorm.io/gorm"
+
+	"github.com/orderservice/orderservice/internal/database"
+	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/payment"
+	"github.com/orderservice/orderservice/internal/problem"
+)
+
+// PaymentKind says which way money moves.
+type PaymentKind string
+
+// Payment kinds.
+const (
+	KindCharge PaymentKind = "charge"
+	KindRefund PaymentKind = "refund"
+)
+
+// PaymentStatus is what we know of a money movement at the channel.
+type PaymentStatus string
+
+// Payment statuses. Pending means the outcome is not known yet: the channel
+// may or may not have acted, and only a query by ChannelKey can tell.
+const (
+	PaymentPending   PaymentStatus = "pending"
+	PaymentSucceeded PaymentStatus = "succeeded"
+	PaymentFailed    PaymentStatus = "failed"
+)
+
+// Payment is one charge or refund that an intent asked the channel for.
+type Payment struct {
+	ID            uuid.UUID `gorm:"type:uuid;primaryKey"`
+	OrderID       uuid.UUID `gorm:"type:uuid"`
+	TenantID      string
+	Kind          PaymentKind
+	Status        PaymentStatus
+	Amount        int64
+	Currency      string
+	PaymentMethod *string
+	// ChannelKey is the stable downstream idempotency key of the intent.
+	ChannelKey string
+	ChannelRef *string
+	// RefundOf is, for a refund, the channel's id of the charge it returns.
+	RefundOf       *string
+	Operation      string
+	IdempotencyKey string
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+}
+
+// Channel is the payment channel as the order use cases need it. Every
+// method takes the stable downstream key of one intent.
+type Channel interface {
+	Charge(ctx context.Context, key string, req payment.ChargeRequest) (payment.Result[payment.Charge], error)
+	LookupCharge(ctx context.Context, key string) (payment.Charge, error)
+	Refund(ctx context.Context, key string, req payment.RefundRequest) (payment.Result[payment.Refund], error)
+	LookupRefund(ctx context.Context, key string) (payment.Refund, error)
+}
+
+// MoneyConfig tunes the calls to the payment channel.
+type MoneyConfig struct {
+	// ChannelTimeout bounds one call to the channel; it must be well below
+	// the lease, or a slow call could outlive its owner's right to finish.
+	ChannelTimeout time.Duration
+	// RetryAfter is what a client is told to wait after an unknown outcome;
+	// the sweeper resumes the intent itself after that if nobody retries.
+	RetryAfter time.Duration
+}
+
+// Pay charges the order total through the payment channel.
+func (s *Service) Pay(ctx context.Context, c Caller, orderID string, req PayRequest) (idempotency.Result, error) {
+	method := strings.TrimSpace(req.PaymentMethod)
+	if err := checkText("payment_method", method, maxSKULength); err != nil {
+		return idempotency.Result{}, err
+	}
+	// A token the channel does not know would only be refused there, after
+	// the order had moved to PAYMENT_PENDING: refuse it before anything is
+	// recorded, so the same key may be sent again with a real one.
+	if !slices.Contains(payment.Methods, method) {
+		return idempotency.Result{}, invalid("payment_method", "must be one of the channel's test tokens: %s", strings.Join(payment.Methods, ", "))
+	}
+	return s.runPaymentIntent(ctx, c, OpPay, orderID, PayRequest{PaymentMethod: method}, func(o *Order) (plan, error) {
+		charge, err := o.Pay(method)
+		return viaChannel(EventPay, charge), err
+	})
+}
+
+// Cancel cancels an order. An unpaid order is cancelled in phase 1; a paid
+// one is refunded through the channel first and is CANCELLED once the
+// refund succeeded.
+func (s *Service) Cancel(ctx context.Context, c Caller, orderID string, req CancelRequest) (idempotency.Result, error) {
+	n, err := req.normalize()
+	if err != nil {
+		return idempotency.Result{}, err
+	}
+	return s.runPaymentIntent(ctx, c, OpCancel, orderID, n, func(o *Order) (plan, error) {
+		if !o.HoldsMoney() {
+			return withoutChannel(EventCancel), o.Cancel()
+		}
+		refund, err := o.Refund()
+		return viaChannel(EventRefund, refund), err
+	})
+}
+
+// plan is what an order's rule decided in phase 1: the event it fired and,
+// when money must move, the payment the channel is to make.
+type plan struct {
+	event      Event
+	viaChannel bool
+	payment    Payment
+}
+
+func viaChannel(ev Event, p Payment) plan { return plan{event: ev, viaChannel: true, payment: p} }
+func withoutChannel(ev Event) plan        { return plan{event: ev} }
+
+// runPaymentIntent runs the three phases of the intent op on the order
+// orderID, with rule deciding what the order does.
+func (s *Service) runPaymentIntent(ctx context.Context, c Caller, op, orderID string, fields any, rule func(*Order) (plan, error)) (idempotency.Result, error) {
+	id, in, err := c.intentOn(op, orderID, fields)
+	if err != nil {
+		return idempotency.Result{}, err
+	}
+	opened, err := s.open(ctx, c, id, in, rule)
+	if err != nil || !opened.awaitsChannel {
+		return opened.result, err
+	}
+	if err := s.Hooks.run(s.Hooks.AfterPhase1); err != nil {
+		return idempotency.Result{}, err
+	}
+	if opened.claim.Resumes() {
+		s.observe().Takeover(op, "retry")
+	}
+	// The client may hang up; the money phases still run to the end (or to
+	// the shutdown deadline), so the outcome is recorded and its retry gets
+	// the replay. An owner that died mid-flight left no word of the
+	// channel's answer, so its successor asks the channel first; an intent
+	// that failed retryably simply sends the same request under the same
+	// key again.
+	lookupFirst := opened.claim.ResumedFrom == idempotency.Processing
+	work, cancel := s.detach(ctx)
+	defer cancel()
+	return s.settle(work, opened.claim.Record, opened.payment, lookupFirst)
+}
+
+// opening is how phase 1 ended: either the intent is answered (result:
+// replayed, refused, or done without the channel), or a pending payment
+// awaits the channel and the record stays PROCESSING meanwhile.
+type opening struct {
+	claim         idempotency.Claim
+	awaitsChannel bool
+	payment       Payment
+	result        idempotency.Result
+}
+
+// open is phase 1, in one transaction.
+func (s *Service) open(ctx context.Context, c Caller, id uuid.UUID, in idempotency.Intent, rule func(*Order) (plan, error)) (opened opening, err error) {
+	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
+		opened = opening{}
+		claim, err := s.Records.ClaimOrReplay(tx, in)
+		if err != nil {
+			return err
+		}
+		opened.claim = claim
+		if claim.Replay != nil {
+			opened.result = *claim.Replay
+			return nil
+		}
+		if claim.Resumes() { // an earlier attempt recorded its payment: resume it
+			p, found, err := pendingPayment(tx, in.Scope)
+			if err != nil || found {
+				opened.awaitsChannel, opened.payment = found, p
+				return err
+			}
+		}
+		res, pending, err := s.applyRule(tx, c, in.Operation, id, rule)
+		if err == nil && pending != nil {
+			opened.awaitsChannel, opened.payment = true, *pending
+			return nil
+		}
+		opened.result, err = s.finish(tx, in, claim.Token(), res, err)
+		return err
+	})
+	return opened, err
+}
+
+// applyRule locks the order and applies the intent's rule to it, writing
+// the transition and, when money must move, the pending payment with its
+// stable downstream key (pending). Without the channel the intent is done:
+// res is its result.
+func (s *Service) applyRule(tx *gorm.DB, c Caller, op string, id uuid.UUID, rule func(*Order) (plan, error)) (res idempotency.Result, pending *Payment, err error) {
+	o, err := lockOrder(tx, c.TenantID, id)
+	if err != nil {
+		return res, nil, err
+	}
+	if o.paymentOf(op, c.Key) != nil {
+		// This intent moved money before, and its record has since been
+		// archived and removed: running it again would mean a second
+		// movement under the same downstream key.
+		return res, nil, errKeyRanBefore(op)
+	}
+	from := o.Status
+	pl, err := rule(o)
+	if err != nil {
+		return res, nil, err
+	}
+	if err := saveTransition(tx, o, from, pl.event, op, c.Key); err != nil {
+		return res, nil, err
+	}
+	if !pl.viaChannel {
+		res, err = done(o)
+		return res, nil, err
+	}
+	p := pl.payment
+	if p.ID, err = uuid.NewV7(); err != nil {
+		return res, nil, err
+	}
+	p.OrderID, p.TenantID, p.Status = o.ID, o.TenantID, PaymentPending
+	p.Operation, p.IdempotencyKey = op, c.Key
+	p.ChannelKey = channelKey(o.TenantID, op, o.ID, c.Key)
+	if err := insertPayment(tx, &p); err != nil {
+		return res, nil, err
+	}
+	return res, &p, nil
+}
+
+// channelKey derives the downstream idempotency key of one intent from the
+// tenant, the operation, the order and the client's key. It is stored on the
+// payment row and never recomputed differently: a new key per retry would
+// let the channel charge twice.
+func channelKey(tenantID, op string, orderID uuid.UUID, key string) string {
+	sum := sha256.Sum256([]byte(tenantID + "\x00" + op + "\x00" + orderID.String() + "\x00" + key))
+	return "os_" + hex.EncodeToString(sum[:20])
+}
+
+// settle drives a pending payment to its outcome (phases 2 and 3). It is
+// used by the request that started the payment, by a client retry, and by
+// the sweeper after a takeover.
+func (s *Service) settle(ctx context.Context, rec idempotency.Record, p Payment, lookupFirst bool) (idempotency.Result, error) {
+	ans, err := s.askChannel(ctx, p, lookupFirst)
+	if err == nil {
+		err = s.Hooks.run(s.Hooks.AfterChannelCall)
+	}
+	if err != nil {
+		return idempotency.Result{}, err
+	}
+	if ans.answer == unknown {
+		return idempotency.Result{}, s.postpone(ctx, rec)
+	}
+	res, err := s.record(ctx, rec, p, ans)
+	switch {
+	case errors.Is(err, idempotency.ErrFenced):
+		return idempotency.Result{}, errSuperseded()
+	case database.IsUnavailable(err) || database.IsLockTimeout(err):
+		// The channel answered but the answer could not be stored: the
+		// intent is resumable at once, and its retry sends the same key
+		// again, which the channel answers from its own record.
+		return idempotency.Result{}, s.postpone(ctx, rec)
+	}
+	return res, err
+}
+
+// answer is what the channel's reply means for one payment: the request
+// classified once, where the reply is read (payment.Client), and named here.
+type answer int
+
+const (
+	// unknown: no definitive reply (timeout, 5xx, 429, lost connection).
+	// The same request under the same key may be sent again.
+	unknown answer = iota
+	// moved: the charge or refund was made.
+	moved
+	// declined: the acquirer declined the charge (402).
+	declined
+	// refused: the channel refused the request and will not act on it
+	// (any other 4xx): as final as a decline.
+	refused
+)
+
+// channelResult is what the channel said of one payment.
+type channelResult struct {
+	answer   answer
+	ref      string // the channel's id of the charge or refund, when made
+	reason   string // the channel's words, for a refusal
+	replayed bool
+}
+
+// paymentStatus is what the payment row records of a definitive answer.
+func (r channelResult) paymentStatus() PaymentStatus {
+	if r.answer == moved {
+		return PaymentSucceeded
+	}
+	return PaymentFailed
+}
+
+// channelRef is the channel's id of what it made, or nil.
+func (r channelResult) channelRef() *string {
+	if r.ref == "" {
+		return nil
+	}
+	ref := r.ref
+	return &ref
+}
+
+// event is the order's transition for a definitive answer on a payment of
+// kind: the table in fsm.go decides whether the order may make it.
+func (r channelResult) event(kind PaymentKind) Event {
+	switch {
+	case kind == KindRefund && r.answer == moved:
+		return EventRefundSucceeded
+	case kind == KindRefund:
+		return EventRefundFailed
+	case r.answer == moved:
+		return EventPaymentSucceeded
+	}
+	return EventPaymentFailed
+}
+
+// failure is the refusal a definitive non-success answer is stored as, or
+// nil when the money moved.
+func (r channelResult) failure(kind PaymentKind, orderID string) *problem.Error {
+	switch {
+	case r.answer == moved:
+		return nil
+	case kind == KindRefund:
+		return problem.Errorf(CodeRefundRefused, "The payment channel refused the refund (%s); the order stays PAID.", r.reason).
+			With("order_id", orderID)
+	case r.answer == refused:
+		return problem.Errorf(CodePaymentRefused, "The payment channel refused the charge (%s); the order may be paid again with a new Idempotency-Key.", r.reason).
+			With("order_id", orderID)
+	}
+	return problem.Errorf(CodePaymentDeclined, "The payment channel declined the charge; the order may be paid again with a new Idempotency-Key.").
+		With("order_id", orderID)
+}
+
+// askChannel is phase 2. With lookupFirst (a takeover from an owner that
+// died) it first asks the channel what happened under the key, and only when
+// the channel has nothing sends the request, with the same key. An error is
+// one the channel's answer cannot be classified past (a hook's); the
+// channel's own failures are an unknown answer.
+func (s *Service) askChannel(ctx context.Context, p Payment, lookupFirst bool) (res channelResult, err error) {
+	ctx, cancel := context.WithTimeout(ctx, s.Money.ChannelTimeout)
+	defer cancel()
+	start := time.Now()
+	switch p.Kind {
+	case KindCharge:
+		var ch payment.Charge
+		ch, res.replayed, err = lookupOrSend(lookupFirst,
+			func() (payment.Charge, error) { return s.Channel.LookupCharge(ctx, p.ChannelKey) },
+			func() (payment.Result[payment.Charge], error) {
+				return s.Channel.Charge(ctx, p.ChannelKey, payment.ChargeRequest{Amount: p.Amount, Currency: p.Currency,
+					Reference: p.OrderID.String(), PaymentMethod: deref(p.PaymentMethod)})
+			})
+		res.answer, res.ref = declined, ch.ID
+		if ch.Status == payment.StatusSucceeded {
+			res.answer = moved
+		}
+	case KindRefund:
+		var rf payment.Refund
+		rf, res.replayed, err = lookupOrSend(lookupFirst,
+			func() (payment.Refund, error) { return s.Channel.LookupRefund(ctx, p.ChannelKey) },
+			func() (payment.Result[payment.Refund], error) {
+				return s.Channel.Refund(ctx, p.ChannelKey, payment.RefundRequest{ChargeID: deref(p.RefundOf), Amount: p.Amount})
+			})
+		res.answer, res.ref = moved, rf.ID
+	}
+	s.observe().ChannelCall(string(p.Kind), time.Since(start), err, res.replayed)
+	switch {
+	case errors.Is(err, payment.ErrRejected):
+		s.logger().WarnContext(ctx, "payment channel refused the request", "kind", p.Kind, "channel_key", p.ChannelKey, "err", err)
+		return channelResult{answer: refused, reason: refusalReason(err)}, nil
+	case err != nil:
+		// Outcome unknown: keep the intent resumable and let a retry or the
+		// sweeper ask again under the same key.
+		s.logger().WarnContext(ctx, "payment channel gave no definitive answer", "kind", p.Kind, "channel_key", p.ChannelKey, "err", err)
+		return channelResult{answer: unknown}, nil
+	}
+	return res, nil
+}
+
+// refusalReason is the channel's code for a refusal, safe to show a client.
+func refusalReason(err error) string {
+	var se *payment.StatusError
+	if errors.As(err, &se) && se.Code != "" {
+		return se.Code
+	}
+	return "refused"
+}
+
+// lookupOrSend asks the channel for what it holds under the key when
+// lookupFirst, and sends the request (same key) when it holds nothing or
+// when there is nothing to look up.
+func lookupOrSend[T any](lookupFirst bool, lookup func() (T, error), send func() (payment.Result[T], error)) (v T, replayed bool, err error) {
+	if lookupFirst {
+		v, err := lookup()
+		if !errors.Is(err, payment.ErrNotFound) {
+			return v, false, err
+		}
+	}
+	r, err := send()
+	return r.Value, r.Replayed, err
+}
+
+// record is phase 3: one transaction that stores the channel's definitive
+// answer on the payment, moves the order and completes the intent, fenced
+// by the lease token. A decline or refusal is the intent's failed result.
+func (s *Service) record(ctx context.Context, rec idempotency.Record, p Payment, ans channelResult) (result idempotency.Result, err error) {
+	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
+		// The fence first: a superseded owner must not even try the
+		// transition, which its successor may already have made.
+		if err := s.Records.Hold(tx, rec.Scope(), rec.LeaseToken); err != nil {
+			return err
+		}
+		o, err := lockOrder(tx, p.TenantID, p.OrderID)
+		if err != nil {
+			return err
+		}
+		from := o.Status
+		at, err := settlePayment(tx, p.ID, ans.paymentStatus(), ans.channelRef())
+		if err != nil {
+			return err
+		}
+		ev, err := o.settle(p, ans, at)
+		if err != nil {
+			return err
+		}
+		if err := saveTransition(tx, o, from, ev, p.Operation, p.IdempotencyKey); err != nil {
+			return err
+		}
+		if fail := ans.failure(p.Kind, o.ID.String()); fail != nil {
+			result = idempotency.Failed(o.ID.String(), fail)
+		} else if result, err = done(o); err != nil {
+			return err
+		}
+		if err := s.Hooks.run(s.Hooks.BeforeSettleCommit); err != nil {
+			return err
+		}
+		return s.Records.Complete(tx, rec.Scope(), rec.LeaseToken, result)
+	})
+	return result, err
+}
+
+// postpone records that the outcome is unknown: FAILED_RETRYABLE with the
+// lease released until RetryAfter. The error it returns tells the client to
+// send the same key again (at once, or after RetryAfter).
+func (s *Service) postpone(ctx context.Context, rec idempotency.Record) error {
+	err := database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
+		return s.Records.Fail(tx, rec.Scope(), rec.LeaseToken, s.Money.RetryAfter)
+	})
+	switch {
+	case errors.Is(err, idempotency.ErrFenced):
+		return errSuperseded()
+	case err != nil:
+		return err
+	}
+	return errPostponed(s.Money.RetryAfter)
+}
+
+// Sweep takes over up to batch money intents whose owner stopped (lease
+// expired) or that wait for a retry (FAILED_RETRYABLE past its Retry-After),
+// and settles each: the channel is first asked for the real outcome under
+// the intent's stable key. Every instance may sweep at once; SKIP LOCKED
+// and the fencing token keep them off each other's records. It returns how
+// many intents it resumed.
+func (s *Service) Sweep(ctx context.Context, batch int) (int, error) {
+	var due []idempotency.Record
+	err := database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
+		var err error
+		due, err = s.Records.ClaimDue(tx, MoneyOperations, batch)
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	// The intents taken over are finished even if ctx ends meanwhile (the
+	// process is stopping), rather than left PROCESSING until their lease
+	// runs out; a stopping sweeper only takes no new batch. The shutdown
+	// deadline (Lifetime) still bounds them: what is left then is left to
+	// the lease and the next sweeper.
+	work, cancel := s.detach(ctx)
+	defer cancel()
+	for _, rec := range due {
+		if work.Err() != nil {
+			break
+		}
+		s.observe().Takeover(rec.Operation, "sweeper")
+		p, found, err := pendingPayment(s.DB.WithContext(work), rec.Scope())
+		if err != nil {
+			return 0, err
+		}
+		if !found { // phase 1 writes the payment with the claim, so this is a bug
+			s.logger().ErrorContext(ctx, "unfinished money intent has no payment", "operation", rec.Operation, "key", rec.IdempotencyKey)
+			continue
+		}
+		s.resume(work, rec, p)
+	}
+	return len(due), nil
+}
+
+// resume settles one intent the sweeper took over. A postponed or
+// superseded outcome is normal here: the intent stays resumable and a later
+// sweep or retry finishes it. A panic is contained to this intent, as a
+// request's would be, so one bad record cannot stop the process.
+func (s *Service) resume(ctx context.Context, rec idempotency.Record, p Payment) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.logger().ErrorContext(ctx, "sweeper recovered from a panic", "operation", rec.Operation, "key", rec.IdempotencyKey, "panic", r)
+		}
+	}()
+	if _, err := s.settle(ctx, rec, p, true); err != nil {
+		s.logger().DebugContext(ctx, "sweep left intent unfinished", "operation", rec.Operation, "key", rec.IdempotencyKey, "err", err)
+	}
+}
+
+// RunSweeper sweeps every interval until ctx is done.
+func (s *Service) RunSweeper(ctx context.Context, interval time.Duration, batch int) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			for {
+				n, err := s.Sweep(ctx, batch)
+				if err != nil && ctx.Err() == nil {
+					s.logger().WarnContext(ctx, "sweep failed", "err", err)
+				}
+				if err != nil || n < batch {
+					break
+				}
+			}
+		}
+	}
+}
