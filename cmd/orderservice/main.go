@@ -17,7 +17,7 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := app.Run(ctx, os.Args[1:], environ(), os.Stdout, os.Stderr); err != nil {
+	if err := app.Run(ctx, os.Args[1:], environ(), os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "orderservice:", err)
 		os.Exit(1)
 	}

@@ -25,7 +25,7 @@ import (
 
 // Run is the whole program: `orderservice` serves until ctx ends,
 // `orderservice migrate` applies the migrations and exits.
-func Run(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
+func Run(ctx context.Context, args []string, environ map[string]string, stdout io.Writer) error {
 	cfg, err := LoadConfig(environ)
 	if err != nil {
 		return err

@@ -45,7 +45,7 @@ func TestBadConfigurationStopsTheStart(t *testing.T) {
 	} {
 		t.Run(name+" is refused in one line", func(t *testing.T) {
 			var out bytes.Buffer
-			err := app.Run(context.Background(), nil, env, &out, &out)
+			err := app.Run(context.Background(), nil, env, &out)
 			if err == nil || strings.Contains(err.Error(), "\n") {
 				t.Fatalf("err = %v", err)
 			}
@@ -53,7 +53,7 @@ func TestBadConfigurationStopsTheStart(t *testing.T) {
 		})
 	}
 	t.Run("the unsafe retention names the window that makes it unsafe", func(t *testing.T) {
-		err := app.Run(context.Background(), nil, map[string]string{"IDEMPOTENCY_RETENTION": "24h"}, io.Discard, io.Discard)
+		err := app.Run(context.Background(), nil, map[string]string{"IDEMPOTENCY_RETENTION": "24h"}, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), "manual_compensation") {
 			t.Fatalf("err = %v", err)
 		}

@@ -30,9 +30,6 @@ type Options struct {
 	LockTimeout time.Duration
 }
 
-// DefaultOptions are safe for a small service instance.
-var DefaultOptions = Options{MaxConns: 20, StatementTimeout: 5 * time.Second, LockTimeout: 3 * time.Second}
-
 // Open connects to url, creating the database first if it does not exist.
 func Open(ctx context.Context, url string, opts Options) (*gorm.DB, error) {
 	db, err := open(ctx, url, opts)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/orderservice/orderservice/internal/app"
 	"github.com/orderservice/orderservice/internal/apptest"
+	"github.com/orderservice/orderservice/internal/idempotency"
 )
 
 func TestCreateIsIdempotent(t *testing.T) {
@@ -107,7 +108,7 @@ func TestCreateIsIdempotent(t *testing.T) {
 			t.Fatalf("records = %d %s", r.Status, r.Body)
 		}
 		rec := recs[0].(map[string]any)
-		if rec["state"] != "SUCCEEDED" || rec["operation"] != "order.create" || rec["resource_id"] != id ||
+		if rec["state"] != string(idempotency.Succeeded) || rec["operation"] != "order.create" || rec["resource_id"] != id ||
 			rec["response_status"] != float64(201) || len(rec["fingerprint"].(string)) != 64 || rec["expires_at"] == nil {
 			t.Errorf("record = %v", rec)
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/orderservice/orderservice/internal/app"
 	"github.com/orderservice/orderservice/internal/apptest"
+	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
 )
 
@@ -199,7 +200,7 @@ func TestEveryStatusAndClientEventThroughTheAPI(t *testing.T) {
 					if after := svc.snap(t, id); after != before {
 						t.Errorf("a refused %s changed the order: before %+v, after %+v", ce.event, before, after)
 					}
-					if s := svc.recordState(t, "order."+ce.path, key); s != "FAILED_FINAL" {
+					if s := svc.recordState(t, "order."+ce.path, key); s != string(idempotency.FailedFinal) {
 						t.Errorf("record state %s, want FAILED_FINAL", s)
 					}
 				})
@@ -308,7 +309,7 @@ func TestConcurrentTransitionsOnOneOrderLetExactlyOneWin(t *testing.T) {
 			if after != want {
 				t.Errorf("order after the race: %+v, want %+v", after, want)
 			}
-			for state, want := range map[string]int64{"SUCCEEDED": 1, "FAILED_FINAL": senders - 1} {
+			for state, want := range map[string]int64{string(idempotency.Succeeded): 1, string(idempotency.FailedFinal): senders - 1} {
 				if n := count(t, svc.m, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'acme' AND operation = ? AND idempotency_key LIKE ? AND state = ?",
 					"order."+tc.action, prefix+"-%", state); n != want {
 					t.Errorf("%d %s records, want %d", n, state, want)

@@ -194,7 +194,7 @@ func newOrder(tenantID string, n CreateRequest, total int64) (*Order, error) {
 	if err != nil {
 		return nil, err
 	}
-	// PostgreSQL keeps microseconds; so does the response we store.
+	// PostgreSQL keeps microseconds; so does the representation we store.
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	o := &Order{ID: id, TenantID: tenantID, CustomerID: n.CustomerID, Status: StatusCreated,
 		Currency: n.Currency, TotalAmount: total, Metadata: n.Metadata, Version: 1,
