@@ -12,8 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -42,7 +40,7 @@ func TestBinariesWithComposeConfiguration(t *testing.T) {
 	chEnv["HTTP_ADDR"] = chAddr
 	channel := startProcess(t, svcChannel, bins[chSvc.Entrypoint[0]], chEnv)
 	channelURL := "http://" + chAddr
-	channel.waitOK(t, channelURL+"/healthz")
+	waitOK(t, channel, channelURL+"/healthz")
 
 	repSvc := service(t, p, svcReplica1)
 	env := environment(t, repSvc)
@@ -52,7 +50,7 @@ func TestBinariesWithComposeConfiguration(t *testing.T) {
 	env["HTTP_ADDR"] = addr
 	orders := startProcess(t, svcReplica1, bins["/orderservice"], env) // the image's ENTRYPOINT
 	ordersURL := "http://" + addr
-	orders.waitOK(t, ordersURL+"/readyz")
+	waitOK(t, orders, ordersURL+"/readyz")
 
 	labSvc := service(t, p, svcLab)
 	labEnv := environment(t, labSvc)
@@ -62,7 +60,7 @@ func TestBinariesWithComposeConfiguration(t *testing.T) {
 	labEnv["LAB_CHANNEL_URL"] = channelURL
 	lab := startProcess(t, svcLab, bins[labSvc.Entrypoint[0]], labEnv)
 	labURL := "http://" + labAddr
-	lab.waitOK(t, labURL+"/healthz")
+	waitOK(t, lab, labURL+"/healthz")
 
 	t.Run("the compose healthchecks pass", func(t *testing.T) {
 		for svc, hostPort := range map[string]string{svcChannel: chAddr, svcReplica1: addr, svcLab: labAddr} {
@@ -165,9 +163,11 @@ func TestBinariesWithComposeConfiguration(t *testing.T) {
 	})
 
 	t.Run("every process exits 0 on SIGTERM", func(t *testing.T) {
-		lab.stop(t) // first, as compose does: dependants stop before their dependencies
-		orders.stop(t)
-		channel.stop(t)
+		for _, p := range []*testproc.Process{lab, orders, channel} { // dependants first, as compose stops them
+			if err := p.Stop(5 * time.Second); err != nil {
+				t.Error(err)
+			}
+		}
 	})
 }
 
@@ -205,82 +205,22 @@ func buildImageBinaries(t *testing.T) map[string]string {
 	return bins
 }
 
-// process is a started binary whose output is shown if the test fails.
-type process struct {
-	name    string
-	cmd     *exec.Cmd
-	out     *lockedBuffer
-	exited  chan struct{}
-	waitErr error
-}
-
-func startProcess(t *testing.T, name, bin string, env map[string]string) *process {
+// startProcess runs bin with exactly a compose service's environment, as in
+// the container.
+func startProcess(t *testing.T, name, bin string, env map[string]string) *testproc.Process {
 	t.Helper()
-	p := &process{name: name, cmd: exec.Command(bin), out: &lockedBuffer{}, exited: make(chan struct{})}
-	for k, v := range env { // only the compose environment, as in the container
-		p.cmd.Env = append(p.cmd.Env, k+"="+v)
+	p, err := testproc.Start(t, name, bin, testproc.Env(env))
+	if err != nil {
+		t.Fatal(err)
 	}
-	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	go func() {
-		p.waitErr = p.cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.exited:
-		default:
-			_ = p.cmd.Process.Kill()
-			<-p.exited
-		}
-		if t.Failed() {
-			t.Logf("%s output:\n%s", name, p.out.String())
-		}
-	})
 	return p
 }
 
 // waitOK polls url until it answers 200, failing if the process exits.
-func (p *process) waitOK(t *testing.T, url string) {
+func waitOK(t *testing.T, p *testproc.Process, url string) {
 	t.Helper()
-	client := &http.Client{Timeout: time.Second}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := client.Get(url)
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-			err = errors.New(resp.Status)
-		}
-		select {
-		case <-p.exited:
-			t.Fatalf("%s exited before %s answered 200: %v", p.name, url, p.waitErr)
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %s did not answer 200 within 30s: %v", p.name, url, err)
-		}
-	}
-}
-
-// stop sends SIGTERM, as `docker compose stop` does, and expects a clean exit.
-func (p *process) stop(t *testing.T) {
-	t.Helper()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatalf("SIGTERM %s: %v", p.name, err)
-	}
-	select {
-	case <-p.exited:
-		if p.waitErr != nil {
-			t.Errorf("%s exited with %v after SIGTERM, want status 0", p.name, p.waitErr)
-		}
-	case <-time.After(5 * time.Second):
-		t.Errorf("%s still running 5s after SIGTERM", p.name)
+	if err := p.WaitOK(url, 30*time.Second); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -342,22 +282,4 @@ func (r response) expect(t *testing.T, want int, v any) {
 			t.Fatalf("decode %s: %v", r.body, err)
 		}
 	}
-}
-
-// lockedBuffer collects a process's output from the goroutines exec uses.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

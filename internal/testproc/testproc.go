@@ -1,6 +1,8 @@
 // Package testproc runs the project's real binaries in tests: built once,
 // started on free loopback ports with their output kept for a failing
-// test, waited for, and stopped or killed as a crash would.
+// test, waited for, and stopped (SIGTERM) or killed as a crash would. It is
+// the one process runner of the tests (the service's, the fault suite's,
+// the deployment's).
 package testproc
 
 import (
@@ -11,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -46,8 +49,9 @@ type Process struct {
 	Name string
 	Cmd  *exec.Cmd
 	// Done is closed once the process has exited.
-	Done chan struct{}
-	log  string
+	Done    chan struct{}
+	log     string
+	waitErr error
 }
 
 var seq atomic.Int64
@@ -68,7 +72,7 @@ func Start(t testing.TB, name, bin string, env []string) (*Process, error) {
 	}
 	p := &Process{Name: name, Cmd: cmd, Done: make(chan struct{}), log: logPath}
 	go func() {
-		_ = cmd.Wait()
+		p.waitErr = cmd.Wait()
 		logFile.Close()
 		close(p.Done)
 	}()
@@ -109,8 +113,44 @@ func (p *Process) Exited() bool {
 	}
 }
 
+// Env turns a variable map (a compose service's environment) into the
+// exact environment Start takes.
+func Env(vars map[string]string) []string {
+	env := make([]string, 0, len(vars))
+	for k, v := range vars {
+		env = append(env, k+"="+v)
+	}
+	return env
+}
+
+// Stop sends SIGTERM, as docker compose stop or an orchestrator does, and
+// waits up to within for the process to exit. It returns how it exited (nil
+// for status 0), or that it did not.
+func (p *Process) Stop(within time.Duration) error {
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		return fmt.Errorf("SIGTERM %s: %w", p.Name, err)
+	}
+	select {
+	case <-p.Done:
+		if p.waitErr != nil {
+			return fmt.Errorf("%s exited with %v after SIGTERM, want status 0", p.Name, p.waitErr)
+		}
+		return nil
+	case <-time.After(within):
+		return fmt.Errorf("%s still running %s after SIGTERM", p.Name, within)
+	}
+}
+
+// WaitOK waits until url answers 200, or returns why it did not in time;
+// it gives up at once if the process exits first.
+func (p *Process) WaitOK(url string, within time.Duration) error {
+	return waitOK(url, within, p)
+}
+
 // WaitOK waits until url answers 200, or returns why it did not in time.
-func WaitOK(url string, within time.Duration) error {
+func WaitOK(url string, within time.Duration) error { return waitOK(url, within, nil) }
+
+func waitOK(url string, within time.Duration, p *Process) error {
 	client := &http.Client{Timeout: time.Second}
 	deadline := time.Now().Add(within)
 	for {
@@ -124,6 +164,9 @@ func WaitOK(url string, within time.Duration) error {
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s did not answer 200 within %s (last: %v)", url, within, err)
+		}
+		if p != nil && p.Exited() {
+			return fmt.Errorf("%s exited before %s answered 200: %v", p.Name, url, p.waitErr)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
