@@ -1,6 +1,10 @@
-// Package apptest boots the real service for end-to-end tests: the same
-// app.Start that main uses, on loopback ports chosen by the kernel, against
-// the test package's own database.
+// Package apptest is the tests' kit, imported by tests only: it boots the
+// real service for end-to-end tests (the same app.Start that main uses, on
+// loopback ports chosen by the kernel, against the test package's own
+// database), sends requests as a tenant, and holds the assertions every
+// package's tests share (assert.go: problem documents, replays, records,
+// the channel's counters). internal/testdb and internal/testproc are its
+// database and process halves.
 package apptest
 
 import (

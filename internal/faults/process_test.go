@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/orderservice/orderservice/internal/payment/channel"
 	"github.com/orderservice/orderservice/internal/testdb"
 	"github.com/orderservice/orderservice/internal/testproc"
 )
@@ -81,22 +82,10 @@ func (c *channelProc) setFaults(t *testing.T, faults map[string]any) {
 	}
 }
 
-// channelStats is GET /admin/stats.
-type channelStats struct {
-	Charges            int64 `json:"charges"`
-	Declined           int64 `json:"declined"`
-	Refunds            int64 `json:"refunds"`
-	DuplicatesAbsorbed int64 `json:"duplicates_absorbed"`
-	Lookups            int64 `json:"lookups"`
-	Requests           int64 `json:"requests"`
-	LostResponses      int64 `json:"lost_responses"`
-	AmountCharged      int64 `json:"amount_charged"`
-	AmountRefunded     int64 `json:"amount_refunded"`
-}
-
-func (c *channelProc) stats(t *testing.T) channelStats {
+// stats is the channel's counters, GET /admin/stats.
+func (c *channelProc) stats(t *testing.T) channel.Stats {
 	t.Helper()
-	var s channelStats
+	var s channel.Stats
 	c.get(t, "/admin/stats", &s)
 	return s
 }

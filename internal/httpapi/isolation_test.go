@@ -254,17 +254,17 @@ func TestTenantIsolation(t *testing.T) {
 		if len(pairs) < both {
 			t.Errorf("%d shared keys have records in both tenants, want at least %d", len(pairs), both)
 		}
-		crossed := count(t, m, `SELECT count(*) FROM idempotency_records r JOIN orders o ON o.id::text = r.resource_id
+		crossed := apptest.Count(t, m.DB, `SELECT count(*) FROM idempotency_records r JOIN orders o ON o.id::text = r.resource_id
 			WHERE r.operation = 'order.create' AND o.tenant_id <> r.tenant_id`)
 		if crossed != 0 {
 			t.Errorf("%d create records point at another tenant's order", crossed)
 		}
 		for _, s := range []*side{acme, globex} {
-			if n := count(t, m, "SELECT count(*) FROM orders WHERE tenant_id = ? AND customer_id NOT LIKE ?", s.name, s.name+"-cus-%"); n != 0 {
+			if n := apptest.Count(t, m.DB, "SELECT count(*) FROM orders WHERE tenant_id = ? AND customer_id NOT LIKE ?", s.name, s.name+"-cus-%"); n != 0 {
 				t.Errorf("%s owns %d orders of the other tenant's customers", s.name, n)
 			}
 		}
-		if n := count(t, m, `SELECT count(*) FROM order_events e JOIN orders o ON o.id = e.order_id
+		if n := apptest.Count(t, m.DB, `SELECT count(*) FROM order_events e JOIN orders o ON o.id = e.order_id
 			JOIN idempotency_records r ON r.idempotency_key = e.idempotency_key AND r.operation = e.operation AND r.resource_id = o.id::text
 			WHERE r.tenant_id <> o.tenant_id`); n != 0 {
 			t.Errorf("%d events were caused by another tenant's intent", n)
@@ -272,11 +272,11 @@ func TestTenantIsolation(t *testing.T) {
 	})
 
 	t.Run("a guess at the other tenant's order changed nothing there", func(t *testing.T) {
-		n := count(t, m, `SELECT count(*) FROM order_events WHERE idempotency_key LIKE 'guess-%'`)
+		n := apptest.Count(t, m.DB, `SELECT count(*) FROM order_events WHERE idempotency_key LIKE 'guess-%'`)
 		if n != 0 {
 			t.Errorf("%d events were written by guessed keys", n)
 		}
-		if n := count(t, m, `SELECT count(*) FROM payments WHERE idempotency_key LIKE 'guess-%'`); n != 0 {
+		if n := apptest.Count(t, m.DB, `SELECT count(*) FROM payments WHERE idempotency_key LIKE 'guess-%'`); n != 0 {
 			t.Errorf("%d payments were started by guessed keys", n)
 		}
 	})
@@ -492,15 +492,6 @@ func kindName(k kind) string {
 		"records", "list", "getForeign", "eventsForeign", "actForeign", "guessRandom"}[k]
 }
 
-func count(t *testing.T, m *app.Main, query string, args ...any) int64 {
-	t.Helper()
-	var n int64
-	if err := m.DB.Raw(query, args...).Scan(&n).Error; err != nil {
-		t.Fatalf("%s: %v", query, err)
-	}
-	return n
-}
-
 func TestTenantComesOnlyFromTheAPIKey(t *testing.T) {
 	m := apptest.Start(t, dbURL, map[string]string{"API_KEYS": "north=north-key-1,south=south-key-1"})
 	north, south := apptest.NewClient(m, "north-key-1"), apptest.NewClient(m, "south-key-1")
@@ -513,14 +504,14 @@ func TestTenantComesOnlyFromTheAPIKey(t *testing.T) {
 			t.Fatalf("create = %d %s (%v)", r.Status, r.Body, err)
 		}
 		id := r.JSON(t)["id"].(string)
-		if n := count(t, m, "SELECT count(*) FROM orders WHERE id = ? AND tenant_id = 'north'", id); n != 1 {
+		if n := apptest.Count(t, m.DB, "SELECT count(*) FROM orders WHERE id = ? AND tenant_id = 'north'", id); n != 1 {
 			t.Errorf("the order is not north's")
 		}
-		if n := count(t, m, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'north' AND idempotency_key = 'hdr-1'"); n != 1 {
+		if n := apptest.Count(t, m.DB, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'north' AND idempotency_key = 'hdr-1'"); n != 1 {
 			t.Errorf("north has %d records for hdr-1, want 1", n)
 		}
-		if n := count(t, m, "SELECT count(*) FROM orders WHERE tenant_id = 'south'") +
-			count(t, m, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'south'"); n != 0 {
+		if n := apptest.Count(t, m.DB, "SELECT count(*) FROM orders WHERE tenant_id = 'south'") +
+			apptest.Count(t, m.DB, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'south'"); n != 0 {
 			t.Errorf("south has %d rows", n)
 		}
 		if r := south.Do(t, http.MethodGet, "/v1/orders/"+id, "", nil); r.Status != http.StatusNotFound {
@@ -540,8 +531,8 @@ func TestTenantComesOnlyFromTheAPIKey(t *testing.T) {
 	})
 
 	id := north.Do(t, http.MethodPost, "/v1/orders", "hdr-2", body).JSON(t)["id"].(string)
-	before := count(t, m, "SELECT count(*) FROM idempotency_records") + count(t, m, "SELECT count(*) FROM orders") +
-		count(t, m, "SELECT count(*) FROM order_events") + count(t, m, "SELECT count(*) FROM payments")
+	before := apptest.Count(t, m.DB, "SELECT count(*) FROM idempotency_records") + apptest.Count(t, m.DB, "SELECT count(*) FROM orders") +
+		apptest.Count(t, m.DB, "SELECT count(*) FROM order_events") + apptest.Count(t, m.DB, "SELECT count(*) FROM payments")
 	for _, tc := range []struct{ name, path, field string }{
 		{"create", "/v1/orders", "tenant_id"},
 		{"create", "/v1/orders", "Tenant_ID"},
@@ -572,8 +563,8 @@ func TestTenantComesOnlyFromTheAPIKey(t *testing.T) {
 		}
 	}
 	t.Run("the refused bodies wrote nothing", func(t *testing.T) {
-		after := count(t, m, "SELECT count(*) FROM idempotency_records") + count(t, m, "SELECT count(*) FROM orders") +
-			count(t, m, "SELECT count(*) FROM order_events") + count(t, m, "SELECT count(*) FROM payments")
+		after := apptest.Count(t, m.DB, "SELECT count(*) FROM idempotency_records") + apptest.Count(t, m.DB, "SELECT count(*) FROM orders") +
+			apptest.Count(t, m.DB, "SELECT count(*) FROM order_events") + apptest.Count(t, m.DB, "SELECT count(*) FROM payments")
 		if after != before {
 			t.Errorf("rows: %d before, %d after", before, after)
 		}

@@ -6,6 +6,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/problem"
 )
@@ -97,7 +98,7 @@ func TestTakeoverAndFencing(t *testing.T) {
 		}
 	})
 	t.Run("the superseded owner's write affects 0 rows", func(t *testing.T) {
-		before := rowText(t, in.Scope)
+		before := apptest.RecordRow(t, db, in.Scope)
 		err := db.Transaction(func(tx *gorm.DB) error {
 			return s.Complete(tx, in.Scope, old.Token(), idempotency.Done("", []byte("{}")))
 		})
@@ -107,7 +108,7 @@ func TestTakeoverAndFencing(t *testing.T) {
 		if err := db.Transaction(func(tx *gorm.DB) error { return s.Fail(tx, in.Scope, old.Token(), 1e9) }); !errors.Is(err, idempotency.ErrFenced) {
 			t.Fatalf("Fail err = %v", err)
 		}
-		if after := rowText(t, in.Scope); after != before {
+		if after := apptest.RecordRow(t, db, in.Scope); after != before {
 			t.Errorf("record changed:\n%s\n%s", before, after)
 		}
 	})
@@ -147,14 +148,6 @@ func expire(t *testing.T, sc idempotency.Scope) {
 		sc.TenantID, sc.Operation, sc.Key).Error; err != nil {
 		t.Fatal(err)
 	}
-}
-
-func rowText(t *testing.T, sc idempotency.Scope) string {
-	t.Helper()
-	var s string
-	db.Raw("SELECT row_to_json(r)::text FROM idempotency_records r WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?",
-		sc.TenantID, sc.Operation, sc.Key).Scan(&s)
-	return s
 }
 
 func fp(s string) string {

@@ -116,7 +116,7 @@ func TestARefusedChargeEndsTheIntentAndLeavesTheOrderPayable(t *testing.T) {
 	})
 	t.Run("the sweeper leaves it alone and the same key replays the refusal", func(t *testing.T) {
 		time.Sleep(3 * 200 * time.Millisecond) // three sweep intervals of the test config
-		moneyWantReplay(t, moneyPay(t, c, id, key, "pm_ok"), first)
+		apptest.WantReplay(t, first, moneyPay(t, c, id, key, "pm_ok"))
 		if rec := moneyRecord(t, m, order.OpPay, key); rec.Attempts != 1 {
 			t.Errorf("attempts = %d, want 1: something kept retrying a refusal", rec.Attempts)
 		}
@@ -140,7 +140,7 @@ func TestAnUnknownPaymentMethodIsRefusedBeforeAnythingIsRecorded(t *testing.T) {
 
 	r := moneyPay(t, c, id, key, "pm_bogus")
 	moneyWantAnswer(t, "pay with pm_bogus", r, http.StatusBadRequest, "invalid_request")
-	if n := count(t, m, "SELECT count(*) FROM idempotency_records WHERE idempotency_key = ?", key); n != 0 {
+	if n := apptest.Count(t, m.DB, "SELECT count(*) FROM idempotency_records WHERE idempotency_key = ?", key); n != 0 {
 		t.Errorf("%d records written for a refused body", n)
 	}
 	if got := moneyReadOrder(t, c, id).Status; got != "CREATED" {
@@ -173,7 +173,7 @@ func TestARefusedRefundPutsTheOrderBackToPaid(t *testing.T) {
 	if got, want := moneyEventNames(moneyEvents(t, c, id)), "create,pay,payment_succeeded,refund,refund_failed"; got != want {
 		t.Errorf("history = %s, want %s", got, want)
 	}
-	moneyWantReplay(t, moneyCancel(t, c, id, key), first)
+	apptest.WantReplay(t, first, moneyCancel(t, c, id, key))
 	if n := ch.refunds.Load(); n != 1 {
 		t.Errorf("refund POSTs = %d, want 1", n)
 	}
@@ -271,7 +271,7 @@ func TestAnIdempotencyKeySentTwiceIsRefused(t *testing.T) {
 	if res.StatusCode != http.StatusBadRequest || p.Code != "idempotency_key_invalid" {
 		t.Errorf("two Idempotency-Key lines = %d %s, want 400 idempotency_key_invalid", res.StatusCode, p.Code)
 	}
-	if n := count(t, m, "SELECT count(*) FROM idempotency_records WHERE idempotency_key LIKE '%-of-two'"); n != 0 {
+	if n := apptest.Count(t, m.DB, "SELECT count(*) FROM idempotency_records WHERE idempotency_key LIKE '%-of-two'"); n != 0 {
 		t.Errorf("%d records written", n)
 	}
 }

@@ -2,7 +2,6 @@ package order_test
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -82,7 +81,7 @@ func TestCrashAtAPhaseBoundaryIsRecovered(t *testing.T) {
 					if err != nil {
 						t.Fatalf("the crashed request got no HTTP answer (%v): a panic must become a 500, not a dropped connection", err)
 					}
-					moneyWantAnswer(t, "crashed pay", first, http.StatusInternalServerError, "internal")
+					apptest.WantAnswer(t, "crashed pay", first, http.StatusInternalServerError, "internal")
 					if ready := c.Do(t, http.MethodGet, "/healthz", "", nil); ready.Status != http.StatusOK {
 						t.Fatalf("the service is not alive after the crash: %d", ready.Status)
 					}
@@ -107,7 +106,7 @@ func TestCrashAtAPhaseBoundaryIsRecovered(t *testing.T) {
 						})
 					} else {
 						early := moneyPay(t, c, id, key, "pm_ok")
-						moneyWantAnswer(t, "a retry while the dead owner's lease runs", early, http.StatusConflict, "request_in_progress")
+						apptest.WantAnswer(t, "a retry while the dead owner's lease runs", early, http.StatusConflict, "request_in_progress")
 						if s, _ := strconv.Atoi(early.Header.Get("Retry-After")); s < 1 || s > 3 {
 							t.Errorf("Retry-After = %q, want 1..3 (seconds left on a 3s lease)", early.Header.Get("Retry-After"))
 						}
@@ -118,7 +117,7 @@ func TestCrashAtAPhaseBoundaryIsRecovered(t *testing.T) {
 						if finisher.Status != http.StatusOK || moneyDecodeOrder(t, finisher.Body).Status != "PAID" {
 							t.Fatalf("retry after the lease = %d %s", finisher.Status, finisher.Body)
 						}
-						moneyWantFresh(t, finisher)
+						apptest.WantExecuted(t, finisher)
 					}
 
 					// The successor asked the channel under the same key first; it
@@ -142,7 +141,7 @@ func TestCrashAtAPhaseBoundaryIsRecovered(t *testing.T) {
 					if finisher.Status != 0 && !bytes.Equal(replay.Body, finisher.Body) {
 						t.Errorf("replay %s differs from the retry's answer %s", replay.Body, finisher.Body)
 					}
-					moneyWantReplay(t, moneyPay(t, c, id, key, "pm_ok"), replay)
+					apptest.WantReplay(t, replay, moneyPay(t, c, id, key, "pm_ok"))
 					if got := m.Channel.Stats().Requests; got != 1 {
 						t.Errorf("channel POSTs after the replays = %d, want 1", got)
 					}
@@ -165,7 +164,7 @@ func TestSupersededOwnerCannotWrite(t *testing.T) {
 		t.Cleanup(func() {
 			moneyDB(t).Exec("DELETE FROM idempotency_records WHERE tenant_id = ? AND idempotency_key = ?", in.TenantID, in.Key)
 		})
-		row := func() string { return recordText(t, in.Scope) }
+		row := func() string { return apptest.RecordRow(t, moneyDB(t), in.Scope) }
 		late := func(resource string) idempotency.Result { return idempotency.Done(resource, []byte(`{"late":true}`)) }
 		lateFailure := idempotency.Failed("", problem.Errorf(order.CodeNotFound, "late"))
 
@@ -288,11 +287,11 @@ func TestSupersededOwnerCannotWrite(t *testing.T) {
 		if rec.State != idempotency.Succeeded || rec.LeaseToken != 2 {
 			t.Errorf("record = %s token %d, want SUCCEEDED token 2 (the successor's)", rec.State, rec.LeaseToken)
 		}
-		moneyWantReplay(t, moneyPay(t, c, id, key, "pm_ok"), successor)
+		apptest.WantReplay(t, successor, moneyPay(t, c, id, key, "pm_ok"))
 		// Checked last: the superseded owner must be told to retry for the
 		// successor's result, not given a business failure for a payment
 		// that succeeded.
-		moneyWantAnswer(t, "the superseded owner's answer", late, http.StatusConflict, "request_in_progress")
+		apptest.WantAnswer(t, "the superseded owner's answer", late, http.StatusConflict, "request_in_progress")
 	})
 
 	t.Run("the first owner's settle is refused while a successor holds the intent", func(t *testing.T) {
@@ -313,14 +312,14 @@ func TestSupersededOwnerCannotWrite(t *testing.T) {
 		}
 		close(release)
 		late := <-firstOwner
-		moneyWantAnswer(t, "the superseded owner's answer", late, http.StatusConflict, "request_in_progress")
+		apptest.WantAnswer(t, "the superseded owner's answer", late, http.StatusConflict, "request_in_progress")
 		if late.Header.Get("Retry-After") == "" {
 			t.Error("request_in_progress without Retry-After")
 		}
 		if got := moneyReadOrder(t, c, id).Status; got != "PAYMENT_PENDING" {
 			t.Errorf("order after the fenced settle = %s, want PAYMENT_PENDING (its write rolled back)", got)
 		}
-		if n := count(t, m, "SELECT count(*) FROM payments WHERE order_id = ? AND status = 'pending'", id); n != 1 {
+		if n := apptest.Count(t, m.DB, "SELECT count(*) FROM payments WHERE order_id = ? AND status = 'pending'", id); n != 1 {
 			t.Errorf("pending payments after the fenced settle = %d, want 1", n)
 		}
 		if rec := moneyRecord(t, m, order.OpPay, key); rec.State != idempotency.Processing || rec.LeaseToken != 2 {
@@ -339,18 +338,6 @@ func TestSupersededOwnerCannotWrite(t *testing.T) {
 			t.Errorf("history = %s, want %s", got, want)
 		}
 	})
-}
-
-// recordText is a record's whole row as text, to compare before and after.
-func recordText(t *testing.T, s idempotency.Scope) string {
-	t.Helper()
-	var row string
-	err := moneyDB(t).Raw(`SELECT row_to_json(r)::text FROM idempotency_records r
-		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?`, s.TenantID, s.Operation, s.Key).Scan(&row).Error
-	if err != nil || row == "" {
-		t.Fatalf("record %+v: %v", s, err)
-	}
-	return row
 }
 
 func TestKilledServiceRecoversPaymentAfterRestart(t *testing.T) {
@@ -390,7 +377,7 @@ func TestKilledServiceRecoversPaymentAfterRestart(t *testing.T) {
 	if got := <-answered; got != "" {
 		t.Fatalf("the pay was answered (%s) before the service was killed mid-payment", got)
 	}
-	if got := statsOf(t, admin).Charges; got > 1 {
+	if got := apptest.ChannelStats(t, admin).Charges; got > 1 {
 		t.Fatalf("charges right after the kill = %d", got)
 	}
 
@@ -399,7 +386,7 @@ func TestKilledServiceRecoversPaymentAfterRestart(t *testing.T) {
 		o := moneyReadOrder(t, c, id)
 		return o.Status == "PAID", o.Status
 	})
-	if got := statsOf(t, admin).Charges; got != 1 {
+	if got := apptest.ChannelStats(t, admin).Charges; got != 1 {
 		t.Errorf("channel charges = %d, want exactly 1", got)
 	}
 	retry := moneyPay(t, c, id, key, "pm_ok")
@@ -409,7 +396,7 @@ func TestKilledServiceRecoversPaymentAfterRestart(t *testing.T) {
 	if retry.Header.Get("Idempotent-Replayed") != "true" {
 		t.Errorf("client retry was not a replay of the recovered outcome: %v", retry.Header)
 	}
-	stats := statsOf(t, admin)
+	stats := apptest.ChannelStats(t, admin)
 	t.Logf("channel after recovery and retry: %+v", stats)
 	if stats.Charges != 1 || stats.AmountCharged != moneyTotal {
 		t.Errorf("channel after the retry: %+v, want 1 charge of %d", stats, moneyTotal)
@@ -417,24 +404,6 @@ func TestKilledServiceRecoversPaymentAfterRestart(t *testing.T) {
 	if got, want := moneyEventNames(moneyEvents(t, c, id)), "create,pay,payment_succeeded"; got != want {
 		t.Errorf("history = %s, want %s", got, want)
 	}
-}
-
-type channelStats struct {
-	Charges       int64 `json:"charges"`
-	Refunds       int64 `json:"refunds"`
-	Requests      int64 `json:"requests"`
-	Lookups       int64 `json:"lookups"`
-	AmountCharged int64 `json:"amount_charged"`
-}
-
-func statsOf(t *testing.T, admin *apptest.Client) channelStats {
-	t.Helper()
-	r := admin.Do(t, http.MethodGet, "/admin/stats", "", nil)
-	var s channelStats
-	if r.Status != http.StatusOK || json.Unmarshal(r.Body, &s) != nil {
-		t.Fatalf("channel stats: %d %s", r.Status, r.Body)
-	}
-	return s
 }
 
 const (

@@ -9,9 +9,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/orderservice/orderservice/internal/app"
 	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/order"
 )
 
 func TestCreateIsIdempotent(t *testing.T) {
@@ -42,7 +42,7 @@ func TestCreateIsIdempotent(t *testing.T) {
 		if again.Header.Get("Location") != first.Header.Get("Location") || again.Header.Get("Idempotent-Replayed") != "true" {
 			t.Errorf("replay headers = %v", again.Header)
 		}
-		if n := count(t, m, "SELECT count(*) FROM orders WHERE customer_id = 'cus_lost_response'"); n != 1 {
+		if n := apptest.Count(t, m.DB, "SELECT count(*) FROM orders WHERE customer_id = 'cus_lost_response'"); n != 1 {
 			t.Errorf("orders = %d, want 1", n)
 		}
 	})
@@ -65,15 +65,15 @@ func TestCreateIsIdempotent(t *testing.T) {
 	})
 
 	t.Run("the same key with other items is 422 and changes nothing", func(t *testing.T) {
-		before := recordRow(t, m, "acme", "R1")
+		before := apptest.RecordRow(t, m.DB, idempotency.Scope{TenantID: "acme", Operation: order.OpCreate, Key: "R1"})
 		other := createBody("cus_lost_response")
 		other["items"] = []map[string]any{{"sku": "SKU-1", "quantity": 3, "unit_price": 1250}}
 		r := acme.Do(t, http.MethodPost, "/v1/orders", "R1", other)
-		wantProblem(t, r, http.StatusUnprocessableEntity, "idempotency_key_reused")
-		if after := recordRow(t, m, "acme", "R1"); after != before {
+		apptest.WantProblem(t, r, http.StatusUnprocessableEntity, "idempotency_key_reused")
+		if after := apptest.RecordRow(t, m.DB, idempotency.Scope{TenantID: "acme", Operation: order.OpCreate, Key: "R1"}); after != before {
 			t.Errorf("record changed:\nbefore %s\nafter  %s", before, after)
 		}
-		if n := count(t, m, "SELECT count(*) FROM orders WHERE customer_id = 'cus_lost_response'"); n != 1 {
+		if n := apptest.Count(t, m.DB, "SELECT count(*) FROM orders WHERE customer_id = 'cus_lost_response'"); n != 1 {
 			t.Errorf("orders = %d, want 1", n)
 		}
 	})
@@ -83,7 +83,7 @@ func TestCreateIsIdempotent(t *testing.T) {
 		if r.Status != http.StatusCreated || r.JSON(t)["id"] == id {
 			t.Fatalf("second purchase = %d %s", r.Status, r.Body)
 		}
-		if n := count(t, m, "SELECT count(*) FROM orders WHERE customer_id = 'cus_lost_response'"); n != 2 {
+		if n := apptest.Count(t, m.DB, "SELECT count(*) FROM orders WHERE customer_id = 'cus_lost_response'"); n != 2 {
 			t.Errorf("orders = %d, want 2", n)
 		}
 	})
@@ -96,7 +96,7 @@ func TestCreateIsIdempotent(t *testing.T) {
 		if got := globex.Do(t, http.MethodGet, "/v1/orders/"+id, "", nil); got.Status != http.StatusNotFound {
 			t.Errorf("other tenant reads acme's order: %d", got.Status)
 		}
-		if n := count(t, m, "SELECT count(*) FROM orders WHERE tenant_id = 'globex'"); n != 1 {
+		if n := apptest.Count(t, m.DB, "SELECT count(*) FROM orders WHERE tenant_id = 'globex'"); n != 1 {
 			t.Errorf("globex orders = %d, want 1", n)
 		}
 	})
@@ -176,7 +176,7 @@ func TestReadingOrders(t *testing.T) {
 				t.Errorf("%s: status %d", q, r.Status)
 				continue
 			}
-			wantProblem(t, r, http.StatusBadRequest, "invalid_request")
+			apptest.WantProblem(t, r, http.StatusBadRequest, "invalid_request")
 		}
 	})
 }
@@ -212,7 +212,7 @@ func TestConcurrentIdenticalCreatesMakeOneOrder(t *testing.T) {
 				t.Errorf("two different 201 bodies:\n%s\n%s", created, r.Body)
 			}
 		case http.StatusConflict:
-			wantProblem(t, r, http.StatusConflict, "request_in_progress")
+			apptest.WantProblem(t, r, http.StatusConflict, "request_in_progress")
 			if r.Header.Get("Retry-After") == "" {
 				t.Error("409 without Retry-After")
 			}
@@ -221,10 +221,10 @@ func TestConcurrentIdenticalCreatesMakeOneOrder(t *testing.T) {
 		}
 	}
 	t.Logf("statuses: %v", counts)
-	if got := count(t, m, "SELECT count(*) FROM orders WHERE customer_id = 'cus_storm'"); got != 1 {
+	if got := apptest.Count(t, m.DB, "SELECT count(*) FROM orders WHERE customer_id = 'cus_storm'"); got != 1 {
 		t.Errorf("orders = %d, want exactly 1", got)
 	}
-	if got := count(t, m, "SELECT count(*) FROM idempotency_records WHERE idempotency_key = 'storm' AND state = 'SUCCEEDED'"); got != 1 {
+	if got := apptest.Count(t, m.DB, "SELECT count(*) FROM idempotency_records WHERE idempotency_key = 'storm' AND state = 'SUCCEEDED'"); got != 1 {
 		t.Errorf("SUCCEEDED records = %d, want exactly 1", got)
 	}
 }
@@ -258,7 +258,7 @@ func TestOneKeyTwoBodiesMakeOneOrder(t *testing.T) {
 		}
 	}
 	t.Logf("statuses: %v", counts)
-	if got := count(t, m, "SELECT count(*) FROM orders WHERE customer_id = 'cus_two_bodies'"); got != 1 {
+	if got := apptest.Count(t, m.DB, "SELECT count(*) FROM orders WHERE customer_id = 'cus_two_bodies'"); got != 1 {
 		t.Errorf("orders = %d, want exactly 1", got)
 	}
 	if counts[http.StatusUnprocessableEntity] == 0 {
@@ -282,10 +282,10 @@ func TestCrashInsideCreateLeavesNothing(t *testing.T) {
 			if r.Status != http.StatusInternalServerError {
 				t.Fatalf("crashed create = %d %s", r.Status, r.Body)
 			}
-			if n := count(t, m, "SELECT count(*) FROM orders WHERE customer_id = ?", key); n != 0 {
+			if n := apptest.Count(t, m.DB, "SELECT count(*) FROM orders WHERE customer_id = ?", key); n != 0 {
 				t.Errorf("orders after crash = %d, want 0", n)
 			}
-			if n := count(t, m, "SELECT count(*) FROM idempotency_records WHERE idempotency_key = ?", key); n != 0 {
+			if n := apptest.Count(t, m.DB, "SELECT count(*) FROM idempotency_records WHERE idempotency_key = ?", key); n != 0 {
 				t.Errorf("records after crash = %d, want 0", n)
 			}
 			m.Orders.Hooks.AfterOrderInsert = nil
@@ -293,7 +293,7 @@ func TestCrashInsideCreateLeavesNothing(t *testing.T) {
 			if r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "" {
 				t.Fatalf("retry = %d %s", r.Status, r.Body)
 			}
-			if n := count(t, m, "SELECT count(*) FROM orders WHERE customer_id = ?", key); n != 1 {
+			if n := apptest.Count(t, m.DB, "SELECT count(*) FROM orders WHERE customer_id = ?", key); n != 1 {
 				t.Errorf("orders after retry = %d, want 1", n)
 			}
 		})
@@ -343,14 +343,14 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			wantProblem(t, r, tc.status, tc.code)
+			apptest.WantProblem(t, r, tc.status, tc.code)
 		})
 	}
 	t.Run("nothing was written", func(t *testing.T) {
-		if n := count(t, m, "SELECT count(*) FROM orders WHERE tenant_id = 'careless'"); n != 0 {
+		if n := apptest.Count(t, m.DB, "SELECT count(*) FROM orders WHERE tenant_id = 'careless'"); n != 0 {
 			t.Errorf("orders = %d", n)
 		}
-		if n := count(t, m, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'careless'"); n != 0 {
+		if n := apptest.Count(t, m.DB, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'careless'"); n != 0 {
 			t.Errorf("records = %d", n)
 		}
 	})
@@ -363,39 +363,7 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 	t.Run("a missing or unknown API key is 401", func(t *testing.T) {
 		for _, key := range []string{"", "not-a-key"} {
 			c := apptest.NewClient(m, key)
-			wantProblem(t, c.Do(t, http.MethodGet, "/v1/orders", "", nil), 401, "unauthenticated")
+			apptest.WantProblem(t, c.Do(t, http.MethodGet, "/v1/orders", "", nil), 401, "unauthenticated")
 		}
 	})
-}
-
-// wantProblem asserts a problem+json answer with status and code, with no
-// internals leaked.
-func wantProblem(t *testing.T, r apptest.Response, status int, code string) {
-	t.Helper()
-	if r.Status != status {
-		t.Fatalf("status = %d, want %d: %s", r.Status, status, r.Body)
-	}
-	if ct := r.Header.Get("Content-Type"); ct != "application/problem+json" {
-		t.Errorf("Content-Type = %q", ct)
-	}
-	p := r.JSON(t)
-	if p["code"] != code || p["status"] != float64(status) || p["title"] == "" || p["type"] == "" {
-		t.Errorf("problem = %s, want code %s", r.Body, code)
-	}
-	for _, leak := range []string{"SQLSTATE", "pq:", "constraint", "goroutine", ".go:"} {
-		if strings.Contains(string(r.Body), leak) {
-			t.Errorf("problem leaks %q: %s", leak, r.Body)
-		}
-	}
-}
-
-// recordRow is a record's full row as text, to compare before and after.
-func recordRow(t *testing.T, m *app.Main, tenant, key string) string {
-	t.Helper()
-	var row string
-	err := m.DB.Raw("SELECT row_to_json(r)::text FROM idempotency_records r WHERE tenant_id = ? AND idempotency_key = ?", tenant, key).Scan(&row).Error
-	if err != nil || row == "" {
-		t.Fatalf("record %s/%s: %v", tenant, key, err)
-	}
-	return row
 }

@@ -1,7 +1,6 @@
 package order_test
 
 import (
-	"bytes"
 	"fmt"
 	"net/http"
 	"os"
@@ -81,8 +80,8 @@ func (r rig) snap(t *testing.T, id string) orderSnapshot {
 	if err := r.m.DB.Raw("SELECT status, version FROM orders WHERE id = ?", id).Row().Scan(&s.Status, &s.Version); err != nil {
 		t.Fatalf("read order %s: %v", id, err)
 	}
-	s.Events = count(t, r.m, "SELECT count(*) FROM order_events WHERE order_id = ?", id)
-	s.Payments = count(t, r.m, "SELECT count(*) FROM payments WHERE order_id = ?", id)
+	s.Events = apptest.Count(t, r.m.DB, "SELECT count(*) FROM order_events WHERE order_id = ?", id)
+	s.Payments = apptest.Count(t, r.m.DB, "SELECT count(*) FROM payments WHERE order_id = ?", id)
 	return s
 }
 
@@ -107,63 +106,13 @@ func (r rig) orderIn(t *testing.T, status order.Status) string {
 	return id
 }
 
-// recordState is the state of the acme tenant's record of (op, key).
-func (r rig) recordState(t *testing.T, op, key string) string {
-	t.Helper()
-	var state string
-	if err := r.m.DB.Raw("SELECT state FROM idempotency_records WHERE tenant_id = 'acme' AND operation = ? AND idempotency_key = ?",
-		op, key).Row().Scan(&state); err != nil {
-		t.Fatalf("record %s %s: %v", op, key, err)
-	}
-	return state
-}
-
-// problem checks that res is a problem+json document with status and code,
-// and returns it.
-func (rig) problem(t *testing.T, res apptest.Response, status int, code string) map[string]any {
-	t.Helper()
-	if res.Status != status {
-		t.Fatalf("status %d, want %d: %s", res.Status, status, res.Body)
-	}
-	if ct := res.Header.Get("Content-Type"); ct != "application/problem+json" {
-		t.Errorf("Content-Type %q, want application/problem+json", ct)
-	}
-	doc := res.JSON(t)
-	if doc["code"] != code || doc["status"] != float64(status) || doc["type"] != "urn:orderservice:problem:"+code {
-		t.Errorf("problem code=%v status=%v type=%v, want %s %d: %s", doc["code"], doc["status"], doc["type"], code, status, res.Body)
-	}
-	return doc
-}
-
 // invalidTransition checks a 409 that names the current status and the
 // refused event.
 func (r rig) invalidTransition(t *testing.T, res apptest.Response, current order.Status, ev order.Event) {
 	t.Helper()
-	doc := r.problem(t, res, http.StatusConflict, "invalid_transition")
+	doc := apptest.WantProblem(t, res, http.StatusConflict, "invalid_transition")
 	if doc["current_status"] != string(current) || doc["event"] != string(ev) {
 		t.Errorf("current_status=%v event=%v, want %s %s", doc["current_status"], doc["event"], current, ev)
-	}
-}
-
-// executed checks that res is a first answer, not a replay.
-func (rig) executed(t *testing.T, res apptest.Response) {
-	t.Helper()
-	if h := res.Header.Get("Idempotent-Replayed"); h != "" {
-		t.Errorf("first response carries Idempotent-Replayed: %q", h)
-	}
-}
-
-// replayed checks that again is first, replayed: same status, same bytes.
-func (rig) replayed(t *testing.T, first, again apptest.Response) {
-	t.Helper()
-	if again.Header.Get("Idempotent-Replayed") != "true" {
-		t.Errorf("replay lacks Idempotent-Replayed: true (headers %v)", again.Header)
-	}
-	if again.Status != first.Status || !bytes.Equal(again.Body, first.Body) {
-		t.Errorf("replay differs:\nfirst  %d %s\nreplay %d %s", first.Status, first.Body, again.Status, again.Body)
-	}
-	if a, b := again.Header.Get("Content-Type"), first.Header.Get("Content-Type"); a != b {
-		t.Errorf("replay Content-Type %q, first %q", a, b)
 	}
 }
 
@@ -200,7 +149,7 @@ func TestEveryStatusAndClientEventThroughTheAPI(t *testing.T) {
 					if after := svc.snap(t, id); after != before {
 						t.Errorf("a refused %s changed the order: before %+v, after %+v", ce.event, before, after)
 					}
-					if s := svc.recordState(t, "order."+ce.path, key); s != string(idempotency.FailedFinal) {
+					if s := apptest.RecordState(t, svc.m.DB, idempotency.Scope{TenantID: "acme", Operation: "order." + ce.path, Key: key}); s != idempotency.FailedFinal {
 						t.Errorf("record state %s, want FAILED_FINAL", s)
 					}
 				})
@@ -223,11 +172,11 @@ func TestEveryStatusAndClientEventThroughTheAPI(t *testing.T) {
 				}
 				switch {
 				case ce.event == order.EventPay:
-					if n := count(t, svc.m, "SELECT count(*) FROM payments WHERE order_id = ? AND kind = 'charge' AND status = 'succeeded'", id); n != 1 {
+					if n := apptest.Count(t, svc.m.DB, "SELECT count(*) FROM payments WHERE order_id = ? AND kind = 'charge' AND status = 'succeeded'", id); n != 1 {
 						t.Errorf("%d succeeded charges, want 1", n)
 					}
 				case ce.event == order.EventCancel && from == order.StatusPaid:
-					if n := count(t, svc.m, "SELECT count(*) FROM payments WHERE order_id = ? AND kind = 'refund' AND status = 'succeeded'", id); n != 1 {
+					if n := apptest.Count(t, svc.m.DB, "SELECT count(*) FROM payments WHERE order_id = ? AND kind = 'refund' AND status = 'succeeded'", id); n != 1 {
 						t.Errorf("%d succeeded refunds, want 1", n)
 					}
 					if p, _ := r.JSON(t)["payment"].(map[string]any); p["status"] != "refunded" {
@@ -301,7 +250,7 @@ func TestConcurrentTransitionsOnOneOrderLetExactlyOneWin(t *testing.T) {
 			if wins != 1 || losses != senders-1 {
 				t.Errorf("%d won and %d got 409, want 1 and %d", wins, losses, senders-1)
 			}
-			if n := count(t, svc.m, "SELECT count(*) FROM order_events WHERE order_id = ? AND event = ?", id, tc.event); n != 1 {
+			if n := apptest.Count(t, svc.m.DB, "SELECT count(*) FROM order_events WHERE order_id = ? AND event = ?", id, tc.event); n != 1 {
 				t.Errorf("%d %s events, want 1", n, tc.event)
 			}
 			after := svc.snap(t, id)
@@ -310,7 +259,7 @@ func TestConcurrentTransitionsOnOneOrderLetExactlyOneWin(t *testing.T) {
 				t.Errorf("order after the race: %+v, want %+v", after, want)
 			}
 			for state, want := range map[string]int64{string(idempotency.Succeeded): 1, string(idempotency.FailedFinal): senders - 1} {
-				if n := count(t, svc.m, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'acme' AND operation = ? AND idempotency_key LIKE ? AND state = ?",
+				if n := apptest.Count(t, svc.m.DB, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'acme' AND operation = ? AND idempotency_key LIKE ? AND state = ?",
 					"order."+tc.action, prefix+"-%", state); n != want {
 					t.Errorf("%d %s records, want %d", n, state, want)
 				}
@@ -333,17 +282,17 @@ func TestKeyReusedOnAnotherOrder(t *testing.T) {
 
 	t.Run("the same key on order B is 422 idempotency_key_reused and B is unchanged", func(t *testing.T) {
 		r := svc.post(t, b, "cancel", key, nil)
-		svc.problem(t, r, http.StatusUnprocessableEntity, "idempotency_key_reused")
+		apptest.WantProblem(t, r, http.StatusUnprocessableEntity, "idempotency_key_reused")
 		if after := svc.snap(t, b); after != bBefore || after.Status != string(order.StatusCreated) {
 			t.Errorf("order B changed: before %+v, after %+v", bBefore, after)
 		}
 	})
 	t.Run("the key still replays A's first result", func(t *testing.T) {
-		svc.replayed(t, first, svc.post(t, a, "cancel", key, nil))
-		if n := count(t, svc.m, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'acme' AND idempotency_key = ? AND resource_id = ? AND state = 'SUCCEEDED'", key, a); n != 1 {
+		apptest.WantReplay(t, first, svc.post(t, a, "cancel", key, nil))
+		if n := apptest.Count(t, svc.m.DB, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'acme' AND idempotency_key = ? AND resource_id = ? AND state = 'SUCCEEDED'", key, a); n != 1 {
 			t.Errorf("%d SUCCEEDED records of A under the key, want 1", n)
 		}
-		if n := count(t, svc.m, "SELECT count(*) FROM idempotency_records WHERE idempotency_key = ?", key); n != 1 {
+		if n := apptest.Count(t, svc.m.DB, "SELECT count(*) FROM idempotency_records WHERE idempotency_key = ?", key); n != 1 {
 			t.Errorf("%d records under the key, want 1", n)
 		}
 	})
@@ -356,7 +305,7 @@ func TestRefusedTransitionReplaysAfterTheOrderMovedOn(t *testing.T) {
 
 	first := svc.post(t, id, "ship", shipKey, shipDetails)
 	svc.invalidTransition(t, first, order.StatusCreated, order.EventShip)
-	svc.executed(t, first)
+	apptest.WantExecuted(t, first)
 
 	if r := svc.post(t, id, "pay", svc.key("pay"), payWithPmOK); r.Status != http.StatusOK {
 		t.Fatalf("pay: status %d: %s", r.Status, r.Body)
@@ -364,11 +313,11 @@ func TestRefusedTransitionReplaysAfterTheOrderMovedOn(t *testing.T) {
 	paid := svc.snap(t, id)
 
 	t.Run("the same ship key on the now PAID order replays the first 409 byte for byte", func(t *testing.T) {
-		svc.replayed(t, first, svc.post(t, id, "ship", shipKey, shipDetails))
+		apptest.WantReplay(t, first, svc.post(t, id, "ship", shipKey, shipDetails))
 		if after := svc.snap(t, id); after != paid {
 			t.Errorf("the replay changed the order: before %+v, after %+v", paid, after)
 		}
-		if n := count(t, svc.m, "SELECT count(*) FROM order_events WHERE order_id = ? AND event = 'ship'", id); n != 0 {
+		if n := apptest.Count(t, svc.m.DB, "SELECT count(*) FROM order_events WHERE order_id = ? AND event = 'ship'", id); n != 0 {
 			t.Errorf("%d ship events, want 0", n)
 		}
 	})
@@ -400,9 +349,9 @@ func TestUnknownAndForeignOrdersAreNotFound(t *testing.T) {
 			for name, id := range map[string]string{"unknown": unknown, "foreign": foreign} {
 				k := key + "-" + name
 				first := svc.postAs(t, globex, id, ce.path, k, ce.body)
-				svc.problem(t, first, http.StatusNotFound, "order_not_found")
-				svc.executed(t, first)
-				svc.replayed(t, first, svc.postAs(t, globex, id, ce.path, k, ce.body))
+				apptest.WantProblem(t, first, http.StatusNotFound, "order_not_found")
+				apptest.WantExecuted(t, first)
+				apptest.WantReplay(t, first, svc.postAs(t, globex, id, ce.path, k, ce.body))
 				shapes[name] = strings.ReplaceAll(string(first.Body), id, "{id}")
 			}
 			if shapes["unknown"] != shapes["foreign"] {
@@ -482,7 +431,7 @@ func TestOrderEventsListEveryIntentOldestFirst(t *testing.T) {
 	})
 	t.Run("another tenant gets 404 order_not_found", func(t *testing.T) {
 		r := apptest.NewClient(svc.m, apptest.KeyGlobex).Do(t, http.MethodGet, "/v1/orders/"+id+"/events", "", nil)
-		svc.problem(t, r, http.StatusNotFound, "order_not_found")
+		apptest.WantProblem(t, r, http.StatusNotFound, "order_not_found")
 	})
 }
 
@@ -509,20 +458,20 @@ func TestTransitionsReplayTheirFirstResult(t *testing.T) {
 			if first.Status != http.StatusOK || first.JSON(t)["status"] != string(tc.to) {
 				t.Fatalf("first %s: status %d, want 200 %s: %s", tc.action, first.Status, tc.to, first.Body)
 			}
-			svc.executed(t, first)
+			apptest.WantExecuted(t, first)
 			done := svc.snap(t, id)
 
 			for range 2 {
-				svc.replayed(t, first, svc.post(t, id, tc.action, key, tc.body))
+				apptest.WantReplay(t, first, svc.post(t, id, tc.action, key, tc.body))
 			}
 			if after := svc.snap(t, id); after != done {
 				t.Errorf("replays changed the order: before %+v, after %+v", done, after)
 			}
-			if n := count(t, svc.m, "SELECT count(*) FROM order_events WHERE order_id = ? AND idempotency_key = ?", id, key); n != tc.events {
+			if n := apptest.Count(t, svc.m.DB, "SELECT count(*) FROM order_events WHERE order_id = ? AND idempotency_key = ?", id, key); n != tc.events {
 				t.Errorf("%d events under the key, want %d", n, tc.events)
 			}
 			if tc.from == order.StatusPaid && tc.action == "cancel" {
-				if n := count(t, svc.m, "SELECT count(*) FROM payments WHERE order_id = ? AND kind = 'refund'", id); n != 1 {
+				if n := apptest.Count(t, svc.m.DB, "SELECT count(*) FROM payments WHERE order_id = ? AND kind = 'refund'", id); n != 1 {
 					t.Errorf("%d refunds, want 1", n)
 				}
 			}

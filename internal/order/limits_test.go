@@ -31,8 +31,8 @@ func startLimits(t *testing.T) (m *app.Main, refused, accepted *apptest.Client) 
 // refusedRows counts the refusing tenant's orders and idempotency records.
 func refusedRows(t *testing.T, m *app.Main) (orders, records int64) {
 	t.Helper()
-	return count(t, m, "SELECT count(*) FROM orders WHERE tenant_id = 'refused'"),
-		count(t, m, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'refused'")
+	return apptest.Count(t, m.DB, "SELECT count(*) FROM orders WHERE tenant_id = 'refused'"),
+		apptest.Count(t, m.DB, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'refused'")
 }
 
 // wantNothingWritten runs send and asserts that it wrote no order and no
@@ -116,7 +116,7 @@ func TestLimitsAndBadInput(t *testing.T) {
 						t.Fatal(err)
 					}
 				})
-				wantProblem(t, r, tc.status, tc.code)
+				apptest.WantProblem(t, r, tc.status, tc.code)
 				if tc.field != "" {
 					if got := r.JSON(t)["field"]; got != tc.field {
 						t.Errorf("field = %v, want %s", got, tc.field)
@@ -132,7 +132,7 @@ func TestLimitsAndBadInput(t *testing.T) {
 			if r.Status != http.StatusCreated || len(r.JSON(t)["items"].([]any)) != 100 {
 				t.Fatalf("= %d %.300s", r.Status, r.Body)
 			}
-			if n := count(t, m, "SELECT count(*) FROM order_items i JOIN orders o ON o.id = i.order_id WHERE o.customer_id = 'cus_100'"); n != 100 {
+			if n := apptest.Count(t, m.DB, "SELECT count(*) FROM order_items i JOIN orders o ON o.id = i.order_id WHERE o.customer_id = 'cus_100'"); n != 100 {
 				t.Errorf("item rows = %d, want 100", n)
 			}
 		})
@@ -148,7 +148,7 @@ func TestLimitsAndBadInput(t *testing.T) {
 			if r.Status != http.StatusCreated {
 				t.Fatalf("= %d %s", r.Status, r.Body)
 			}
-			if n := count(t, m, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'accepted' AND idempotency_key = ?", k255); n != 1 {
+			if n := apptest.Count(t, m.DB, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'accepted' AND idempotency_key = ?", k255); n != 1 {
 				t.Errorf("records under the 255-character key = %d", n)
 			}
 		})
@@ -184,7 +184,7 @@ func TestLimitsAndBadInput(t *testing.T) {
 				// net/http refuses the header itself, before any handler runs;
 				// if a handler ever sees it, it must name the key.
 				if r.Header.Get("Content-Type") == "application/problem+json" {
-					wantProblem(t, r, http.StatusBadRequest, "idempotency_key_invalid")
+					apptest.WantProblem(t, r, http.StatusBadRequest, "idempotency_key_invalid")
 				}
 			})
 		}
@@ -328,7 +328,7 @@ func TestLimitsAndBadInput(t *testing.T) {
 			if req.ContentLength != 0 {
 				t.Fatalf("the request was sent with a Content-Length of %d", req.ContentLength)
 			}
-			wantProblem(t, r, 413, "payload_too_large")
+			apptest.WantProblem(t, r, 413, "payload_too_large")
 		})
 	})
 }

@@ -43,16 +43,6 @@ func createOrder(t *testing.T, c *apptest.Client, key string) string {
 	return r.JSON(t)["id"].(string)
 }
 
-// count runs a SELECT count(*) … and returns the number.
-func count(t *testing.T, m *app.Main, query string, args ...any) int64 {
-	t.Helper()
-	var n int64
-	if err := m.DB.Raw(query, args...).Scan(&n).Error; err != nil {
-		t.Fatalf("%s: %v", query, err)
-	}
-	return n
-}
-
 // setStatus moves an order to status directly in the store, for tests that
 // need an order in a given state.
 func setStatus(t *testing.T, m *app.Main, id, status string) {

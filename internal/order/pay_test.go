@@ -189,18 +189,6 @@ func moneyWantAnswer(t *testing.T, what string, r apptest.Response, status int, 
 	}
 }
 
-// moneyWantReplay asserts that again is first replayed: same status, same bytes,
-// Idempotent-Replayed: true.
-func moneyWantReplay(t *testing.T, again, first apptest.Response) {
-	t.Helper()
-	if again.Status != first.Status || !bytes.Equal(again.Body, first.Body) {
-		t.Fatalf("replay = %d %s, want %d %s", again.Status, again.Body, first.Status, first.Body)
-	}
-	if got := again.Header.Get("Idempotent-Replayed"); got != "true" {
-		t.Errorf("replay has Idempotent-Replayed %q, want true", got)
-	}
-}
-
 // moneyWantFresh asserts that r executed rather than replayed.
 func moneyWantFresh(t *testing.T, r apptest.Response) {
 	t.Helper()
@@ -346,7 +334,7 @@ func TestPayingTwiceChargesOnce(t *testing.T) {
 	t.Run("the same key replays the same bytes and never reaches the channel", func(t *testing.T) {
 		before := m.Channel.Stats()
 		again := moneyPay(t, c, id, r2, "pm_ok")
-		moneyWantReplay(t, again, first)
+		apptest.WantReplay(t, first, again)
 		after := m.Channel.Stats()
 		if after.Requests != before.Requests || after.Lookups != before.Lookups {
 			t.Errorf("the replay reached the channel: requests %d -> %d, lookups %d -> %d",
@@ -358,7 +346,7 @@ func TestPayingTwiceChargesOnce(t *testing.T) {
 		r2b := moneyKey("R2-prime")
 		refused := moneyPay(t, c, id, r2b, "pm_ok")
 		moneyWantAnswer(t, "pay with a new key", refused, http.StatusConflict, "invalid_transition")
-		moneyWantReplay(t, moneyPay(t, c, id, r2b, "pm_ok"), refused)
+		apptest.WantReplay(t, refused, moneyPay(t, c, id, r2b, "pm_ok"))
 		if rec := moneyRecord(t, m, order.OpPay, r2b); rec.State != idempotency.FailedFinal {
 			t.Errorf("record of the refused pay is %s, want FAILED_FINAL", rec.State)
 		}
@@ -366,7 +354,7 @@ func TestPayingTwiceChargesOnce(t *testing.T) {
 		if got := moneyReadOrder(t, c, id).Status; got != "PAID" {
 			t.Errorf("order = %s, want PAID", got)
 		}
-		if n := count(t, m, "SELECT count(*) FROM payments WHERE order_id = ?", id); n != 1 {
+		if n := apptest.Count(t, m.DB, "SELECT count(*) FROM payments WHERE order_id = ?", id); n != 1 {
 			t.Errorf("payment rows = %d, want 1", n)
 		}
 	})
@@ -391,7 +379,7 @@ func TestDeclinedPaymentMayBePaidAgainWithANewKey(t *testing.T) {
 
 	t.Run("the same key replays the decline without asking the channel again", func(t *testing.T) {
 		before := m.Channel.Stats()
-		moneyWantReplay(t, moneyPay(t, c, id, declinedKey, "pm_declined"), declined)
+		apptest.WantReplay(t, declined, moneyPay(t, c, id, declinedKey, "pm_declined"))
 		if after := m.Channel.Stats(); after.Requests != before.Requests || after.Lookups != before.Lookups {
 			t.Errorf("the replay reached the channel: %+v -> %+v", before, after)
 		}
@@ -453,10 +441,10 @@ func TestUnknownChannelOutcomeIsRetriedUnderTheSameKey(t *testing.T) {
 		if channelKey == key {
 			t.Errorf("the client's key was sent downstream as it is; want a key derived from tenant, order and key")
 		}
-		if n := count(t, m, "SELECT count(*) FROM payments WHERE order_id = ?", id); n != 1 {
+		if n := apptest.Count(t, m.DB, "SELECT count(*) FROM payments WHERE order_id = ?", id); n != 1 {
 			t.Errorf("payment rows = %d, want 1", n)
 		}
-		moneyWantReplay(t, moneyPay(t, c, id, key, "pm_lost_response"), retry)
+		apptest.WantReplay(t, retry, moneyPay(t, c, id, key, "pm_lost_response"))
 	})
 
 	t.Run("a retry after a channel 503 charges once", func(t *testing.T) {
@@ -551,7 +539,7 @@ func TestConcurrentPaysChargeOnce(t *testing.T) {
 		if got := moneyReadOrder(t, c, id).Status; got != "PAID" {
 			t.Errorf("order = %s, want PAID", got)
 		}
-		if n := count(t, m, "SELECT count(*) FROM payments WHERE order_id = ?", id); n != 1 {
+		if n := apptest.Count(t, m.DB, "SELECT count(*) FROM payments WHERE order_id = ?", id); n != 1 {
 			t.Errorf("payment rows = %d, want 1", n)
 		}
 	})
@@ -609,7 +597,7 @@ func TestCancellingAPaidOrderRefundsOnce(t *testing.T) {
 			t.Errorf("history = %s, want %s", got, want)
 		}
 
-		moneyWantReplay(t, moneyCancel(t, c, id, key), as[0].final)
+		apptest.WantReplay(t, as[0].final, moneyCancel(t, c, id, key))
 		moneyWantAnswer(t, "cancel of the CANCELLED order with a new key", moneyCancel(t, c, id, moneyKey("R3-again")), http.StatusConflict, "invalid_transition")
 		if got := m.Channel.Stats().Refunds; got != 1 {
 			t.Errorf("refunds = %d, want 1", got)

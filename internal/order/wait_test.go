@@ -126,7 +126,7 @@ func TestWithoutPreferADuplicateIsToldWhenTheOutcomeIsLikely(t *testing.T) {
 	key := moneyKey("R2-409")
 	id, first := startSlowPay(t, m, c, key)
 	r := moneyPay(t, c, id, key, "pm_slow")
-	moneyWantAnswer(t, "an impatient duplicate", r, http.StatusConflict, "request_in_progress")
+	apptest.WantAnswer(t, "an impatient duplicate", r, http.StatusConflict, "request_in_progress")
 	after, err := strconv.Atoi(r.Header.Get("Retry-After"))
 	// The channel call has at most 4s left (PAYMENT_CHANNEL_TIMEOUT), the
 	// lease 10s: the hint is the call's deadline plus a second.
@@ -146,7 +146,7 @@ func TestAWaitShorterThanTheWorkEndsIn409(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	moneyWantAnswer(t, "a duplicate that waits 1s for 2s of work", r, http.StatusConflict, "request_in_progress")
+	apptest.WantAnswer(t, "a duplicate that waits 1s for 2s of work", r, http.StatusConflict, "request_in_progress")
 	if r.Header.Get("Retry-After") == "" || r.Header.Get("Preference-Applied") != "" {
 		t.Errorf("headers = %v, want Retry-After and no Preference-Applied", r.Header)
 	}

@@ -1,0 +1,131 @@
+package apptest
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"gorm.io/gorm"
+
+	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/payment/channel"
+)
+
+// The assertions every package's tests share, written once.
+
+// ProblemCode is the code member of a problem document, or "".
+func ProblemCode(body []byte) string {
+	var p struct {
+		Code string `json:"code"`
+	}
+	_ = json.Unmarshal(body, &p)
+	return p.Code
+}
+
+// WantProblem fails the test unless r is an application/problem+json
+// document with status and code (its type, title and status members
+// agreeing) that shows nothing of the service's insides. It returns the
+// document.
+func WantProblem(t testing.TB, r Response, status int, code string) map[string]any {
+	t.Helper()
+	if r.Status != status {
+		t.Fatalf("status %d, want %d: %s", r.Status, status, r.Body)
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "application/problem+json" {
+		t.Errorf("Content-Type %q, want application/problem+json", ct)
+	}
+	doc := r.JSON(t)
+	if doc["code"] != code || doc["status"] != float64(status) || doc["type"] != "urn:orderservice:problem:"+code || doc["title"] == "" {
+		t.Errorf("problem code=%v status=%v type=%v title=%v, want %s %d: %s", doc["code"], doc["status"], doc["type"], doc["title"], code, status, r.Body)
+	}
+	for _, leak := range []string{"SQLSTATE", "pq:", "constraint", "goroutine", ".go:"} {
+		if strings.Contains(string(r.Body), leak) {
+			t.Errorf("problem leaks %q: %s", leak, r.Body)
+		}
+	}
+	return doc
+}
+
+// WantAnswer fails the test unless r has status and, for a problem, code
+// ("" for none).
+func WantAnswer(t testing.TB, what string, r Response, status int, code string) {
+	t.Helper()
+	if r.Status != status || ProblemCode(r.Body) != code {
+		t.Fatalf("%s = %d %s, want %d %q", what, r.Status, r.Body, status, code)
+	}
+}
+
+// WantExecuted fails the test if r is a replay: the first answer to an
+// intent carries no Idempotent-Replayed.
+func WantExecuted(t testing.TB, r Response) {
+	t.Helper()
+	if h := r.Header.Get("Idempotent-Replayed"); h != "" {
+		t.Errorf("a response that executed carries Idempotent-Replayed: %q", h)
+	}
+}
+
+// WantReplay fails the test unless again is first replayed: the same
+// status, Content-Type, Location and body bytes, with Idempotent-Replayed:
+// true.
+func WantReplay(t testing.TB, first, again Response) {
+	t.Helper()
+	if again.Status != first.Status || !bytes.Equal(again.Body, first.Body) {
+		t.Fatalf("replay differs:\nfirst  %d %s\nreplay %d %s", first.Status, first.Body, again.Status, again.Body)
+	}
+	if got := again.Header.Get("Idempotent-Replayed"); got != "true" {
+		t.Errorf("replay has Idempotent-Replayed %q, want true (headers %v)", got, again.Header)
+	}
+	for _, h := range []string{"Content-Type", "Location"} {
+		if a, b := again.Header.Get(h), first.Header.Get(h); a != b {
+			t.Errorf("replay %s %q, first %q", h, a, b)
+		}
+	}
+}
+
+// RecordRow is the whole stored row of scope's record as JSON text, to
+// compare before and after.
+func RecordRow(t testing.TB, db *gorm.DB, scope idempotency.Scope) string {
+	t.Helper()
+	var row string
+	err := db.Raw(`SELECT row_to_json(r)::text FROM idempotency_records r
+		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?`, scope.TenantID, scope.Operation, scope.Key).Scan(&row).Error
+	if err != nil || row == "" {
+		t.Fatalf("record %+v: %v", scope, err)
+	}
+	return row
+}
+
+// RecordState is the state of scope's record.
+func RecordState(t testing.TB, db *gorm.DB, scope idempotency.Scope) idempotency.State {
+	t.Helper()
+	var state idempotency.State
+	if err := db.Raw("SELECT state FROM idempotency_records WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?",
+		scope.TenantID, scope.Operation, scope.Key).Row().Scan(&state); err != nil {
+		t.Fatalf("record %+v: %v", scope, err)
+	}
+	return state
+}
+
+// ChannelStats reads the payment channel's counters (GET /admin/stats)
+// through admin, a client of the channel's own address.
+func ChannelStats(t testing.TB, admin *Client) channel.Stats {
+	t.Helper()
+	r := admin.Do(t, http.MethodGet, "/admin/stats", "", nil)
+	var s channel.Stats
+	if r.Status != http.StatusOK || json.Unmarshal(r.Body, &s) != nil {
+		t.Fatalf("channel stats: %d %s", r.Status, r.Body)
+	}
+	return s
+}
+
+// Count runs a SELECT count(*) … and returns the number.
+func Count(t testing.TB, db *gorm.DB, query string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	if err := db.Raw(query, args...).Scan(&n).Error; err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+	return n
+}
