@@ -34,7 +34,7 @@ import (
 //	INSERT INTO orders …
 //	INSERT INTO order_items … (all lines in one statement)
 //	INSERT INTO order_events … RETURNING id
-//	UPDATE idempotency_records SET state = 'SUCCEEDED', response_body = … WHERE … AND lease_token = …
+//	UPDATE idempotency_records SET state = 'SUCCEEDED', result_body = … WHERE … AND lease_token = …
 //	COMMIT
 type directCreate struct {
 	pool      *pgxpool.Pool
@@ -189,12 +189,12 @@ func (d *directCreate) create(ctx context.Context, key, fingerprint string, in c
 	tag, err := tx.Exec(ctx, `
 		UPDATE idempotency_records
 		SET state = $1, resource_id = COALESCE(NULLIF($2, ''), resource_id),
-		    response_status = $3, response_location = NULLIF($4, ''), response_content_type = $5, response_body = $6,
-		    completed_at = now(), expires_at = now() + make_interval(secs => $7),
+		    outcome = 'created', result_body = $3,
+		    completed_at = now(), expires_at = now() + make_interval(secs => $4),
 		    lease_expires_at = NULL, updated_at = now()
-		WHERE tenant_id = $8 AND operation = $9 AND idempotency_key = $10
-		  AND lease_token = $11 AND state = 'PROCESSING'`,
-		"SUCCEEDED", id.String(), http.StatusCreated, location, "application/json", body, d.retention.Seconds(),
+		WHERE tenant_id = $5 AND operation = $6 AND idempotency_key = $7
+		  AND lease_token = $8 AND state = 'PROCESSING'`,
+		"SUCCEEDED", id.String(), body, d.retention.Seconds(),
 		benchTenant, "order.create", key, token)
 	if err != nil {
 		return nil, "", err
