@@ -19,7 +19,7 @@ type Window struct {
 // may be kept longer still (and are archived, not just deleted).
 type Policy struct {
 	Windows []Window
-	// Retention overrides the derived retention when set; CheckRetention
+	// Retention overrides the derived retention when set; Check
 	// refuses one shorter than a replay window.
 	Retention       time.Duration
 	Margin          time.Duration
