@@ -82,7 +82,7 @@ func (p Policy) Check() error {
 	return nil
 }
 
-// PolicyView is the policy as GET /v1/idempotency-policy shows it.
+// PolicyView describes the policy for whoever operates the service.
 type PolicyView struct {
 	ReplayWindows map[string]string    `json:"replay_windows"`
 	LongestWindow string               `json:"longest_window"`
