@@ -24,6 +24,8 @@ const (
 	MethodUnavailableOnce = "pm_unavailable_once"
 	// MethodSlow succeeds after a delay.
 	MethodSlow = "pm_slow"
+	// MethodRefundRefused succeeds, but every refund of the charge is refused with 422.
+	MethodRefundRefused = "pm_refund_refused"
 )
 
 // Charge is a charge as the channel reports it.

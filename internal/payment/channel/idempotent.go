@@ -18,36 +18,38 @@ import (
 const maxBodyBytes = 64 << 10
 
 // idempotentOp is what differs between the idempotent POSTs.
-type idempotentOp[Req comparable, Res any] struct {
+type idempotentOp[Req, Res any] struct {
 	kind     opKind
 	validate func(*Req) error // checks and normalises the body
-	claim    func(key string, req Req) (rec *record[Req, Res], fresh bool, err error)
-	complete func(*record[Req, Res])
+	// claim replays the outcome recorded under key, or makes and records it.
+	claim func(ctx context.Context, key string, req Req) (outcome[Res], error)
 }
 
 func (s *Server) chargeOp() idempotentOp[payment.ChargeRequest, payment.Charge] {
-	return idempotentOp[payment.ChargeRequest, payment.Charge]{
-		kind: opCharge, validate: validateCharge, claim: s.store.claimCharge, complete: s.store.completeCharge,
-	}
+	return idempotentOp[payment.ChargeRequest, payment.Charge]{kind: opCharge, validate: validateCharge, claim: s.store.claimCharge}
 }
 
 func (s *Server) refundOp() idempotentOp[payment.RefundRequest, payment.Refund] {
-	return idempotentOp[payment.RefundRequest, payment.Refund]{
-		kind: opRefund, validate: validateRefund, claim: s.store.claimRefund, complete: s.store.completeRefund,
-	}
+	return idempotentOp[payment.RefundRequest, payment.Refund]{kind: opRefund, validate: validateRefund, claim: s.store.claimRefund}
 }
 
 // serveIdempotent is the one skeleton behind POST /v1/charges and /v1/refunds.
-func serveIdempotent[Req comparable, Res any](s *Server, op idempotentOp[Req, Res]) echo.HandlerFunc {
+func serveIdempotent[Req, Res any](s *Server, op idempotentOp[Req, Res]) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		ctx := c.Request().Context()
+		// A real acquirer completes and records what it accepted without
+		// knowing the caller left: the ledger's writes outlive the request.
+		work := context.WithoutCancel(ctx)
 		key := c.Request().Header.Get("Idempotency-Key")
-		s.store.countPost(op.kind, key)
+		keyErr := checkKey(key)
+		if err := s.store.countPost(work, op.kind, key, keyErr == nil); err != nil {
+			return err
+		}
 		if err := s.beforeRequest(ctx); err != nil {
 			return err
 		}
-		if err := checkKey(key); err != nil {
-			return err
+		if keyErr != nil {
+			return keyErr
 		}
 		var req Req
 		if err := decodeBody(c, &req); err != nil {
@@ -56,34 +58,34 @@ func serveIdempotent[Req comparable, Res any](s *Server, op idempotentOp[Req, Re
 		if err := op.validate(&req); err != nil {
 			return err
 		}
-		rec, fresh, err := op.claim(key, req)
+		out, err := op.claim(work, key, req)
 		if err != nil {
 			return err
 		}
-		if !fresh {
-			// A duplicate waits for the first request to finish, then replays it.
-			if err := await(ctx, rec.done); err != nil {
+		if !out.fresh {
+			if err := s.store.count(work, counterDuplicates); err != nil {
 				return err
 			}
-			s.store.countReplay()
-			return s.respond(c, rec.status, rec.value, true, false)
+			return s.respond(c, out.status, out.value, true, false)
 		}
-		if rec.method == payment.MethodSlow {
-			// A caller that leaves ends the wait but not the operation: a real
-			// acquirer completes what it accepted without knowing the caller left.
+		if out.method == payment.MethodSlow {
+			// A caller that leaves ends the wait but not the operation, which
+			// is already in the ledger.
 			_ = sleep(ctx, s.slowDelay)
 		}
-		op.complete(rec)
-		// pm_lost_response loses the response of the one request that acted.
-		return s.respond(c, rec.status, rec.value, false, rec.method == payment.MethodLostResponse)
+		// pm_lost_response loses the response of the one request that acted;
+		// every later one is a replay, so a restart cannot lose it again.
+		return s.respond(c, out.status, out.value, false, out.method == payment.MethodLostResponse)
 	}
 }
 
 // serveLookup answers GET /v1/charges and /v1/refunds?idempotency_key=K.
-func serveLookup[Req comparable, Res any](s *Server, find func(key string) *record[Req, Res], notFound error) echo.HandlerFunc {
+func serveLookup[Res any](s *Server, find func(ctx context.Context, key string) (Res, bool, error), notFound error) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		ctx := c.Request().Context()
-		s.store.countLookup()
+		if err := s.store.count(context.WithoutCancel(ctx), counterLookups); err != nil {
+			return err
+		}
 		if err := s.beforeRequest(ctx); err != nil {
 			return err
 		}
@@ -91,15 +93,16 @@ func serveLookup[Req comparable, Res any](s *Server, find func(key string) *reco
 		if key == "" {
 			return fmt.Errorf("%w: the idempotency_key query parameter is required", errInvalidRequest)
 		}
-		rec := find(key)
-		if rec == nil {
-			return fmt.Errorf("%w under idempotency key %q", notFound, key)
-		}
-		// An operation in flight is awaited so that a lookup reports only settled outcomes.
-		if err := await(ctx, rec.done); err != nil {
+		// Charges and refunds are written whole, so a lookup only ever sees
+		// settled outcomes.
+		value, found, err := find(ctx, key)
+		if err != nil {
 			return err
 		}
-		return c.JSON(http.StatusOK, rec.value)
+		if !found {
+			return fmt.Errorf("%w under idempotency key %q", notFound, key)
+		}
+		return c.JSON(http.StatusOK, value)
 	}
 }
 
@@ -117,7 +120,9 @@ func (s *Server) respond(c echo.Context, status int, body any, replayed, lose bo
 // dropConnection closes the connection without writing a byte: the caller
 // cannot tell whether the operation happened.
 func (s *Server) dropConnection(c echo.Context) error {
-	s.store.countLost()
+	if err := s.store.count(context.WithoutCancel(c.Request().Context()), counterLost); err != nil {
+		return err
+	}
 	s.log.Info("response dropped on purpose", "path", c.Request().URL.Path,
 		"idempotency_key", c.Request().Header.Get("Idempotency-Key"))
 	conn, _, err := c.Response().Hijack()
@@ -126,15 +131,6 @@ func (s *Server) dropConnection(c echo.Context) error {
 		panic(http.ErrAbortHandler)
 	}
 	return conn.Close()
-}
-
-func await(ctx context.Context, done <-chan struct{}) error {
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // checkKey applies the same key rules as the order service.
@@ -169,7 +165,7 @@ func decodeBody(c echo.Context, v any) error {
 
 var knownMethods = []string{
 	payment.MethodOK, payment.MethodDeclined, payment.MethodLostResponse,
-	payment.MethodUnavailableOnce, payment.MethodSlow,
+	payment.MethodUnavailableOnce, payment.MethodSlow, payment.MethodRefundRefused,
 }
 
 func validateCharge(r *payment.ChargeRequest) error {
