@@ -126,7 +126,13 @@ func (m *Main) start(ctx context.Context) error {
 
 	channelURL := cfg.PaymentChannelURL
 	if channelURL == "" {
-		m.Channel = channel.New(channel.Options{SlowDelay: cfg.ChannelSlowDelay, Logger: m.Logger.With("component", "paymentchannel")})
+		// The channel's ledger is its own database, so a restart of the
+		// service forgets no charge, as a real acquirer would not.
+		m.Channel, err = channel.Open(ctx, cfg.ChannelDatabaseURL,
+			channel.Options{SlowDelay: cfg.ChannelSlowDelay, Logger: m.Logger.With("component", "paymentchannel")})
+		if err != nil {
+			return err
+		}
 		ln, err := net.Listen("tcp", cfg.ChannelAddr)
 		if err != nil {
 			return fmt.Errorf("listen for the embedded payment channel on %s: %w", cfg.ChannelAddr, err)
@@ -202,6 +208,9 @@ func (m *Main) Close() error {
 			m.stop()
 			m.workers.Wait()
 		}
+	}
+	if m.Channel != nil {
+		errs = append(errs, m.Channel.Close())
 	}
 	if m.DB != nil {
 		errs = append(errs, database.Close(m.DB))
