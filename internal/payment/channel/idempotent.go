@@ -21,8 +21,9 @@ const maxBodyBytes = 64 << 10
 type idempotentOp[Req, Res any] struct {
 	kind     opKind
 	validate func(*Req) error // checks and normalises the body
-	// claim replays the outcome recorded under key, or makes and records it.
-	claim func(ctx context.Context, key string, req Req) (outcome[Res], error)
+	// claim replays the outcome recorded under the post's key, or makes and
+	// records it, counting the post with it.
+	claim func(ctx context.Context, p *post, req Req) (outcome[Res], error)
 }
 
 func (s *Server) chargeOp() idempotentOp[payment.ChargeRequest, payment.Charge] {
@@ -36,47 +37,64 @@ func (s *Server) refundOp() idempotentOp[payment.RefundRequest, payment.Refund] 
 // serveIdempotent is the one skeleton behind POST /v1/charges and /v1/refunds.
 func serveIdempotent[Req, Res any](s *Server, op idempotentOp[Req, Res]) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		ctx := c.Request().Context()
 		// A real acquirer completes and records what it accepted without
 		// knowing the caller left: the ledger's writes outlive the request.
-		work := context.WithoutCancel(ctx)
+		work := context.WithoutCancel(c.Request().Context())
 		key := c.Request().Header.Get("Idempotency-Key")
 		keyErr := checkKey(key)
-		if err := s.store.countPost(work, op.kind, key, keyErr == nil); err != nil {
-			return err
+		p := &post{kind: op.kind}
+		if keyErr == nil {
+			p.key = key
 		}
-		if err := s.beforeRequest(ctx); err != nil {
-			return err
-		}
-		if keyErr != nil {
-			return keyErr
-		}
-		var req Req
-		if err := decodeBody(c, &req); err != nil {
-			return err
-		}
-		if err := op.validate(&req); err != nil {
-			return err
-		}
-		out, err := op.claim(work, key, req)
-		if err != nil {
-			return err
-		}
-		if !out.fresh {
-			if err := s.store.count(work, counterDuplicates); err != nil {
-				return err
+		err := servePost(s, c, op, p, keyErr)
+		// A POST that had no effect to be counted with is counted now,
+		// before echo writes its error.
+		if cerr := s.store.countPost(work, p); cerr != nil {
+			if err == nil {
+				return cerr
 			}
-			return s.respond(c, out.status, out.value, true, false)
+			s.log.Error("counting a request", "err", cerr)
 		}
-		if out.method == payment.MethodSlow {
-			// A caller that leaves ends the wait but not the operation, which
-			// is already in the ledger.
-			_ = sleep(ctx, s.slowDelay)
-		}
-		// pm_lost_response loses the response of the one request that acted;
-		// every later one is a replay, so a restart cannot lose it again.
-		return s.respond(c, out.status, out.value, false, out.method == payment.MethodLostResponse)
+		return err
 	}
+}
+
+// servePost runs one POST up to its answer; what had an effect counted the
+// post with it, and serveIdempotent counts the rest.
+func servePost[Req, Res any](s *Server, c echo.Context, op idempotentOp[Req, Res], p *post, keyErr error) error {
+	ctx := c.Request().Context()
+	work := context.WithoutCancel(ctx)
+	if err := s.beforeRequest(ctx); err != nil {
+		return err
+	}
+	if keyErr != nil {
+		return keyErr
+	}
+	var req Req
+	if err := decodeBody(c, &req); err != nil {
+		return err
+	}
+	if err := op.validate(&req); err != nil {
+		return err
+	}
+	out, err := op.claim(work, p, req)
+	if err != nil {
+		return err
+	}
+	if !out.fresh {
+		if err := s.store.countReplay(work, p); err != nil {
+			return err
+		}
+		return s.respond(c, out.status, out.value, true, false)
+	}
+	if out.method == payment.MethodSlow {
+		// A caller that leaves ends the wait but not the operation, which
+		// is already in the ledger.
+		_ = sleep(ctx, s.slowDelay)
+	}
+	// pm_lost_response loses the response of the one request that acted;
+	// every later one is a replay, so a restart cannot lose it again.
+	return s.respond(c, out.status, out.value, false, out.method == payment.MethodLostResponse)
 }
 
 // serveLookup answers GET /v1/charges and /v1/refunds?idempotency_key=K.

@@ -150,20 +150,65 @@ func ledgerErr(err error) error {
 	return fmt.Errorf("ledger: %w", err)
 }
 
-// count adds one to a counter.
-func (s *store) count(ctx context.Context, name string) error {
-	return ledgerErr(s.db.WithContext(ctx).Exec(`INSERT INTO counters (name, shard, value) VALUES (?, ?, 1)
-		ON CONFLICT (name, shard) DO UPDATE SET value = counters.value + 1`, name, rand.IntN(counterShards)).Error)
+// post is one POST as the counters see it. It is counted exactly once: in
+// the transaction that records its effect when it has one, so that a charge
+// costs one commit, or else on its own before its answer is written.
+type post struct {
+	kind    opKind
+	key     string // empty when the key is invalid: then not counted per key
+	counted bool
 }
 
-// countPost counts a POST, and the POSTs of its key when the key is valid.
-func (s *store) countPost(ctx context.Context, kind opKind, key string, keyValid bool) error {
-	return ledgerErr(s.db.WithContext(ctx).Exec(`WITH attempt AS (
-			INSERT INTO attempts (kind, idempotency_key, requests) SELECT ?, ?, 1 WHERE ?
-			ON CONFLICT (kind, idempotency_key) DO UPDATE SET requests = attempts.requests + 1)
-		INSERT INTO counters (name, shard, value) VALUES (?, ?, 1)
-		ON CONFLICT (name, shard) DO UPDATE SET value = counters.value + 1`,
-		kind, key, keyValid, counterRequests, rand.IntN(counterShards)).Error)
+// count adds one to a counter.
+func (s *store) count(ctx context.Context, name string) error {
+	return ledgerErr(countIn(s.db.WithContext(ctx), name))
+}
+
+func countIn(tx *gorm.DB, name string) error {
+	return tx.Exec(`INSERT INTO counters (name, shard, value) VALUES (?, ?, 1)
+		ON CONFLICT (name, shard) DO UPDATE SET value = counters.value + 1`, name, rand.IntN(counterShards)).Error
+}
+
+// countPostIn counts p, and the POSTs of its key, in tx; the caller marks it
+// counted once tx has committed.
+func countPostIn(tx *gorm.DB, p *post) error {
+	if p.key != "" {
+		err := tx.Exec(`INSERT INTO attempts (kind, idempotency_key, requests) VALUES (?, ?, 1)
+			ON CONFLICT (kind, idempotency_key) DO UPDATE SET requests = attempts.requests + 1`, p.kind, p.key).Error
+		if err != nil {
+			return err
+		}
+	}
+	return countIn(tx, counterRequests)
+}
+
+// countPost counts p unless it was counted with its effect.
+func (s *store) countPost(ctx context.Context, p *post) error {
+	if p.counted {
+		return nil
+	}
+	if err := database.Transact(ctx, s.db, func(tx *gorm.DB) error { return countPostIn(tx, p) }); err != nil {
+		return ledgerErr(err)
+	}
+	p.counted = true
+	return nil
+}
+
+// countReplay counts p as a duplicate answered from its idempotency record.
+func (s *store) countReplay(ctx context.Context, p *post) error {
+	err := database.Transact(ctx, s.db, func(tx *gorm.DB) error {
+		if !p.counted {
+			if err := countPostIn(tx, p); err != nil {
+				return err
+			}
+		}
+		return countIn(tx, counterDuplicates)
+	})
+	if err != nil {
+		return ledgerErr(err)
+	}
+	p.counted = true
+	return nil
 }
 
 // failOnce gives pm_unavailable_once its single 503 per key, before any
@@ -186,8 +231,9 @@ func (s *store) failOnce(ctx context.Context, kind opKind, key string) error {
 }
 
 // claimCharge replays the charge already made under key, or makes it.
-func (s *store) claimCharge(ctx context.Context, key string, req payment.ChargeRequest) (outcome[payment.Charge], error) {
+func (s *store) claimCharge(ctx context.Context, p *post, req payment.ChargeRequest) (outcome[payment.Charge], error) {
 	var none outcome[payment.Charge]
+	key := p.key
 	// A duplicate is answered from its record before anything else applies.
 	if row, found, err := s.chargeByKey(ctx, key); err != nil || found {
 		if err != nil {
@@ -206,13 +252,20 @@ func (s *store) claimCharge(ctx context.Context, key string, req payment.ChargeR
 	}
 	// The primary key decides which of concurrent requests charges.
 	var made []chargeRow
-	err := s.db.WithContext(ctx).Raw(`INSERT INTO charges (idempotency_key, id, status, amount, currency, reference, payment_method)
-		VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING RETURNING `+chargeColumns,
-		key, "ch_"+uuid.NewString(), status, req.Amount, req.Currency, req.Reference, req.PaymentMethod).Scan(&made).Error
+	err := database.Transact(ctx, s.db, func(tx *gorm.DB) error {
+		err := tx.Raw(`INSERT INTO charges (idempotency_key, id, status, amount, currency, reference, payment_method)
+			VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING RETURNING `+chargeColumns,
+			key, "ch_"+uuid.NewString(), status, req.Amount, req.Currency, req.Reference, req.PaymentMethod).Scan(&made).Error
+		if err != nil || len(made) == 0 {
+			return err
+		}
+		return countPostIn(tx, p)
+	})
 	if err != nil {
 		return none, ledgerErr(err)
 	}
 	if len(made) == 1 {
+		p.counted = true
 		return made[0].outcome(true), nil
 	}
 	// Another request charged under key first: its charge is the answer.
@@ -236,8 +289,9 @@ func replayCharge(row chargeRow, req payment.ChargeRequest) (outcome[payment.Cha
 // claimRefund replays the refund already made under key, or makes it. The
 // refunded amount is reserved on the charge row in the refund's own
 // transaction, so concurrent refunds can never exceed the charge.
-func (s *store) claimRefund(ctx context.Context, key string, req payment.RefundRequest) (outcome[payment.Refund], error) {
+func (s *store) claimRefund(ctx context.Context, p *post, req payment.RefundRequest) (outcome[payment.Refund], error) {
 	var none outcome[payment.Refund]
+	key := p.key
 	if row, found, err := s.refundByKey(ctx, key); err != nil || found {
 		if err != nil {
 			return none, err
@@ -292,7 +346,7 @@ func (s *store) claimRefund(ctx context.Context, key string, req payment.RefundR
 			}
 			return errExceeds
 		}
-		return nil
+		return countPostIn(tx, p)
 	})
 	switch {
 	case errors.Is(err, errExceeds):
@@ -310,6 +364,7 @@ func (s *store) claimRefund(ctx context.Context, key string, req payment.RefundR
 	case err != nil:
 		return none, ledgerErr(err)
 	}
+	p.counted = true
 	return made[0].outcome(true), nil
 }
 
