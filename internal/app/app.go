@@ -57,6 +57,13 @@ func Run(ctx context.Context, args []string, environ map[string]string, stdout, 
 			return err
 		}
 		fmt.Fprintf(stdout, "database schema at version %d\n", v)
+		if cfg.PaymentChannelURL == "" { // the embedded channel's own database too
+			cv, err := channel.Migrate(ctx, cfg.ChannelDatabaseURL)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "payment channel database schema at version %d\n", cv)
+		}
 		return nil
 	case "cleanup":
 		return cleanupOnce(ctx, cfg, logger, stdout)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -182,5 +183,29 @@ func TestRestartFinishesAPaymentTheChannelMadeBeforeIt(t *testing.T) {
 	}
 	if after := second.Channel.Charges(); len(after) != 1 || after[0].ID != before[0].ID {
 		t.Errorf("charges after the restart = %+v, want only %s, made before it", after, before[0].ID)
+	}
+}
+
+func TestMigrateCreatesTheEmbeddedChannelsDatabase(t *testing.T) {
+	chURL := testdb.Fresh(t, "app_channel_migrate")
+	var out strings.Builder
+	err := app.Run(context.Background(), []string{"migrate"}, map[string]string{"DATABASE_URL": dbURL, "CHANNEL_DATABASE_URL": chURL}, &out, &out)
+	if err != nil {
+		t.Fatalf("migrate: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "payment channel database schema at version 1") {
+		t.Errorf("migrate printed %q, want the channel's schema version", out.String())
+	}
+	ch, err := channel.Open(context.Background(), chURL, channel.Options{})
+	if err != nil {
+		t.Fatalf("open the migrated channel database: %v", err)
+	}
+	defer ch.Close()
+	ts := httptest.NewServer(ch.Handler())
+	defer ts.Close()
+	var st channel.Stats
+	getJSON(t, ts.URL+"/admin/stats", &st) // fails unless the ledger's tables are there
+	if st != (channel.Stats{}) {
+		t.Errorf("stats of the new channel database = %+v, want zero", st)
 	}
 }

@@ -72,9 +72,9 @@ func Open(ctx context.Context, dbURL string, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("payment channel database: %w", err)
 	}
-	if _, err := database.MigrateSet(dbURL, Migrations); err != nil {
+	if _, err := migrate(dbURL); err != nil {
 		_ = database.Close(db)
-		return nil, fmt.Errorf("payment channel database: %w", err)
+		return nil, err
 	}
 	s := &Server{
 		echo:      echo.New(),
@@ -95,6 +95,27 @@ func Open(ctx context.Context, dbURL string, opts Options) (*Server, error) {
 	s.echo.Use(s.logRequests)
 	s.routes()
 	return s, nil
+}
+
+// Migrate creates the channel's database at dbURL if it is missing and
+// applies the channel's migrations, for `orderservice migrate`; Open does
+// the same at start.
+func Migrate(ctx context.Context, dbURL string) (version uint, err error) {
+	db, err := database.Open(ctx, dbURL, database.Options{MaxConns: 1, StatementTimeout: time.Minute,
+		LockTimeout: time.Minute, ApplicationName: "paymentchannel"})
+	if err != nil {
+		return 0, fmt.Errorf("payment channel database: %w", err)
+	}
+	defer database.Close(db)
+	return migrate(dbURL)
+}
+
+func migrate(dbURL string) (uint, error) {
+	v, err := database.MigrateSet(dbURL, Migrations)
+	if err != nil {
+		return 0, fmt.Errorf("payment channel database: %w", err)
+	}
+	return v, nil
 }
 
 // Close closes the pool to the channel's database; stop serving first.
