@@ -34,11 +34,6 @@ const DefaultMaxConns = 10
 // Charges, Reset).
 const directTimeout = 10 * time.Second
 
-// Migrations is the channel's own migration set. Its version is kept in a
-// table of its own, so the set may even share a database with the order
-// service's without either disturbing the other.
-var Migrations = database.MigrationSet{FS: migrations.ChannelFS, Dir: "channel", Table: "channel_schema_migrations"}
-
 // Options configure a Server; the zero value is usable.
 type Options struct {
 	// SlowDelay is how long pm_slow charges and refunds take (default 2s).
@@ -110,8 +105,12 @@ func Migrate(ctx context.Context, dbURL string) (version uint, err error) {
 	return migrate(dbURL)
 }
 
+// migrate applies the channel's own migration set. Its version is kept in a
+// table of its own, so the set may even share a database with the order
+// service's without either disturbing the other.
 func migrate(dbURL string) (uint, error) {
-	v, err := database.MigrateSet(dbURL, Migrations)
+	v, err := database.MigrateSet(dbURL, database.MigrationSet{
+		FS: migrations.ChannelFS, Dir: "channel", Table: "channel_schema_migrations"})
 	if err != nil {
 		return 0, fmt.Errorf("payment channel database: %w", err)
 	}
