@@ -21,6 +21,7 @@ import (
 	"github.com/orderservice/orderservice/internal/app"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/payment/channel"
+	"github.com/orderservice/orderservice/internal/testdb"
 )
 
 // bench is one run: the database, the service under test, the clients
@@ -33,10 +34,15 @@ type bench struct {
 	svc    *app.Main
 	client *http.Client // vegeta's client of the service, shared so warm-ups warm its connections
 	keys   keys
+
+	// channelURL is the embedded channel's own database, fresh for the run.
+	channelURL  string
+	dropChannel func()
 }
 
 func newBench(ctx context.Context, opts options, dbURL string, log io.Writer) (*bench, error) {
 	b := &bench{opts: opts, dbURL: dbURL, log: log}
+	b.channelURL, b.dropChannel = testdb.NewURL("bench_channel")
 	var err error
 	if b.admin, err = pgx.Connect(ctx, dbURL); err != nil {
 		return nil, err
@@ -58,6 +64,10 @@ func (b *bench) close() {
 		}
 		b.svc = nil
 	}
+	if b.dropChannel != nil {
+		b.dropChannel()
+		b.dropChannel = nil
+	}
 	b.client.CloseIdleConnections()
 	if b.admin != nil {
 		b.admin.Close(context.Background())
@@ -68,12 +78,13 @@ func (b *bench) close() {
 // with DB_MAX_CONNS pool.
 func (b *bench) startService(ctx context.Context, pool int) (*app.Main, error) {
 	cfg, err := app.LoadConfig(map[string]string{
-		"DATABASE_URL": b.dbURL,
-		"HTTP_ADDR":    "127.0.0.1:0",
-		"CHANNEL_ADDR": "127.0.0.1:0",
-		"LOG_LEVEL":    "error",
-		"API_KEYS":     benchTenant + "=" + benchAPIKey,
-		"DB_MAX_CONNS": strconv.Itoa(pool),
+		"DATABASE_URL":         b.dbURL,
+		"CHANNEL_DATABASE_URL": b.channelURL,
+		"HTTP_ADDR":            "127.0.0.1:0",
+		"CHANNEL_ADDR":         "127.0.0.1:0",
+		"LOG_LEVEL":            "error",
+		"API_KEYS":             benchTenant + "=" + benchAPIKey,
+		"DB_MAX_CONNS":         strconv.Itoa(pool),
 	})
 	if err != nil {
 		return nil, err

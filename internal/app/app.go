@@ -57,6 +57,13 @@ func Run(ctx context.Context, args []string, environ map[string]string, stdout, 
 			return err
 		}
 		fmt.Fprintf(stdout, "database schema at version %d\n", v)
+		if cfg.PaymentChannelURL == "" { // the embedded channel's own database too
+			cv, err := channel.Migrate(ctx, cfg.ChannelDatabaseURL)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "payment channel database schema at version %d\n", cv)
+		}
 		return nil
 	case "cleanup":
 		return cleanupOnce(ctx, cfg, logger, stdout)
@@ -128,7 +135,13 @@ func (m *Main) start(ctx context.Context) error {
 
 	channelURL := cfg.PaymentChannelURL
 	if channelURL == "" {
-		m.Channel = channel.New(channel.Options{SlowDelay: cfg.ChannelSlowDelay, Logger: m.Logger.With("component", "paymentchannel")})
+		// The channel's ledger is its own database, so a restart of the
+		// service forgets no charge, as a real acquirer would not.
+		m.Channel, err = channel.Open(ctx, cfg.ChannelDatabaseURL,
+			channel.Options{SlowDelay: cfg.ChannelSlowDelay, Logger: m.Logger.With("component", "paymentchannel")})
+		if err != nil {
+			return err
+		}
 		ln, err := net.Listen("tcp", cfg.ChannelAddr)
 		if err != nil {
 			return fmt.Errorf("listen for the embedded payment channel on %s: %w", cfg.ChannelAddr, err)
@@ -229,6 +242,9 @@ func (m *Main) Close() error {
 	}
 	if m.kill != nil {
 		m.kill()
+	}
+	if m.Channel != nil {
+		errs = append(errs, m.Channel.Close())
 	}
 	if m.DB != nil {
 		errs = append(errs, database.Close(m.DB))

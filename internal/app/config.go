@@ -27,6 +27,10 @@ type Config struct {
 	ChannelAddr       string            `env:"CHANNEL_ADDR" envDefault:"127.0.0.1:8081"`
 	LogLevel          string            `env:"LOG_LEVEL" envDefault:"info"`
 
+	// ChannelDatabaseURL is the embedded channel's own database; empty is
+	// the database paymentchannel on DATABASE_URL's server.
+	ChannelDatabaseURL string `env:"CHANNEL_DATABASE_URL"`
+
 	DBMaxConns         int           `env:"DB_MAX_CONNS" envDefault:"20"`
 	DBStatementTimeout time.Duration `env:"DB_STATEMENT_TIMEOUT" envDefault:"5s"`
 	DBLockTimeout      time.Duration `env:"DB_LOCK_TIMEOUT" envDefault:"3s"`
@@ -63,12 +67,39 @@ func LoadConfig(environ map[string]string) (Config, error) {
 	if err := env.ParseWithOptions(&cfg, env.Options{Environment: environ}); err != nil {
 		return cfg, errors.New(strings.ReplaceAll(err.Error(), "\n", "; "))
 	}
+	if cfg.ChannelDatabaseURL == "" {
+		cfg.ChannelDatabaseURL = withDatabase(cfg.DatabaseURL, DefaultChannelDatabase)
+	}
 	return cfg, cfg.validate()
+}
+
+// DefaultChannelDatabase is the embedded channel's database on DATABASE_URL's
+// server when CHANNEL_DATABASE_URL is empty.
+const DefaultChannelDatabase = "paymentchannel"
+
+// withDatabase is dbURL naming database name instead, with the same user,
+// hosts (all of them, for a multi-host URL) and parameters.
+func withDatabase(dbURL, name string) string {
+	scheme, rest, ok := strings.Cut(dbURL, "://")
+	if !ok {
+		return dbURL // not a URL: validate says so
+	}
+	authority, query := rest, ""
+	if i := strings.IndexAny(rest, "/?"); i >= 0 {
+		authority = rest[:i]
+		if j := strings.IndexByte(rest[i:], '?'); j >= 0 {
+			query = rest[i+j:]
+		}
+	}
+	return scheme + "://" + authority + "/" + name + query
 }
 
 func (c Config) validate() error {
 	if _, err := url.Parse(c.DatabaseURL); err != nil || !strings.HasPrefix(c.DatabaseURL, "postgres") {
 		return fmt.Errorf("DATABASE_URL must be a postgres:// URL")
+	}
+	if _, err := url.Parse(c.ChannelDatabaseURL); err != nil || !strings.HasPrefix(c.ChannelDatabaseURL, "postgres") {
+		return fmt.Errorf("CHANNEL_DATABASE_URL must be a postgres:// URL")
 	}
 	if len(c.APIKeys) == 0 {
 		return fmt.Errorf("API_KEYS must name at least one tenant=key pair")

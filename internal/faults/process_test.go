@@ -50,13 +50,14 @@ type channelProc struct {
 	url string
 }
 
-// startChannel runs the paymentchannel binary; slowDelay is how long
-// pm_slow takes.
+// startChannel runs the paymentchannel binary on a fresh database of its
+// own; slowDelay is how long pm_slow takes.
 func startChannel(t *testing.T, slowDelay time.Duration) *channelProc {
 	t.Helper()
 	addr := testproc.FreeAddr(t)
 	p := startProcess(t, "paymentchannel", bins.paymentchannel, []string{
-		"HTTP_ADDR=" + addr, "LOG_LEVEL=warn", "PAYMENT_SLOW_DELAY=" + slowDelay.String()})
+		"HTTP_ADDR=" + addr, "LOG_LEVEL=warn", "PAYMENT_SLOW_DELAY=" + slowDelay.String(),
+		"CHANNEL_DATABASE_URL=" + testdb.Fresh(t, "faults_channel")}) // a ledger of its own, empty
 	ch := &channelProc{Process: p, url: "http://" + addr}
 	waitOK(t, ch.url+"/healthz", 20*time.Second)
 	return ch
