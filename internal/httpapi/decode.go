@@ -108,6 +108,13 @@ func jsonType(kind string) string {
 	return kind
 }
 
+// maxField bounds the field a problem names (api/openapi.yaml, Problem): an
+// unknown member's name comes from the client and may be as long as the body.
+const maxField = 200
+
 func invalidBody(field, why string) error {
+	if r := []rune(field); len(r) > maxField {
+		field = string(r[:maxField-1]) + "…"
+	}
 	return problem.Errorf(problem.InvalidRequest, "%s: %s", field, why).With("field", field)
 }

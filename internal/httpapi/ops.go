@@ -57,8 +57,8 @@ type recordJSON struct {
 // idempotencyRecords shows the tenant's records for one key: the teaching
 // view of "what did the service remember about this intent?".
 func (s *Server) idempotencyRecords(c echo.Context) error {
-	key, err := idempotency.ParseKey(c.QueryParam("key"))
-	if err != nil {
+	key := c.QueryParam("key") // the stored, unquoted form, taken literally
+	if err := idempotency.CheckKey(key); err != nil {
 		return problem.Errorf(problem.InvalidRequest, "key: must be an idempotency key").With("field", "key")
 	}
 	recs, err := s.Records.Find(s.DB.WithContext(c.Request().Context()), tenant(c), key)
