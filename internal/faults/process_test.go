@@ -48,6 +48,7 @@ func waitOK(t *testing.T, url string, within time.Duration) {
 type channelProc struct {
 	*testproc.Process
 	url string
+	env []string
 }
 
 // startChannel runs the paymentchannel binary on a fresh database of its
@@ -55,12 +56,24 @@ type channelProc struct {
 func startChannel(t *testing.T, slowDelay time.Duration) *channelProc {
 	t.Helper()
 	addr := testproc.FreeAddr(t)
-	p := startProcess(t, "paymentchannel", bins.paymentchannel, []string{
-		"HTTP_ADDR=" + addr, "LOG_LEVEL=warn", "PAYMENT_SLOW_DELAY=" + slowDelay.String(),
-		"CHANNEL_DATABASE_URL=" + testdb.Fresh(t, "faults_channel")}) // a ledger of its own, empty
-	ch := &channelProc{Process: p, url: "http://" + addr}
+	env := []string{"HTTP_ADDR=" + addr, "LOG_LEVEL=warn", "PAYMENT_SLOW_DELAY=" + slowDelay.String(),
+		"CHANNEL_DATABASE_URL=" + testdb.Fresh(t, "faults_channel")} // a ledger of its own, empty
+	ch := &channelProc{Process: startProcess(t, "paymentchannel", bins.paymentchannel, env), url: "http://" + addr, env: env}
 	waitOK(t, ch.url+"/healthz", 20*time.Second)
 	return ch
+}
+
+// restart SIGKILLs the channel and starts it again on the same address and
+// ledger, as a crashed acquirer that comes back would. Its faults are reset
+// (they live in memory); its charges are not.
+func (c *channelProc) restart(t *testing.T) error {
+	c.Kill(t)
+	p, err := testproc.Start(t, c.Name, bins.paymentchannel, c.env)
+	if err != nil {
+		return err
+	}
+	c.Process = p
+	return testproc.WaitOK(c.url+"/healthz", 20*time.Second)
 }
 
 // setLatency makes the channel wait before handling every /v1 request.
