@@ -214,12 +214,12 @@ type counters struct {
 	mu                                           sync.Mutex
 	received, redelivered, acked, replayed, dead map[string]int
 	published, duplicates                        int
-	ackedCh                                      chan string
+	ackedCh, deadCh                              chan string
 }
 
 func newCounters() *counters {
 	return &counters{received: map[string]int{}, redelivered: map[string]int{}, acked: map[string]int{},
-		replayed: map[string]int{}, dead: map[string]int{}, ackedCh: make(chan string, 1024)}
+		replayed: map[string]int{}, dead: map[string]int{}, ackedCh: make(chan string, 1024), deadCh: make(chan string, 1024)}
 }
 
 func (c *counters) MessageReceived(op string, redelivered bool) {
@@ -243,8 +243,9 @@ func (c *counters) MessageAcked(op string, replayed bool) {
 
 func (c *counters) MessageDeadLettered(op string) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.dead[op]++
+	c.mu.Unlock()
+	c.deadCh <- op
 }
 
 func (c *counters) OutboxPublished(published, duplicates int) {
