@@ -11,6 +11,7 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -74,6 +75,9 @@ func (b *bench) startService(ctx context.Context, pool int) (*app.Main, error) {
 		"LOG_LEVEL":    "error",
 		"API_KEYS":     benchTenant + "=" + benchAPIKey,
 		"DB_MAX_CONNS": strconv.Itoa(pool),
+		// An embedded NATS server of its own, on a free port.
+		"NATS_EMBEDDED_ADDR": "127.0.0.1:0",
+		"NATS_STORE_DIR":     filepath.Join(os.TempDir(), "orderservice-bench-nats"),
 	})
 	if err != nil {
 		return nil, err

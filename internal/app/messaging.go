@@ -74,13 +74,13 @@ func brokerPolicy(ctx context.Context, cfg Config, js jetstream.JetStream) (idem
 		"message_redelivery":  "stream " + messaging.CommandsStream + " max_age",
 		"manual_compensation": fmt.Sprintf("REPLAY_WINDOW_MANUAL_COMPENSATION (stream %s max_age %s)", messaging.DLQStream, streams.DLQMaxAge),
 	}
-	if err := policy.Check(); err != nil {
-		return policy, nil, fmt.Errorf("refusing to start: %w", err)
-	}
 	if err := messaging.CheckRetention(policy, messaging.CommandsStream, streams.CommandsMaxAge, order.Operations); err != nil {
 		return policy, nil, fmt.Errorf("refusing to start: %w", err)
 	}
 	if err := messaging.CheckRetention(policy, messaging.DLQStream, streams.DLQMaxAge, order.Operations); err != nil {
+		return policy, nil, fmt.Errorf("refusing to start: %w", err)
+	}
+	if err := policy.Check(); err != nil {
 		return policy, nil, fmt.Errorf("refusing to start: %w", err)
 	}
 	return policy, sources, nil

@@ -25,6 +25,7 @@ const (
 	svcReplica2   = "orderservice-2"
 	svcLB         = "lb"
 	svcPrometheus = "prometheus"
+	svcNATS       = "nats"
 )
 
 var replicas = []string{svcReplica1, svcReplica2}
