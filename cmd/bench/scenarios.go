@@ -94,7 +94,7 @@ func (b *bench) progress(format string, args ...any) {
 // table sizes, and checkpoints, so no checkpoint left over from the last
 // measurement lands in the next one.
 func (b *bench) reset(ctx context.Context) error {
-	if _, err := b.admin.Exec(ctx, `TRUNCATE idempotency_records, idempotency_archive, orders, order_items, order_events, payments`); err != nil {
+	if _, err := b.admin.Exec(ctx, `TRUNCATE idempotency_records, idempotency_archive, orders, order_items, order_events, order_outbox, payments`); err != nil {
 		return fmt.Errorf("reset tables: %w", err)
 	}
 	if b.opts.Quick { // a smoke test has no figures worth a checkpoint's wait
@@ -164,6 +164,7 @@ type results struct {
 	Storm         stormResult
 	Pay           payResult
 	Steady        point
+	Messages      messageResult
 	Took          time.Duration
 	// Problems are failed assertions: the run reports them and fails.
 	Problems []string
@@ -278,6 +279,7 @@ func (b *bench) runAll(ctx context.Context) (*results, error) {
 		{3, "3 replay vs first execution", b.replay},
 		{4, "4 duplicate storm", b.storm},
 		{6, "6 constant-rate create", b.steady},
+		{7, "7 creates as JetStream commands vs HTTP, and the outbox's lag", b.messages},
 		{5, "5 pay with a slow channel", b.pay},
 	}
 	for _, s := range steps {
