@@ -27,7 +27,9 @@ import (
 )
 
 // Run is the whole program: `orderservice` serves until ctx ends,
-// `orderservice migrate` applies the migrations and exits.
+// `orderservice migrate` applies the migrations and exits, `orderservice
+// cleanup` runs one cleanup pass, and `orderservice dlq list|replay` shows
+// and replays dead-lettered commands.
 func Run(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
 	cfg, err := LoadConfig(environ)
 	if err != nil {
@@ -100,7 +102,8 @@ type Main struct {
 	ChannelAddr string
 	// Embedded is the in-process NATS server, nil when NATS_URL names one.
 	Embedded *messaging.Embedded
-	// NATSURL is the NATS server the service uses (no credentials in it).
+	// NATSURL is the NATS server the service uses: the embedded server's
+	// address, or NATS_URL.
 	NATSURL  string
 	NATS     *nats.Conn
 	JS       jetstream.JetStream
@@ -211,7 +214,8 @@ func (m *Main) start(ctx context.Context) error {
 	}
 
 	m.Logger.Info("orderservice started", "addr", m.Addr, "schema_version", version,
-		"payment_channel", channelURL, "nats", redactURL(m.NATSURL), "lease", cfg.Lease.String(), "retention", policy.Describe(cfg.Lease))
+		"payment_channel", channelURL, "nats", redactURL(m.NATSURL), "lease", cfg.Lease.String(), "retention", policy.Describe(cfg.Lease),
+		"message_redelivery_source", sources["message_redelivery"], "outbox_retention", outboxRetention(policy).String())
 	return nil
 }
 

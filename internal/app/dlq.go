@@ -74,14 +74,16 @@ func dlq(ctx context.Context, cfg Config, args []string, stdout io.Writer) error
 		return w.Flush()
 	}
 	done, err := q.Replay(ctx, seqs...)
+	replayed := 0
 	for _, r := range done {
 		if r.Duplicate {
 			fmt.Fprintf(stdout, "kept %d: %s dropped it as a duplicate (Nats-Msg-Id %s is inside its duplicate window); replay it later\n",
 				r.Sequence, messaging.CommandsStream, r.Header.Get(messaging.HeaderMsgID))
 			continue
 		}
+		replayed++
 		fmt.Fprintf(stdout, "replayed %d to %s (Idempotency-Key %s)\n", r.Sequence, r.Subject, r.Header.Get(messaging.HeaderKey))
 	}
-	fmt.Fprintf(stdout, "%d dead-lettered commands replayed\n", len(done))
+	fmt.Fprintf(stdout, "%d dead-lettered commands replayed\n", replayed)
 	return err
 }

@@ -161,3 +161,27 @@ func TestOperatorReplaysADeadLetteredCommand(t *testing.T) {
 		t.Error("the DLQ still holds the replayed command")
 	}
 }
+
+func TestMessageMetricsAreExportedFromTheStart(t *testing.T) {
+	m := apptest.Start(t, dbURL, nil)
+	res, err := http.Get(m.URL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	for _, op := range messaging.Ops {
+		for _, name := range []string{"received", "acked", "redelivered", "dead_lettered", "replayed"} {
+			line := fmt.Sprintf("orderservice_messages_%s_total{op=%q} 0\n", name, op)
+			if !bytes.Contains(body, []byte(line)) {
+				t.Errorf("/metrics has no %q", strings.TrimSpace(line))
+			}
+		}
+	}
+	for _, line := range []string{"orderservice_outbox_lag_seconds ", `orderservice_outbox_relay_publishes_total{result="published"} `,
+		`orderservice_outbox_relay_publishes_total{result="duplicate"} 0`} {
+		if !bytes.Contains(body, []byte(line)) {
+			t.Errorf("/metrics has no %q", line)
+		}
+	}
+}
