@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,7 +29,7 @@ func TestRelayKilledMidBatchPublishesEveryEventOnce(t *testing.T) {
 	// events each, 16 in all, every order's in a fixed order.
 	var ids []string
 	for i := range 4 {
-		key := "relay-" + string(rune('a'+i))
+		key := fmt.Sprintf("relay-%c-%d", 'a'+i, time.Now().UnixNano())
 		r := w.api.Do(t, http.MethodPost, "/v1/orders", key, createBody("cus_"+key))
 		id := jsonField(t, r.Body, "id")
 		ids = append(ids, id)
@@ -183,4 +185,89 @@ func TestTenantCannotPublishUnderAnotherTenantsPrefix(t *testing.T) {
 			t.Fatal("connected with a wrong password")
 		}
 	})
+}
+
+func TestTwoRelaysAtOnceKeepEachOrdersEventsInOrder(t *testing.T) {
+	w := newWorld(t)
+	if err := w.db.Exec("UPDATE order_outbox SET published_at = now() WHERE published_at IS NULL").Error; err != nil {
+		t.Fatal(err)
+	}
+	const orders = 12
+	ids := map[string]bool{}
+	for i := range orders {
+		key := fmt.Sprintf("two-relays-%d-%d", i, time.Now().UnixNano())
+		id := jsonField(t, w.api.Do(t, http.MethodPost, "/v1/orders", key, createBody("cus_"+key)).Body, "id")
+		ids[id] = true
+		for _, step := range []struct{ op, body string }{
+			{"pay", `{"payment_method":"pm_ok"}`}, {"ship", `{"carrier":"DHL","tracking_number":"T1"}`}, {"deliver", ""},
+		} {
+			var body any
+			if step.body != "" {
+				body = step.body
+			}
+			if r := w.api.Do(t, http.MethodPost, "/v1/orders/"+id+"/"+step.op, key+"-"+step.op, body); r.Status != http.StatusOK {
+				t.Fatalf("%s: %d %s", step.op, r.Status, r.Body)
+			}
+		}
+	}
+	const total = orders * 5 // created, payment_pending, paid, shipped, delivered
+
+	// Two instances' relays with small batches, racing until the outbox is empty.
+	outbox := &order.Outbox{DB: w.db}
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := &messaging.Relay{Outbox: outbox, JS: w.js, Batch: 5, Interval: time.Millisecond, Observe: w.counters}
+			for {
+				n, err := r.Pass(context.Background())
+				if err != nil {
+					errs <- err
+					return
+				}
+				var left int64
+				if err := w.db.Raw("SELECT count(*) FROM order_outbox WHERE published_at IS NULL").Scan(&left).Error; err != nil {
+					errs <- err
+					return
+				}
+				if n == 0 && left == 0 {
+					return
+				}
+				if n == 0 { // the other relay holds every head: wait for it
+					time.Sleep(time.Millisecond)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+
+	stream, _ := w.js.Stream(context.Background(), messaging.EventsStream)
+	info, _ := stream.Info(context.Background())
+	if info.State.Msgs != total || w.counters.published != total || w.counters.duplicates != 0 {
+		t.Fatalf("stream %d messages, relays published %d (+%d duplicates), want %d, each once", info.State.Msgs,
+			w.counters.published, w.counters.duplicates, total)
+	}
+	byOrder := map[string][]string{}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		m, err := stream.GetMsg(context.Background(), seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ev order.EventMessage
+		if err := json.Unmarshal(m.Data, &ev); err != nil {
+			t.Fatal(err)
+		}
+		byOrder[ev.OrderID] = append(byOrder[ev.OrderID], ev.Event)
+	}
+	for id := range ids {
+		if got := strings.Join(byOrder[id], ","); got != "created,payment_pending,paid,shipped,delivered" {
+			t.Errorf("order %s: %s", id, got)
+		}
+	}
 }
