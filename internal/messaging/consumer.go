@@ -107,14 +107,17 @@ func (c *Consumer) logger() *slog.Logger {
 }
 
 // ConsumerConfig is the durable consumer every instance creates or updates
-// to the same settings. JetStream's own MaxDeliver is one above ours: the
-// consumer dead-letters on its last delivery, and the extra one catches a
-// command whose every handler died before answering.
-func ConsumerConfig(maxDeliver int, ackWait time.Duration) jetstream.ConsumerConfig {
+// to the same settings. JetStream's own MaxDeliver is unlimited on purpose:
+// COMMAND_MAX_DELIVER is enforced by handle, which dead-letters a command
+// on its last transient failure, and at once any command delivered more
+// often than that (its every handler died before answering). Were the
+// server to stop delivering instead, a command whose dead-lettering failed
+// would stay in the stream unhandled, and no one would know.
+func ConsumerConfig(ackWait time.Duration) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable: ConsumerName, Description: "order commands, shared by every orderservice instance",
 		FilterSubject: CommandPrefix + ">", AckPolicy: jetstream.AckExplicitPolicy,
-		DeliverPolicy: jetstream.DeliverAllPolicy, AckWait: ackWait, MaxDeliver: maxDeliver + 1,
+		DeliverPolicy: jetstream.DeliverAllPolicy, AckWait: ackWait, MaxDeliver: -1,
 		MaxAckPending: 1000,
 	}
 }
@@ -122,13 +125,15 @@ func ConsumerConfig(maxDeliver int, ackWait time.Duration) jetstream.ConsumerCon
 // Start creates (or updates) the durable consumer and starts the workers.
 // ctx bounds the setup only; Stop ends the work.
 func (c *Consumer) Start(ctx context.Context) error {
-	cons, err := c.JS.CreateOrUpdateConsumer(ctx, CommandsStream, ConsumerConfig(c.MaxDeliver, c.AckWait))
+	cons, err := c.JS.CreateOrUpdateConsumer(ctx, CommandsStream, ConsumerConfig(c.AckWait))
 	if err != nil {
 		return fmt.Errorf("durable consumer %s on %s: %w", ConsumerName, CommandsStream, err)
 	}
-	// A small prefetch: a fetched command's ack wait runs while it waits
-	// for a worker, and another instance could have taken it.
-	iter, err := cons.Messages(jetstream.PullMaxMessages(c.Workers))
+	// A bounded prefetch: a fetched command's ack wait runs while it waits
+	// for a worker (another instance could have taken it), but a buffer of
+	// only one command per worker starves them between pulls (half the
+	// throughput in `make bench`).
+	iter, err := cons.Messages(jetstream.PullMaxMessages(4 * c.Workers))
 	if err != nil {
 		return err
 	}

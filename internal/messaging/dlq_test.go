@@ -3,10 +3,12 @@ package messaging_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -140,5 +142,32 @@ func TestMalformedCommandsAreDeadLetteredAtOnce(t *testing.T) {
 	}
 	if n := w.count("SELECT count(*) FROM orders WHERE customer_id IN ('c1','c2','c7','c8')"); n != 0 {
 		t.Errorf("orders = %d, want 0", n)
+	}
+}
+
+func TestACommandWhoseHandlersAlwaysDieIsDeadLettered(t *testing.T) {
+	w := newWorld(t)
+	// Every handler dies between commit and ack, as a process that crashes
+	// on this command would; COMMAND_MAX_DELIVER is 3.
+	w.consumer(messaging.ConsumerHooks{BeforeAck: func(string, string) error { return errors.New("killed") }}, nil,
+		func(c *messaging.Consumer) { c.MaxDeliver, c.AckWait = 3, time.Second })
+	dead := subscribe(t, w.nc, messaging.DLQPrefix+">")
+	results := subscribe(t, w.nc, messaging.ResultSubject("acme", "create"))
+	key := fmt.Sprintf("always-dies-%d", time.Now().UnixNano())
+	publish(t, w.js, messaging.CommandSubject("acme", "create"), key, createBody("cus_"+key))
+
+	d := next(t, dead, "dead letter")
+	<-w.counters.deadCh
+	if d.Header.Get(messaging.HeaderDLDeliveries) != "4" || !strings.Contains(d.Header.Get(messaging.HeaderReason), "without an answer") {
+		t.Errorf("dead letter headers: %v", d.Header)
+	}
+	if got := w.counters.get(w.counters.received, "create"); got != 4 {
+		t.Errorf("deliveries = %d, want 3 handled and the 4th dead-lettered", got)
+	}
+	if len(results) != 3 {
+		t.Errorf("results = %d, want 3 (each handler published before dying)", len(results))
+	}
+	if n := w.count("SELECT count(*) FROM orders WHERE customer_id = ?", "cus_"+key); n != 1 {
+		t.Errorf("orders = %d, want 1", n)
 	}
 }

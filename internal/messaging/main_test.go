@@ -110,7 +110,7 @@ func newWorld(t *testing.T) *world {
 }
 
 // consumer starts one instance's consumer (stopped at the end of the test).
-func (w *world) consumer(hooks messaging.ConsumerHooks, obs messaging.Observer) *messaging.Consumer {
+func (w *world) consumer(hooks messaging.ConsumerHooks, obs messaging.Observer, opts ...func(*messaging.Consumer)) *messaging.Consumer {
 	w.t.Helper()
 	if obs == nil {
 		obs = w.counters
@@ -118,6 +118,9 @@ func (w *world) consumer(hooks messaging.ConsumerHooks, obs messaging.Observer) 
 	c := &messaging.Consumer{JS: w.js, Orders: w.orders, Tenants: tenants, MaxDeliver: 5, AckWait: 2 * time.Second,
 		Backoff: messaging.Backoff{Base: 20 * time.Millisecond, Max: 2 * time.Second}, Workers: 4,
 		Observe: obs, Logger: w.logger, Hooks: hooks}
+	for _, o := range opts {
+		o(c)
+	}
 	if err := c.Start(context.Background()); err != nil {
 		w.t.Fatalf("start consumer: %v", err)
 	}
