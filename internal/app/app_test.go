@@ -35,6 +35,9 @@ func TestBadConfigurationStopsTheStart(t *testing.T) {
 		"a payment channel URL that is not one": {"PAYMENT_CHANNEL_URL": "ftp://x"},
 		"two tenants sharing a key":             {"API_KEYS": "a=same-key-1,b=same-key-1"},
 		"a database URL of another kind":        {"DATABASE_URL": "mysql://x"},
+		"a NATS URL of another kind":            {"NATS_URL": "http://nats:4222"},
+		"no delivery of a command at all":       {"COMMAND_MAX_DELIVER": "0"},
+		"a backoff cap below its first step":    {"COMMAND_BACKOFF": "10s", "COMMAND_BACKOFF_MAX": "1s"},
 	} {
 		t.Run(name+" is refused in one line", func(t *testing.T) {
 			var out bytes.Buffer
