@@ -11,6 +11,7 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -85,6 +86,9 @@ func (b *bench) startService(ctx context.Context, pool int) (*app.Main, error) {
 		"LOG_LEVEL":            "error",
 		"API_KEYS":             benchTenant + "=" + benchAPIKey,
 		"DB_MAX_CONNS":         strconv.Itoa(pool),
+		// An embedded NATS server of its own, on a free port.
+		"NATS_EMBEDDED_ADDR": "127.0.0.1:0",
+		"NATS_STORE_DIR":     filepath.Join(os.TempDir(), "orderservice-bench-nats"),
 	})
 	if err != nil {
 		return nil, err
@@ -101,7 +105,7 @@ func (b *bench) progress(format string, args ...any) {
 // table sizes, and checkpoints, so no checkpoint left over from the last
 // measurement lands in the next one.
 func (b *bench) reset(ctx context.Context) error {
-	if _, err := b.admin.Exec(ctx, `TRUNCATE idempotency_records, idempotency_archive, orders, order_items, order_events, payments`); err != nil {
+	if _, err := b.admin.Exec(ctx, `TRUNCATE idempotency_records, idempotency_archive, orders, order_items, order_events, order_outbox, payments`); err != nil {
 		return fmt.Errorf("reset tables: %w", err)
 	}
 	if b.opts.Quick { // a smoke test has no figures worth a checkpoint's wait
@@ -171,6 +175,7 @@ type results struct {
 	Storm         stormResult
 	Pay           payResult
 	Steady        point
+	Messages      messageResult
 	Took          time.Duration
 	// Problems are failed assertions: the run reports them and fails.
 	Problems []string
@@ -285,6 +290,7 @@ func (b *bench) runAll(ctx context.Context) (*results, error) {
 		{3, "3 replay vs first execution", b.replay},
 		{4, "4 duplicate storm", b.storm},
 		{6, "6 constant-rate create", b.steady},
+		{7, "7 creates as JetStream commands vs HTTP, and the outbox's lag", b.messages},
 		{5, "5 pay with a slow channel", b.pay},
 	}
 	for _, s := range steps {

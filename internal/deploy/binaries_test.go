@@ -49,6 +49,7 @@ func TestBinariesWithComposeConfiguration(t *testing.T) {
 	env := environment(t, repSvc)
 	env["DATABASE_URL"] = dbURL
 	env["PAYMENT_CHANNEL_URL"] = channelURL
+	env["NATS_URL"] = loopbackNATSURL(t, env["NATS_URL"], startNATSFromConf(t)) // the compose broker, from its own file
 	addr := testproc.FreeAddr(t)
 	env["HTTP_ADDR"] = addr
 	orders := startProcess(t, svcReplica1, bins["/orderservice"], env) // the image's ENTRYPOINT

@@ -18,7 +18,7 @@ func TestCompose(t *testing.T) {
 	p := loadCompose(t)
 
 	t.Run("declares exactly the seven services", func(t *testing.T) {
-		want := []string{svcLB, svcReplica1, svcReplica2, svcChannel, svcPostgres, svcPrometheus, svcLab}
+		want := []string{svcLB, svcReplica1, svcReplica2, svcChannel, svcPostgres, svcPrometheus, svcLab, svcNATS}
 		slices.Sort(want)
 		if got := p.ServiceNames(); !slices.Equal(got, want) {
 			t.Fatalf("services = %v, want %v", got, want)
@@ -54,9 +54,9 @@ func TestCompose(t *testing.T) {
 		}
 	})
 
-	t.Run("replicas start after a healthy database and channel", func(t *testing.T) {
+	t.Run("replicas start after a healthy database, channel and broker", func(t *testing.T) {
 		for _, name := range replicas {
-			expectDependsOnHealthy(t, service(t, p, name), svcPostgres, svcChannel)
+			expectDependsOnHealthy(t, service(t, p, name), svcPostgres, svcChannel, svcNATS)
 		}
 	})
 

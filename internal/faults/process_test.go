@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -170,6 +172,9 @@ func serviceEnv(dbURL, addr, channelURL string, extra ...string) []string {
 		"DB_MAX_CONNS=10",
 		"SHUTDOWN_TIMEOUT=5s",
 		"LOG_LEVEL=warn",
+		// Each instance runs an embedded NATS server of its own on a free port.
+		"NATS_EMBEDDED_ADDR=127.0.0.1:0",
+		"NATS_STORE_DIR=" + filepath.Join(os.TempDir(), "orderservice-faults-nats", strings.ReplaceAll(addr, ":", "_")),
 	}
 	return append(env, extra...)
 }

@@ -75,8 +75,20 @@ func (s *Server) idempotencyRecords(c echo.Context) error {
 	return c.JSON(http.StatusOK, map[string]any{"records": out})
 }
 
+// policyJSON is the policy with where each window comes from and how long
+// published outbox events are kept.
+type policyJSON struct {
+	idempotency.PolicyView
+	WindowSources   map[string]string `json:"window_sources,omitempty"`
+	OutboxRetention string            `json:"outbox_retention,omitempty"`
+}
+
 // idempotencyPolicy shows the retention policy in force and how it follows
 // from the replay windows.
 func (s *Server) idempotencyPolicy(c echo.Context) error {
-	return c.JSON(http.StatusOK, s.Policy.Describe(s.Records.Lease))
+	v := policyJSON{PolicyView: s.Policy.Describe(s.Records.Lease), WindowSources: s.WindowSources}
+	if s.OutboxRetention > 0 {
+		v.OutboxRetention = s.OutboxRetention.String()
+	}
+	return c.JSON(http.StatusOK, v)
 }

@@ -15,11 +15,11 @@ import (
 	"github.com/labstack/echo/v4/middleware"
 	"gorm.io/gorm"
 
-	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/metrics"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/problem"
+	"github.com/orderservice/orderservice/internal/transport"
 )
 
 // Server holds what the handlers need.
@@ -31,8 +31,13 @@ type Server struct {
 	// Tenants maps the SHA-256 of an API key to its tenant.
 	Tenants map[[32]byte]string
 	// Policy is the retention policy in force, shown read-only.
-	Policy  idempotency.Policy
-	Metrics *metrics.Metrics
+	Policy idempotency.Policy
+	// WindowSources names where each replay window comes from: a setting,
+	// or a stream's max_age read from the broker at start.
+	WindowSources map[string]string
+	// OutboxRetention is how long published outbox events are kept.
+	OutboxRetention time.Duration
+	Metrics         *metrics.Metrics
 	// Waiter lets a duplicate wait for its intent's first outcome (Prefer:
 	// wait), up to MaxWait; nil answers 409 at once.
 	Waiter  *idempotency.Waiter
@@ -91,11 +96,13 @@ func (s *Server) handleError(err error, c echo.Context) {
 	_ = c.Blob(status, problem.ContentType, body)
 }
 
-// toProblem maps every error the handlers can see to a problem.
+// toProblem maps every error the handlers can see to a problem: echo's own
+// (unknown route, wrong method, body too large or not JSON), then whatever
+// transport.Problem makes of a use case's error, which the message
+// consumer uses too, so both doors answer one error with the same bytes.
 func toProblem(err error) *problem.Error {
 	var he *echo.HTTPError
-	switch {
-	case errors.As(err, &he):
+	if errors.As(err, &he) {
 		switch he.Code {
 		case http.StatusNotFound:
 			return problem.Errorf(problem.NotFound, "No such resource.")
@@ -106,12 +113,8 @@ func toProblem(err error) *problem.Error {
 		case http.StatusUnsupportedMediaType:
 			return problem.Errorf(problem.UnsupportedMediaType, "Send the body as application/json.")
 		}
-	case problem.CodeOf(err) != problem.Internal:
-		return problem.As(err)
-	case database.IsUnavailable(err) || database.IsLockTimeout(err) || errors.Is(err, context.DeadlineExceeded):
-		return &problem.Error{Code: problem.ServiceUnavailable, Detail: "A dependency is unavailable; retry with the same Idempotency-Key.", RetryAfter: time.Second}
 	}
-	return problem.As(err)
+	return transport.Problem(err)
 }
 
 // send writes an operation's response: the stored one when replayed.

@@ -366,6 +366,7 @@ func TestKilledServiceRecoversPaymentAfterRestart(t *testing.T) {
 		"DATABASE_URL=" + dbURL, "HTTP_ADDR=" + apiAddr, "PAYMENT_CHANNEL_URL=http://" + channelAddr,
 		"IDEMPOTENCY_LEASE=3s", "PAYMENT_CHANNEL_TIMEOUT=2s", "SWEEP_INTERVAL=200ms",
 		"API_KEYS=acme=" + apptest.KeyAcme, "LOG_LEVEL=warn",
+		"NATS_EMBEDDED_ADDR=127.0.0.1:0", "NATS_STORE_DIR=" + t.TempDir(),
 	}
 	service := startBinary(t, "orderservice-1", bins[orderservicePkg], "http://"+apiAddr+"/readyz", serviceEnv...)
 

@@ -118,14 +118,13 @@ func (s *Service) startPayment(tx *gorm.DB, o *Order, from Status, ev Event, op,
 	p.ID, p.OrderID, p.TenantID, p.Status = id, o.ID, o.TenantID, PaymentPending
 	p.Operation, p.IdempotencyKey = op, key
 	p.ChannelKey = channelKey(o.TenantID, op, o.ID, key)
-	if err := saveTransition(tx, o, from, ev, op, key); err != nil {
-		return err
-	}
 	if err := tx.Create(p).Error; err != nil {
 		return err
 	}
+	// Before the transition, so that its outbox event shows the order with
+	// the pending payment, as GET would right after.
 	o.payments = append(o.payments, *p)
-	return nil
+	return saveTransition(tx, o, from, ev, op, key)
 }
 
 // channelKey derives the downstream idempotency key of one intent from the
