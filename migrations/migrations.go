@@ -4,7 +4,15 @@ package migrations
 
 import "embed"
 
-// FS holds every migration file, read by golang-migrate's iofs source.
+// FS holds every migration file of the order service's database, read by
+// golang-migrate's iofs source.
 //
 //go:embed *.sql
 var FS embed.FS
+
+// ChannelFS holds, under channel/, the migrations of the mock payment
+// channel's own database: a set apart from the service's, with its own
+// version.
+//
+//go:embed channel/*.sql
+var ChannelFS embed.FS

@@ -53,12 +53,16 @@ type options struct {
 	PayLatency   time.Duration
 	Rate         int
 	RateDuration time.Duration
+	Commands     int
 	Quick        bool
 	CPUProfile   string
+	// outboxInterval and outboxBatch are the service's relay settings, for the report.
+	outboxInterval time.Duration
+	outboxBatch    int
 	// viaMake is true when `make bench` started the run.
 	viaMake bool
 	// Only, when set, names the scenarios to run (a partial report, for
-	// investigating one of them); by default all six run.
+	// investigating one of them); by default all seven run.
 	Only map[int]bool
 	args []string
 }
@@ -82,15 +86,16 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs.DurationVar(&o.PayLatency, "pay-latency", 50*time.Millisecond, "latency the payment channel adds in the pay scenario")
 	fs.IntVar(&o.Rate, "rate", 100, "requests per second of the constant-rate latency scenario")
 	fs.DurationVar(&o.RateDuration, "rate-duration", 10*time.Second, "length of the constant-rate latency scenario")
+	fs.IntVar(&o.Commands, "commands", 10000, "create commands sent through JetStream in scenario 7")
 	fs.BoolVar(&o.Quick, "quick", false, "a smoke-test run: short points, concurrencies 1 and 4, a storm of 50, 16 pays in flight")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run (service and load) to this file")
 	var only intList
-	fs.Var(&only, "only", "run only these scenarios, comma-separated (1-6; 1 and 2 run together)")
+	fs.Var(&only, "only", "run only these scenarios, comma-separated (1-7; 1 and 2 run together)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	for _, n := range only {
-		if n > 6 {
+		if n > 7 {
 			return o, fmt.Errorf("-only: there is no scenario %d", n)
 		}
 		if o.Only == nil {
@@ -111,6 +116,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 			"storm":         func() { o.Storm = 50 },
 			"pay-c":         func() { o.PayConc = 16 },
 			"rate-duration": func() { o.RateDuration = time.Second },
+			"commands":      func() { o.Commands = 200 },
 		}
 		for name, apply := range quick {
 			if !set[name] {
@@ -123,8 +129,8 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 		return o, errors.New("-duration and -rate-duration must be positive, -warmup not negative")
 	case len(o.Concurrency) == 0:
 		return o, errors.New("-c needs at least one concurrency")
-	case o.Pool < 1 || o.PayPool < 1 || o.ReplayConc < 1 || o.PayConc < 1 || o.Storm < 1 || o.Rate < 1:
-		return o, errors.New("-pool, -pay-pool, -replay-c, -pay-c, -storm and -rate must be at least 1")
+	case o.Pool < 1 || o.PayPool < 1 || o.ReplayConc < 1 || o.PayConc < 1 || o.Storm < 1 || o.Rate < 1 || o.Commands < 1:
+		return o, errors.New("-pool, -pay-pool, -replay-c, -pay-c, -storm, -rate and -commands must be at least 1")
 	case o.PayLatency <= 0:
 		return o, errors.New("-pay-latency must be positive")
 	}

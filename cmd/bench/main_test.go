@@ -30,7 +30,7 @@ func TestQuickRun(t *testing.T) {
 	report := stdout.String()
 
 	t.Run("reports every scenario", func(t *testing.T) {
-		for _, title := range []string{title1, title2, title3, title4, title5, title6} {
+		for _, title := range []string{title1, title2, title3, title4, title5, title6, title7} {
 			if !strings.Contains(report, title+"\n") {
 				t.Errorf("the report has no section %q", title)
 			}
@@ -43,7 +43,8 @@ func TestQuickRun(t *testing.T) {
 			t.Fatal(err)
 		}
 		rows := []string{"\n| first execution | ", "\n| replay | ", fmt.Sprintf("\n| %d | ", quick.Storm),
-			fmt.Sprintf("\n| %d | %d | %s | ", quick.PayConc, quick.PayPool, quick.PayLatency), fmt.Sprintf("\n| %d/s | ", quick.Rate)}
+			fmt.Sprintf("\n| %d | %d | %s | ", quick.PayConc, quick.PayPool, quick.PayLatency), fmt.Sprintf("\n| %d/s | ", quick.Rate),
+			"\n| JetStream | "}
 		for _, c := range quick.Concurrency {
 			rows = append(rows, fmt.Sprintf("\n| %d | ", c))
 		}

@@ -19,6 +19,7 @@ const (
 	title4 = "## 4. Duplicate storm"
 	title5 = "## 5. Pay with a slow payment channel"
 	title6 = "## 6. Create latency at a constant rate"
+	title7 = "## 7. Creates as JetStream commands vs HTTP, and the outbox's lag"
 )
 
 // skipped2 is scenario 2's row in a build without -tags bench.
@@ -171,6 +172,7 @@ func render(res *results, chartFile string) string {
 		{4, title4, (*report).storm},
 		{5, title5, (*report).pay},
 		{6, title6, (*report).steady},
+		{7, title7, (*report).messages},
 	}
 	for _, s := range sections {
 		r.p(s.title)
@@ -314,6 +316,32 @@ func (r *report) steady(res *results) {
 	r.p("|--:|--:|--:|--:|--:|--:|--:|---|")
 	r.p("| %d/s | %s | %d | %s | %s | %s | %s | %s |", res.Opts.Rate, fmt.Sprintf("%.1f/s", st.Rate), st.Requests,
 		ms(st.P50), ms(st.P90), ms(st.P99), ms(st.Max), statuses(st))
+}
+
+func (r *report) messages(res *results) {
+	m := res.Messages
+	r.p("The same creates (fresh keys) two ways, with the consumer's COMMAND_WORKERS=%d as the concurrency of both:", m.Workers)
+	r.p("over HTTP in a closed loop at c=%d for %s, and as %d commands published at once to", m.Workers, res.Opts.Duration, m.Commands)
+	r.p("`orders.commands.%s.create` (async, JetStream-acknowledged), timed from the first publish to the last", benchTenant)
+	r.p("result on `orders.results.%s.create`. A command costs a stream write, a durable-consumer delivery,", benchTenant)
+	r.p("a result published to `ORDER_RESULTS` and an ack on top of the same use case.")
+	r.p("")
+	r.p("| door | concurrency | creates | throughput | p50 | p99 | orders | answers |")
+	r.p("|---|--:|--:|--:|--:|--:|--:|---|")
+	r.p("| HTTP | %d | %d | %s | %s | %s | | %s |", m.Workers, m.HTTP.Requests, perSecond(m.HTTP.Throughput), ms(m.HTTP.P50), ms(m.HTTP.P99), statuses(m.HTTP))
+	r.p("| JetStream | %d | %d | %s | | | %d | %d × 201 |", m.Workers, m.Commands, perSecond(m.Throughput()), m.Orders, m.Results)
+	r.p("")
+	if m.HTTP.Throughput > 0 {
+		r.p("JetStream commands/s = %s of HTTP creates/s.", percent(m.Throughput(), m.HTTP.Throughput))
+		r.p("")
+	}
+	r.p("Outbox lag during the HTTP run: from each order's creation time (inside its transaction) to the arrival")
+	r.p("of its `created` event at a subscriber of `orders.events.%s.created`, relay interval %s, batch %d.", benchTenant,
+		res.Opts.outboxInterval, res.Opts.outboxBatch)
+	r.p("")
+	r.p("| events | p50 | p99 | max |")
+	r.p("|--:|--:|--:|--:|")
+	r.p("| %d | %s | %s | %s |", m.LagEvents, ms(m.LagP50), ms(m.LagP99), ms(m.LagMax))
 }
 
 func orNA(s string) string {

@@ -11,6 +11,7 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"github.com/orderservice/orderservice/internal/app"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/payment/channel"
+	"github.com/orderservice/orderservice/internal/testdb"
 )
 
 // bench is one run: the database, the service under test, the clients
@@ -33,10 +35,15 @@ type bench struct {
 	svc    *app.Main
 	client *http.Client // vegeta's client of the service, shared so warm-ups warm its connections
 	keys   keys
+
+	// channelURL is the embedded channel's own database, fresh for the run.
+	channelURL  string
+	dropChannel func()
 }
 
 func newBench(ctx context.Context, opts options, dbURL string, log io.Writer) (*bench, error) {
 	b := &bench{opts: opts, dbURL: dbURL, log: log}
+	b.channelURL, b.dropChannel = testdb.NewURL("bench_channel")
 	var err error
 	if b.admin, err = pgx.Connect(ctx, dbURL); err != nil {
 		return nil, err
@@ -58,6 +65,10 @@ func (b *bench) close() {
 		}
 		b.svc = nil
 	}
+	if b.dropChannel != nil {
+		b.dropChannel()
+		b.dropChannel = nil
+	}
 	b.client.CloseIdleConnections()
 	if b.admin != nil {
 		b.admin.Close(context.Background())
@@ -68,12 +79,16 @@ func (b *bench) close() {
 // with DB_MAX_CONNS pool.
 func (b *bench) startService(ctx context.Context, pool int) (*app.Main, error) {
 	cfg, err := app.LoadConfig(map[string]string{
-		"DATABASE_URL": b.dbURL,
-		"HTTP_ADDR":    "127.0.0.1:0",
-		"CHANNEL_ADDR": "127.0.0.1:0",
-		"LOG_LEVEL":    "error",
-		"API_KEYS":     benchTenant + "=" + benchAPIKey,
-		"DB_MAX_CONNS": strconv.Itoa(pool),
+		"DATABASE_URL":         b.dbURL,
+		"CHANNEL_DATABASE_URL": b.channelURL,
+		"HTTP_ADDR":            "127.0.0.1:0",
+		"CHANNEL_ADDR":         "127.0.0.1:0",
+		"LOG_LEVEL":            "error",
+		"API_KEYS":             benchTenant + "=" + benchAPIKey,
+		"DB_MAX_CONNS":         strconv.Itoa(pool),
+		// An embedded NATS server of its own, on a free port.
+		"NATS_EMBEDDED_ADDR": "127.0.0.1:0",
+		"NATS_STORE_DIR":     filepath.Join(os.TempDir(), "orderservice-bench-nats"),
 	})
 	if err != nil {
 		return nil, err
@@ -90,7 +105,7 @@ func (b *bench) progress(format string, args ...any) {
 // table sizes, and checkpoints, so no checkpoint left over from the last
 // measurement lands in the next one.
 func (b *bench) reset(ctx context.Context) error {
-	if _, err := b.admin.Exec(ctx, `TRUNCATE idempotency_records, idempotency_archive, orders, order_items, order_events, payments`); err != nil {
+	if _, err := b.admin.Exec(ctx, `TRUNCATE idempotency_records, idempotency_archive, orders, order_items, order_events, order_outbox, payments`); err != nil {
 		return fmt.Errorf("reset tables: %w", err)
 	}
 	if b.opts.Quick { // a smoke test has no figures worth a checkpoint's wait
@@ -160,6 +175,7 @@ type results struct {
 	Storm         stormResult
 	Pay           payResult
 	Steady        point
+	Messages      messageResult
 	Took          time.Duration
 	// Problems are failed assertions: the run reports them and fails.
 	Problems []string
@@ -274,6 +290,7 @@ func (b *bench) runAll(ctx context.Context) (*results, error) {
 		{3, "3 replay vs first execution", b.replay},
 		{4, "4 duplicate storm", b.storm},
 		{6, "6 constant-rate create", b.steady},
+		{7, "7 creates as JetStream commands vs HTTP, and the outbox's lag", b.messages},
 		{5, "5 pay with a slow channel", b.pay},
 	}
 	for _, s := range steps {

@@ -1,4 +1,5 @@
-// Command paymentchannel serves the mock payment channel over HTTP.
+// Command paymentchannel serves the mock payment channel over HTTP, its
+// ledger kept in its own PostgreSQL database (CHANNEL_DATABASE_URL).
 package main
 
 import (
@@ -11,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -21,69 +23,52 @@ import (
 const shutdownTimeout = 10 * time.Second
 
 func main() {
-	if err := run(context.Background(), os.Args, os.Getenv, os.Stdout, os.Stderr); err != nil {
+	if err := run(context.Background(), os.Args, environ(), os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintf(os.Stderr, "paymentchannel: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-// config is everything the process reads from its environment.
-type config struct {
-	addr      string
-	slowDelay time.Duration
-	logLevel  slog.Level
-}
-
-func parseConfig(getenv func(string) string) (config, error) {
-	cfg := config{addr: ":8081", slowDelay: channel.DefaultSlowDelay, logLevel: slog.LevelInfo}
-	if v := getenv("HTTP_ADDR"); v != "" {
-		if _, _, err := net.SplitHostPort(v); err != nil {
-			return config{}, fmt.Errorf("HTTP_ADDR %q is not host:port: %w", v, err)
+func environ() map[string]string {
+	env := map[string]string{}
+	for _, kv := range os.Environ() {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v
 		}
-		cfg.addr = v
 	}
-	if v := getenv("PAYMENT_SLOW_DELAY"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			return config{}, fmt.Errorf("PAYMENT_SLOW_DELAY %q must be a positive Go duration such as 2s", v)
-		}
-		cfg.slowDelay = d
-	}
-	if v := getenv("LOG_LEVEL"); v != "" {
-		levels := map[string]slog.Level{"debug": slog.LevelDebug, "info": slog.LevelInfo, "warn": slog.LevelWarn, "error": slog.LevelError}
-		level, ok := levels[v]
-		if !ok {
-			return config{}, fmt.Errorf("LOG_LEVEL %q must be debug, info, warn or error", v)
-		}
-		cfg.logLevel = level
-	}
-	return cfg, nil
+	return env
 }
 
 // run serves the channel until ctx ends or SIGINT/SIGTERM arrives.
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+func run(ctx context.Context, args []string, environ map[string]string, stdout, _ io.Writer) error {
 	if len(args) > 1 {
-		return fmt.Errorf("unexpected arguments %q: configure with HTTP_ADDR, PAYMENT_SLOW_DELAY, LOG_LEVEL", args[1:])
+		return fmt.Errorf("unexpected arguments %q: configure with HTTP_ADDR, PAYMENT_SLOW_DELAY, LOG_LEVEL, CHANNEL_DATABASE_URL", args[1:])
 	}
-	cfg, err := parseConfig(getenv)
+	cfg, err := channel.LoadConfig(environ)
 	if err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	log := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: cfg.logLevel}))
+	log := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: cfg.Level()}))
 
 	// Listen before serving so that a bind error stops the start, not a goroutine.
-	ln, err := net.Listen("tcp", cfg.addr)
+	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
-		return fmt.Errorf("listening on %s: %w", cfg.addr, err)
+		return fmt.Errorf("listening on %s: %w", cfg.Addr, err)
 	}
+	defer ln.Close() // a no-op once Serve has closed it
+	ch, err := channel.Open(ctx, cfg.DatabaseURL, channel.Options{SlowDelay: cfg.SlowDelay, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
 	srv := &http.Server{
-		Handler:           channel.New(channel.Options{SlowDelay: cfg.slowDelay, Logger: log}).Handler(),
+		Handler:           ch.Handler(),
 		ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	log.Info("payment channel listening", "addr", ln.Addr().String(), "slow_delay", cfg.slowDelay.String())
+	log.Info("payment channel listening", "addr", ln.Addr().String(), "slow_delay", cfg.SlowDelay.String())
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()

@@ -12,11 +12,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"gorm.io/gorm"
 
 	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/httpapi"
 	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/messaging"
 	"github.com/orderservice/orderservice/internal/metrics"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/payment"
@@ -24,7 +27,9 @@ import (
 )
 
 // Run is the whole program: `orderservice` serves until ctx ends,
-// `orderservice migrate` applies the migrations and exits.
+// `orderservice migrate` applies the migrations and exits, `orderservice
+// cleanup` runs one cleanup pass, and `orderservice dlq list|replay` shows
+// and replays dead-lettered commands.
 func Run(ctx context.Context, args []string, environ map[string]string, stdout io.Writer) error {
 	cfg, err := LoadConfig(environ)
 	if err != nil {
@@ -57,11 +62,20 @@ func Run(ctx context.Context, args []string, environ map[string]string, stdout i
 			return err
 		}
 		fmt.Fprintf(stdout, "database schema at version %d\n", v)
+		if cfg.PaymentChannelURL == "" { // the embedded channel's own database too
+			cv, err := channel.Migrate(ctx, cfg.ChannelDatabaseURL)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "payment channel database schema at version %d\n", cv)
+		}
 		return nil
 	case "cleanup":
 		return cleanupOnce(ctx, cfg, logger, stdout)
+	case "dlq":
+		return dlq(ctx, cfg, args[1:], stdout)
 	}
-	return fmt.Errorf("unknown command %q (want serve, migrate or cleanup)", cmd)
+	return fmt.Errorf("unknown command %q (want serve, migrate, cleanup or dlq)", cmd)
 }
 
 // cleanupOnce is `orderservice cleanup`: one pass of the cleanup job by hand.
@@ -93,6 +107,15 @@ type Main struct {
 	// PAYMENT_CHANNEL_URL names an external one.
 	Channel     *channel.Server
 	ChannelAddr string
+	// Embedded is the in-process NATS server, nil when NATS_URL names one.
+	Embedded *messaging.Embedded
+	// NATSURL is the NATS server the service uses: the embedded server's
+	// address, or NATS_URL.
+	NATSURL  string
+	NATS     *nats.Conn
+	JS       jetstream.JetStream
+	Consumer *messaging.Consumer
+	Relay    *messaging.Relay
 
 	servers  []*http.Server
 	stopping context.CancelFunc // waiting duplicates stop waiting: the shutdown began
@@ -128,7 +151,13 @@ func (m *Main) start(ctx context.Context) error {
 
 	channelURL := cfg.PaymentChannelURL
 	if channelURL == "" {
-		m.Channel = channel.New(channel.Options{SlowDelay: cfg.ChannelSlowDelay, Logger: m.Logger.With("component", "paymentchannel")})
+		// The channel's ledger is its own database, so a restart of the
+		// service forgets no charge, as a real acquirer would not.
+		m.Channel, err = channel.Open(ctx, cfg.ChannelDatabaseURL,
+			channel.Options{SlowDelay: cfg.ChannelSlowDelay, Logger: m.Logger.With("component", "paymentchannel")})
+		if err != nil {
+			return err
+		}
 		ln, err := net.Listen("tcp", cfg.ChannelAddr)
 		if err != nil {
 			return fmt.Errorf("listen for the embedded payment channel on %s: %w", cfg.ChannelAddr, err)
@@ -138,7 +167,19 @@ func (m *Main) start(ctx context.Context) error {
 		channelURL = "http://" + m.ChannelAddr
 	}
 
-	policy := cfg.Policy()
+	embedded, nc, natsURL, err := connectNATS(cfg, true)
+	if err != nil {
+		return err
+	}
+	m.Embedded, m.NATS, m.NATSURL = embedded, nc, natsURL
+	if m.JS, err = jetstream.New(nc); err != nil {
+		return err
+	}
+	policy, sources, err := brokerPolicy(ctx, cfg, m.JS)
+	if err != nil {
+		return err
+	}
+
 	m.Metrics = metrics.New(db, m.Logger, order.Operations, order.MoneyOperations)
 	records := &idempotency.Store{Lease: cfg.Lease, PhaseTimeout: cfg.ChannelTimeout, Policy: policy}
 	waiter := &idempotency.Waiter{URL: cfg.DatabaseURL, Poll: time.Second, Logger: m.Logger}
@@ -154,6 +195,7 @@ func (m *Main) start(ctx context.Context) error {
 	}
 	api := &httpapi.Server{Orders: m.Orders, Records: records, DB: db, Logger: m.Logger,
 		Tenants: httpapi.NewTenants(cfg.APIKeys), Policy: policy, Metrics: m.Metrics,
+		WindowSources: sources, OutboxRetention: outboxRetention(policy),
 		Waiter: waiter, MaxWait: cfg.MaxWait, Stopping: stopping}
 
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
@@ -167,22 +209,35 @@ func (m *Main) start(ctx context.Context) error {
 	m.stop = stop
 	cleaner := &idempotency.Cleaner{DB: db, Store: records, Batch: cfg.CleanupBatch, Pause: cfg.CleanupPause,
 		Logger: m.Logger, Observe: func(r idempotency.CleanupResult) { m.Metrics.Cleaned(r.Deleted, r.Archived) }}
-	m.workers.Add(3)
-	go func() {
-		defer m.workers.Done()
-		waiter.Run(workCtx)
-	}()
-	go func() {
-		defer m.workers.Done()
-		m.Orders.RunSweeper(workCtx, cfg.SweepInterval, cfg.SweepBatch)
-	}()
-	go func() {
-		defer m.workers.Done()
-		cleaner.Run(workCtx, cfg.CleanupInterval)
-	}()
+	outbox := &order.Outbox{DB: db}
+	m.Metrics.WatchOutbox(outbox.Lag)
+	m.Relay = &messaging.Relay{Outbox: outbox, JS: m.JS, Batch: cfg.OutboxBatch, Interval: cfg.OutboxInterval,
+		Observe: m.Metrics, Logger: m.Logger}
+	outboxCleaner := &messaging.OutboxCleaner{Outbox: outbox, Retention: outboxRetention(policy), Batch: cfg.CleanupBatch, Logger: m.Logger}
+	for _, run := range []func(context.Context){
+		waiter.Run,
+		func(ctx context.Context) { m.Orders.RunSweeper(ctx, cfg.SweepInterval, cfg.SweepBatch) },
+		func(ctx context.Context) { cleaner.Run(ctx, cfg.CleanupInterval) },
+		m.Relay.Run,
+		func(ctx context.Context) { outboxCleaner.Run(ctx, cfg.CleanupInterval) },
+	} {
+		m.workers.Add(1)
+		go func() {
+			defer m.workers.Done()
+			run(workCtx)
+		}()
+	}
+	m.Consumer = &messaging.Consumer{JS: m.JS, Orders: m.Orders, Tenants: cfg.APIKeys,
+		MaxDeliver: cfg.CommandMaxDeliver, AckWait: cfg.CommandAckWait, Workers: cfg.CommandWorkers,
+		Backoff: messaging.Backoff{Base: cfg.CommandBackoff, Max: cfg.CommandBackoffMax},
+		Observe: m.Metrics, Logger: m.Logger}
+	if err := m.Consumer.Start(ctx); err != nil {
+		return err
+	}
 
 	m.Logger.Info("orderservice started", "addr", m.Addr, "schema_version", version,
-		"payment_channel", channelURL, "lease", cfg.Lease.String(), "retention", policy.Describe(cfg.Lease))
+		"payment_channel", channelURL, "nats", redactURL(m.NATSURL), "lease", cfg.Lease.String(), "retention", policy.Describe(cfg.Lease),
+		"message_redelivery_source", sources["message_redelivery"], "outbox_retention", outboxRetention(policy).String())
 	return nil
 }
 
@@ -200,12 +255,14 @@ func (m *Main) serve(ln net.Listener, h http.Handler) {
 // URL is the base URL of the order API.
 func (m *Main) URL() string { return "http://" + strings.Replace(m.Addr, "[::]", "127.0.0.1", 1) }
 
-// Close stops accepting requests, lets in-flight ones finish, stops the
-// background workers and closes the pool, all within SHUTDOWN_TIMEOUT. When
-// the deadline passes, work still in flight (a channel call, a settlement,
-// a sweep) is cancelled: its intent stays unfinished and a lease and the
-// sweeper of a running instance take it over. The order API stops first,
-// the embedded channel last, so a payment in flight can still reach it.
+// Close stops accepting requests and commands, lets in-flight ones finish,
+// stops the background workers and closes the NATS connection, the embedded
+// NATS server and the pool, all within SHUTDOWN_TIMEOUT. When the deadline
+// passes, work still in flight (a channel call, a settlement, a sweep) is
+// cancelled: its intent stays unfinished and a lease and the sweeper of a
+// running instance take it over. The order API and the command consumer
+// stop first, the embedded channel last, so a payment in flight can still
+// reach it.
 func (m *Main) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), m.Config.ShutdownTimeout)
 	defer cancel()
@@ -217,6 +274,9 @@ func (m *Main) Close() error {
 		m.stopping()
 	}
 	var errs []error
+	if m.Consumer != nil {
+		errs = append(errs, m.Consumer.Stop(ctx))
+	}
 	for i := len(m.servers) - 1; i >= 0; i-- {
 		if err := m.servers[i].Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("shutdown within SHUTDOWN_TIMEOUT %s: %w", m.Config.ShutdownTimeout, err))
@@ -229,6 +289,15 @@ func (m *Main) Close() error {
 	}
 	if m.kill != nil {
 		m.kill()
+	}
+	if m.Channel != nil {
+		errs = append(errs, m.Channel.Close())
+	}
+	if m.NATS != nil {
+		m.NATS.Close()
+	}
+	if m.Embedded != nil {
+		m.Embedded.Close()
 	}
 	if m.DB != nil {
 		errs = append(errs, database.Close(m.DB))

@@ -42,6 +42,9 @@ func TestBadConfigurationStopsTheStart(t *testing.T) {
 			"REPLAY_WINDOW_MANUAL_COMPENSATION": "60s", "RETENTION_MARGIN": "-58s"},
 		"a negative replay window":                        {"REPLAY_WINDOW_CLIENT_RETRY": "-1h"},
 		"a lock timeout as long as the statement timeout": {"DB_LOCK_TIMEOUT": "5s", "DB_STATEMENT_TIMEOUT": "5s"},
+		"a NATS URL of another kind":                      {"NATS_URL": "http://nats:4222"},
+		"no delivery of a command at all":                 {"COMMAND_MAX_DELIVER": "0"},
+		"a backoff cap below its first step":              {"COMMAND_BACKOFF": "10s", "COMMAND_BACKOFF_MAX": "1s"},
 	} {
 		t.Run(name+" is refused in one line", func(t *testing.T) {
 			var out bytes.Buffer

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -26,6 +28,10 @@ type Config struct {
 	PaymentChannelURL string            `env:"PAYMENT_CHANNEL_URL"`
 	ChannelAddr       string            `env:"CHANNEL_ADDR" envDefault:"127.0.0.1:8081"`
 	LogLevel          string            `env:"LOG_LEVEL" envDefault:"info"`
+
+	// ChannelDatabaseURL is the embedded channel's own database; empty is
+	// the database paymentchannel on DATABASE_URL's server.
+	ChannelDatabaseURL string `env:"CHANNEL_DATABASE_URL"`
 
 	DBMaxConns         int           `env:"DB_MAX_CONNS" envDefault:"20"`
 	DBStatementTimeout time.Duration `env:"DB_STATEMENT_TIMEOUT" envDefault:"5s"`
@@ -55,6 +61,31 @@ type Config struct {
 	// MaxWait caps how long a duplicate may wait for its first attempt's
 	// outcome (Prefer: wait=N).
 	MaxWait time.Duration `env:"MAX_WAIT" envDefault:"10s"`
+
+	// NATSURL names the NATS server or cluster; empty runs an embedded one.
+	NATSURL          string `env:"NATS_URL"`
+	NATSEmbeddedAddr string `env:"NATS_EMBEDDED_ADDR" envDefault:"127.0.0.1:4223"`
+	// NATSStoreDir is where the embedded server keeps JetStream's streams;
+	// empty means orderservice-nats under the system's temporary directory.
+	NATSStoreDir string `env:"NATS_STORE_DIR"`
+	// NATSServicePassword is the embedded server's password for the
+	// service's own user (orderservice), which `orderservice dlq` uses too.
+	NATSServicePassword string        `env:"NATS_SERVICE_PASSWORD" envDefault:"orderservice-dev-secret"`
+	CommandMaxDeliver   int           `env:"COMMAND_MAX_DELIVER" envDefault:"5"`
+	CommandAckWait      time.Duration `env:"COMMAND_ACK_WAIT" envDefault:"30s"`
+	CommandBackoff      time.Duration `env:"COMMAND_BACKOFF" envDefault:"1s"`
+	CommandBackoffMax   time.Duration `env:"COMMAND_BACKOFF_MAX" envDefault:"30s"`
+	CommandWorkers      int           `env:"COMMAND_WORKERS" envDefault:"16"`
+	OutboxInterval      time.Duration `env:"OUTBOX_INTERVAL" envDefault:"100ms"`
+	OutboxBatch         int           `env:"OUTBOX_BATCH" envDefault:"200"`
+}
+
+// natsStoreDir is NATS_STORE_DIR or its default.
+func (c Config) natsStoreDir() string {
+	if c.NATSStoreDir != "" {
+		return c.NATSStoreDir
+	}
+	return filepath.Join(os.TempDir(), "orderservice-nats")
 }
 
 // LoadConfig parses and validates the configuration in environ.
@@ -63,12 +94,39 @@ func LoadConfig(environ map[string]string) (Config, error) {
 	if err := env.ParseWithOptions(&cfg, env.Options{Environment: environ}); err != nil {
 		return cfg, errors.New(strings.ReplaceAll(err.Error(), "\n", "; "))
 	}
+	if cfg.ChannelDatabaseURL == "" {
+		cfg.ChannelDatabaseURL = withDatabase(cfg.DatabaseURL, DefaultChannelDatabase)
+	}
 	return cfg, cfg.validate()
+}
+
+// DefaultChannelDatabase is the embedded channel's database on DATABASE_URL's
+// server when CHANNEL_DATABASE_URL is empty.
+const DefaultChannelDatabase = "paymentchannel"
+
+// withDatabase is dbURL naming database name instead, with the same user,
+// hosts (all of them, for a multi-host URL) and parameters.
+func withDatabase(dbURL, name string) string {
+	scheme, rest, ok := strings.Cut(dbURL, "://")
+	if !ok {
+		return dbURL // not a URL: validate says so
+	}
+	authority, query := rest, ""
+	if i := strings.IndexAny(rest, "/?"); i >= 0 {
+		authority = rest[:i]
+		if j := strings.IndexByte(rest[i:], '?'); j >= 0 {
+			query = rest[i+j:]
+		}
+	}
+	return scheme + "://" + authority + "/" + name + query
 }
 
 func (c Config) validate() error {
 	if _, err := url.Parse(c.DatabaseURL); err != nil || !strings.HasPrefix(c.DatabaseURL, "postgres") {
 		return fmt.Errorf("DATABASE_URL must be a postgres:// URL")
+	}
+	if _, err := url.Parse(c.ChannelDatabaseURL); err != nil || !strings.HasPrefix(c.ChannelDatabaseURL, "postgres") {
+		return fmt.Errorf("CHANNEL_DATABASE_URL must be a postgres:// URL")
 	}
 	if len(c.APIKeys) == 0 {
 		return fmt.Errorf("API_KEYS must name at least one tenant=key pair")
@@ -95,6 +153,8 @@ func (c Config) validate() error {
 		"DB_STATEMENT_TIMEOUT": c.DBStatementTimeout, "DB_LOCK_TIMEOUT": c.DBLockTimeout,
 		"IDEMPOTENCY_LEASE": c.Lease, "PAYMENT_CHANNEL_TIMEOUT": c.ChannelTimeout, "PAYMENT_RETRY_AFTER": c.RetryAfter,
 		"SWEEP_INTERVAL": c.SweepInterval, "SHUTDOWN_TIMEOUT": c.ShutdownTimeout, "CLEANUP_INTERVAL": c.CleanupInterval,
+		"COMMAND_ACK_WAIT": c.CommandAckWait, "COMMAND_BACKOFF": c.CommandBackoff, "COMMAND_BACKOFF_MAX": c.CommandBackoffMax,
+		"OUTBOX_INTERVAL": c.OutboxInterval,
 	} {
 		if d <= 0 {
 			return fmt.Errorf("%s must be a positive duration", name)
@@ -105,6 +165,20 @@ func (c Config) validate() error {
 	}
 	if c.MaxWait < 0 || c.MaxWait >= c.ShutdownTimeout+time.Minute {
 		return fmt.Errorf("MAX_WAIT must be between 0 and a minute beyond SHUTDOWN_TIMEOUT, not %s", c.MaxWait)
+	}
+	if c.CommandMaxDeliver < 1 || c.CommandWorkers < 1 || c.OutboxBatch < 1 {
+		return fmt.Errorf("COMMAND_MAX_DELIVER, COMMAND_WORKERS and OUTBOX_BATCH must be at least 1")
+	}
+	if c.CommandBackoffMax < c.CommandBackoff {
+		return fmt.Errorf("COMMAND_BACKOFF_MAX (%s) must not be shorter than COMMAND_BACKOFF (%s)", c.CommandBackoffMax, c.CommandBackoff)
+	}
+	if c.CommandAckWait < time.Second {
+		return fmt.Errorf("COMMAND_ACK_WAIT must be at least 1s")
+	}
+	for _, server := range strings.Split(c.NATSURL, ",") {
+		if u, err := url.Parse(server); c.NATSURL != "" && (err != nil || (u.Scheme != "nats" && u.Scheme != "tls") || u.Host == "") {
+			return fmt.Errorf("NATS_URL must be nats:// or tls:// URLs, comma-separated (or empty for the embedded server)")
+		}
 	}
 	if c.CleanupPause < 0 {
 		return fmt.Errorf("CLEANUP_PAUSE must not be negative")

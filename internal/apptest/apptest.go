@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/orderservice/orderservice/internal/app"
+	"github.com/orderservice/orderservice/internal/testdb"
 )
 
 // Keys of the two demo tenants every test service knows.
@@ -28,8 +29,12 @@ const (
 )
 
 // Config returns a test configuration: loopback listeners on :0, the
-// embedded channel, a short lease and sweep so recovery tests run fast.
-// env overrides any variable.
+// embedded channel, an embedded NATS server of its own, a short lease and
+// sweep so recovery tests run fast. env overrides any variable. Unless env
+// names CHANNEL_DATABASE_URL (a restart test passes the same one to both
+// starts), the embedded channel gets a fresh database of its own, dropped
+// when the test ends, so every service starts with a channel that has
+// charged nothing.
 func Config(t testing.TB, dbURL string, env map[string]string) app.Config {
 	t.Helper()
 	base := map[string]string{
@@ -45,9 +50,17 @@ func Config(t testing.TB, dbURL string, env map[string]string) app.Config {
 		"SHUTDOWN_TIMEOUT":        "10s",
 		"LOG_LEVEL":               "warn",
 		"DB_MAX_CONNS":            "10",
+		// Each test service runs its own embedded NATS server.
+		"NATS_EMBEDDED_ADDR": "127.0.0.1:0",
+		"NATS_STORE_DIR":     t.TempDir(),
+		"COMMAND_BACKOFF":    "20ms",
+		"COMMAND_ACK_WAIT":   "2s",
 	}
 	for k, v := range env {
 		base[k] = v
+	}
+	if _, set := env["CHANNEL_DATABASE_URL"]; !set && base["PAYMENT_CHANNEL_URL"] == "" {
+		base["CHANNEL_DATABASE_URL"] = testdb.Fresh(t, "channel")
 	}
 	cfg, err := app.LoadConfig(base)
 	if err != nil {

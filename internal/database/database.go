@@ -4,6 +4,7 @@
 package database
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"database/sql/driver"
@@ -28,6 +29,8 @@ type Options struct {
 	// LockTimeout bounds how long a duplicate waits for the first request's
 	// transaction before it is answered 409 request_in_progress.
 	LockTimeout time.Duration
+	// ApplicationName labels the connections in pg_stat_activity; empty is "orderservice".
+	ApplicationName string
 }
 
 // Open connects to url, creating the database first if it does not exist.
@@ -51,7 +54,7 @@ func open(ctx context.Context, url string, opts Options) (*gorm.DB, error) {
 	cfg.RuntimeParams["lock_timeout"] = ms(opts.LockTimeout)
 	// A transaction left open by a bug must not hold locks forever.
 	cfg.RuntimeParams["idle_in_transaction_session_timeout"] = "60000"
-	cfg.RuntimeParams["application_name"] = "orderservice"
+	cfg.RuntimeParams["application_name"] = cmp.Or(opts.ApplicationName, "orderservice")
 
 	sqlDB := stdlib.OpenDB(*cfg)
 	sqlDB.SetMaxOpenConns(opts.MaxConns)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/url"
 	"strings"
 
 	"github.com/golang-migrate/migrate/v4"
@@ -18,7 +19,23 @@ import (
 // Migrate applies every pending migration in migrations.FS. golang-migrate
 // takes an advisory lock, so several instances may start at once.
 func Migrate(url string) (version uint, err error) {
-	m, err := newMigrator(url)
+	return MigrateSet(url, MigrationSet{FS: migrations.FS, Dir: "."})
+}
+
+// MigrationSet is one numbered set of migrations and the table that
+// records how far a database has come through it.
+type MigrationSet struct {
+	FS  fs.FS
+	Dir string // the directory in FS that holds the files
+	// Table records the applied version; empty is golang-migrate's
+	// schema_migrations. A second set naming its own table can share a
+	// database with the first without either seeing the other's version.
+	Table string
+}
+
+// MigrateSet applies every pending migration of set to the database at url.
+func MigrateSet(url string, set MigrationSet) (version uint, err error) {
+	m, err := newMigrator(url, set)
 	if err != nil {
 		return 0, err
 	}
@@ -34,12 +51,20 @@ func Migrate(url string) (version uint, err error) {
 	return v, err
 }
 
-func newMigrator(url string) (*migrate.Migrate, error) {
-	src, err := iofs.New(migrations.FS, ".")
+func newMigrator(dbURL string, set MigrationSet) (*migrate.Migrate, error) {
+	src, err := iofs.New(set.FS, set.Dir)
 	if err != nil {
 		return nil, err
 	}
-	m, err := migrate.NewWithSourceInstance("iofs", src, pgxURL(url))
+	target := pgxURL(dbURL)
+	if set.Table != "" {
+		sep := "?"
+		if strings.Contains(target, "?") {
+			sep = "&"
+		}
+		target += sep + "x-migrations-table=" + url.QueryEscape(set.Table)
+	}
+	m, err := migrate.NewWithSourceInstance("iofs", src, target)
 	if err != nil {
 		return nil, fmt.Errorf("open migrator: %w", err)
 	}

@@ -23,7 +23,7 @@ import (
 // TestBinariesWithComposeConfiguration runs the binaries the image contains,
 // built with the Dockerfile's flags, with the environment docker-compose.yml
 // gives them. Only what compose itself provides is changed: listen
-// addresses become loopback ports, and the database is a fresh test one.
+// addresses become loopback ports, and the databases are fresh test ones.
 func TestBinariesWithComposeConfiguration(t *testing.T) {
 	p := loadCompose(t)
 	bins := buildImageBinaries(t)
@@ -38,6 +38,7 @@ func TestBinariesWithComposeConfiguration(t *testing.T) {
 	chEnv := environment(t, chSvc)
 	chAddr := testproc.FreeAddr(t)
 	chEnv["HTTP_ADDR"] = chAddr
+	chEnv["CHANNEL_DATABASE_URL"] = testdb.Fresh(t, "deploy_channel") // created by the channel itself
 	channel := startProcess(t, svcChannel, bins[chSvc.Entrypoint[0]], chEnv)
 	channelURL := "http://" + chAddr
 	waitOK(t, channel, channelURL+"/healthz")
@@ -46,6 +47,7 @@ func TestBinariesWithComposeConfiguration(t *testing.T) {
 	env := environment(t, repSvc)
 	env["DATABASE_URL"] = dbURL
 	env["PAYMENT_CHANNEL_URL"] = channelURL
+	env["NATS_URL"] = loopbackNATSURL(t, env["NATS_URL"], startNATSFromConf(t)) // the compose broker, from its own file
 	addr := testproc.FreeAddr(t)
 	env["HTTP_ADDR"] = addr
 	orders := startProcess(t, svcReplica1, bins["/orderservice"], env) // the image's ENTRYPOINT

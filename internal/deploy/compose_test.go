@@ -18,7 +18,7 @@ func TestCompose(t *testing.T) {
 	p := loadCompose(t)
 
 	t.Run("declares exactly the seven services", func(t *testing.T) {
-		want := []string{svcLB, svcReplica1, svcReplica2, svcChannel, svcPostgres, svcPrometheus, svcLab}
+		want := []string{svcLB, svcReplica1, svcReplica2, svcChannel, svcPostgres, svcPrometheus, svcLab, svcNATS}
 		slices.Sort(want)
 		if got := p.ServiceNames(); !slices.Equal(got, want) {
 			t.Fatalf("services = %v, want %v", got, want)
@@ -54,10 +54,14 @@ func TestCompose(t *testing.T) {
 		}
 	})
 
-	t.Run("replicas start after a healthy database and channel", func(t *testing.T) {
+	t.Run("replicas start after a healthy database, channel and broker", func(t *testing.T) {
 		for _, name := range replicas {
-			expectDependsOnHealthy(t, service(t, p, name), svcPostgres, svcChannel)
+			expectDependsOnHealthy(t, service(t, p, name), svcPostgres, svcChannel, svcNATS)
 		}
+	})
+
+	t.Run("the channel starts after a healthy database", func(t *testing.T) {
+		expectDependsOnHealthy(t, service(t, p, svcChannel), svcPostgres)
 	})
 
 	t.Run("the load balancer starts after both healthy replicas and publishes 8080", func(t *testing.T) {
@@ -121,6 +125,14 @@ func TestCompose(t *testing.T) {
 		}
 		if strings.TrimPrefix(db.Path, "/") != pg["POSTGRES_DB"] || db.Query().Get("sslmode") != "disable" {
 			t.Errorf("DATABASE_URL = %q, want database %q with sslmode=disable", env["DATABASE_URL"], pg["POSTGRES_DB"])
+		}
+
+		chDB, err := url.Parse(environment(t, service(t, p, svcChannel))["CHANNEL_DATABASE_URL"])
+		if err != nil || chDB.Scheme != "postgres" || chDB.Hostname() != svcPostgres || chDB.Port() != "5432" ||
+			strings.TrimPrefix(chDB.Path, "/") != "paymentchannel" || chDB.Query().Get("sslmode") != "disable" {
+			t.Errorf("the channel's CHANNEL_DATABASE_URL = %v, want postgres://…@%s:5432/paymentchannel?sslmode=disable", chDB, svcPostgres)
+		} else if pass, _ := chDB.User.Password(); chDB.User.Username() != "postgres" || pass != pg["POSTGRES_PASSWORD"] {
+			t.Errorf("CHANNEL_DATABASE_URL credentials do not match the postgres service's POSTGRES_PASSWORD")
 		}
 
 		ch, err := url.Parse(env["PAYMENT_CHANNEL_URL"])

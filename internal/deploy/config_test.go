@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -8,11 +9,8 @@ import (
 	"time"
 
 	"github.com/orderservice/orderservice/internal/app"
+	"github.com/orderservice/orderservice/internal/payment/channel"
 )
-
-// channelVariables are the variables cmd/paymentchannel reads (its
-// parseConfig); the binaries test proves the channel accepts their values.
-var channelVariables = []string{"HTTP_ADDR", "PAYMENT_SLOW_DELAY", "LOG_LEVEL"}
 
 // channelShutdownTimeout is cmd/paymentchannel's shutdownTimeout.
 const channelShutdownTimeout = 10 * time.Second
@@ -46,17 +44,17 @@ func TestComposeEnvironmentIsWhatTheServiceReads(t *testing.T) {
 		})
 	}
 
-	t.Run("the channel sets only variables it reads", func(t *testing.T) {
+	t.Run("the channel sets only variables it reads, with valid values", func(t *testing.T) {
 		s := service(t, p, svcChannel)
-		for k, v := range environment(t, s) {
-			if !slices.Contains(channelVariables, k) {
-				t.Errorf("paymentchannel sets %s, which it does not read (it reads %v)", k, channelVariables)
+		env := environment(t, s)
+		read := envVariables(t, reflect.TypeFor[channel.Config]())
+		for k := range env {
+			if !read[k] {
+				t.Errorf("paymentchannel sets %s, which channel.Config does not read (it reads %v)", k, slices.Sorted(maps.Keys(read)))
 			}
-			if k == "PAYMENT_SLOW_DELAY" {
-				if d, err := time.ParseDuration(v); err != nil || d <= 0 {
-					t.Errorf("PAYMENT_SLOW_DELAY = %q, want a positive duration", v)
-				}
-			}
+		}
+		if _, err := channel.LoadConfig(env); err != nil {
+			t.Errorf("channel.LoadConfig rejects the compose environment: %v", err)
 		}
 		if s.StopGracePeriod == nil || time.Duration(*s.StopGracePeriod) <= channelShutdownTimeout {
 			t.Errorf("paymentchannel stop_grace_period must exceed its %s shutdown timeout", channelShutdownTimeout)
@@ -68,15 +66,24 @@ func TestComposeEnvironmentIsWhatTheServiceReads(t *testing.T) {
 // service reads.
 func configVariables(t *testing.T) map[string]bool {
 	t.Helper()
+	vars := envVariables(t, reflect.TypeFor[app.Config]())
+	if !vars["DATABASE_URL"] || !vars["API_KEYS"] {
+		t.Fatalf("app.Config env tags not found: %v", vars)
+	}
+	return vars
+}
+
+// envVariables are the env tags of a configuration struct.
+func envVariables(t *testing.T, typ reflect.Type) map[string]bool {
+	t.Helper()
 	vars := map[string]bool{}
-	typ := reflect.TypeFor[app.Config]()
 	for f := range typ.Fields() {
 		if name, _, _ := strings.Cut(f.Tag.Get("env"), ","); name != "" {
 			vars[name] = true
 		}
 	}
-	if !vars["DATABASE_URL"] || !vars["API_KEYS"] {
-		t.Fatalf("app.Config env tags not found: %v", vars)
+	if len(vars) == 0 {
+		t.Fatalf("%s has no env tags", typ)
 	}
 	return vars
 }

@@ -26,6 +26,7 @@ const (
 	svcLB         = "lb"
 	svcPrometheus = "prometheus"
 	svcLab        = "lab"
+	svcNATS       = "nats"
 )
 
 var replicas = []string{svcReplica1, svcReplica2}

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -49,18 +51,32 @@ func waitOK(t *testing.T, url string, within time.Duration) {
 type channelProc struct {
 	*testproc.Process
 	url string
+	env []string
 }
 
-// startChannel runs the paymentchannel binary; slowDelay is how long
-// pm_slow takes.
+// startChannel runs the paymentchannel binary on a fresh database of its
+// own; slowDelay is how long pm_slow takes.
 func startChannel(t *testing.T, slowDelay time.Duration) *channelProc {
 	t.Helper()
 	addr := testproc.FreeAddr(t)
-	p := startProcess(t, "paymentchannel", bins.paymentchannel, []string{
-		"HTTP_ADDR=" + addr, "LOG_LEVEL=warn", "PAYMENT_SLOW_DELAY=" + slowDelay.String()})
-	ch := &channelProc{Process: p, url: "http://" + addr}
+	env := []string{"HTTP_ADDR=" + addr, "LOG_LEVEL=warn", "PAYMENT_SLOW_DELAY=" + slowDelay.String(),
+		"CHANNEL_DATABASE_URL=" + testdb.Fresh(t, "faults_channel")} // a ledger of its own, empty
+	ch := &channelProc{Process: startProcess(t, "paymentchannel", bins.paymentchannel, env), url: "http://" + addr, env: env}
 	waitOK(t, ch.url+"/healthz", 20*time.Second)
 	return ch
+}
+
+// restart SIGKILLs the channel and starts it again on the same address and
+// ledger, as a crashed acquirer that comes back would. Its faults are reset
+// (they live in memory); its charges are not.
+func (c *channelProc) restart(t *testing.T) error {
+	c.Kill(t)
+	p, err := testproc.Start(t, c.Name, bins.paymentchannel, c.env)
+	if err != nil {
+		return err
+	}
+	c.Process = p
+	return testproc.WaitOK(c.url+"/healthz", 20*time.Second)
 }
 
 // setLatency makes the channel wait before handling every /v1 request.
@@ -145,6 +161,9 @@ func serviceEnv(dbURL, addr, channelURL string, extra ...string) []string {
 		"DB_MAX_CONNS=10",
 		"SHUTDOWN_TIMEOUT=5s",
 		"LOG_LEVEL=warn",
+		// Each instance runs an embedded NATS server of its own on a free port.
+		"NATS_EMBEDDED_ADDR=127.0.0.1:0",
+		"NATS_STORE_DIR=" + filepath.Join(os.TempDir(), "orderservice-faults-nats", strings.ReplaceAll(addr, ":", "_")),
 	}
 	return append(env, extra...)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/problem"
+	"github.com/orderservice/orderservice/internal/transport"
 )
 
 // errReachedDatabase is what a use case returns once its request passed
@@ -145,7 +146,7 @@ func FuzzDecodeRequest(f *testing.F) {
 // wantClientProblem checks the response the error handler would send.
 func wantClientProblem(t *testing.T, route string, err error) {
 	t.Helper()
-	p := toProblem(echoProblem(err))
+	p := transport.Problem(echoProblem(err))
 	switch p.Code {
 	case problem.InvalidRequest, problem.PayloadTooLarge, problem.UnsupportedMediaType:
 	default:

@@ -57,8 +57,8 @@ type recordJSON struct {
 // idempotencyRecords shows the tenant's records for one key: the teaching
 // view of "what did the service remember about this intent?".
 func (s *Server) idempotencyRecords(c echo.Context) error {
-	key, err := idempotency.ParseKey(c.QueryParam("key"))
-	if err != nil {
+	key := c.QueryParam("key") // the stored, unquoted form, taken literally
+	if err := idempotency.CheckKey(key); err != nil {
 		return problem.Errorf(problem.InvalidRequest, "key: must be an idempotency key").With("field", "key")
 	}
 	recs, err := s.Records.Find(s.DB.WithContext(c.Request().Context()), tenant(c), key)
@@ -93,8 +93,20 @@ func responseStatus(r idempotency.Record) (*int, error) {
 	return &status, nil
 }
 
+// policyJSON is the policy with where each window comes from and how long
+// published outbox events are kept.
+type policyJSON struct {
+	idempotency.PolicyView
+	WindowSources   map[string]string `json:"window_sources,omitempty"`
+	OutboxRetention string            `json:"outbox_retention,omitempty"`
+}
+
 // idempotencyPolicy shows the retention policy in force and how it follows
 // from the replay windows.
 func (s *Server) idempotencyPolicy(c echo.Context) error {
-	return c.JSON(http.StatusOK, s.Policy.Describe(s.Records.Lease))
+	v := policyJSON{PolicyView: s.Policy.Describe(s.Records.Lease), WindowSources: s.WindowSources}
+	if s.OutboxRetention > 0 {
+		v.OutboxRetention = s.OutboxRetention.String()
+	}
+	return c.JSON(http.StatusOK, v)
 }

@@ -2,8 +2,10 @@ package httpapi
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
 
@@ -36,13 +38,17 @@ func idempotentOn[Req any](s *Server, op string, run useCase[Req]) echo.HandlerF
 			return err
 		}
 		c.Set(ctxKey, key)
+		wait, err := preferredWait(c.Request().Header.Values("Prefer"), s.MaxWait)
+		if err != nil {
+			return err
+		}
 		var req Req
 		if err := decode(c, &req); err != nil {
 			return err
 		}
 		caller := order.Caller{TenantID: tenant(c), Key: key}
 		scope := idempotency.Scope{TenantID: caller.TenantID, Operation: op, Key: key}
-		res, err := s.awaitFirst(c, scope, func() (idempotency.Result, error) {
+		res, err := s.awaitFirst(c, scope, wait, func() (idempotency.Result, error) {
 			return run(c.Request().Context(), caller, c.Param("id"), req)
 		})
 		if err != nil {
@@ -64,13 +70,27 @@ func (s *Server) getOrder(c echo.Context) error {
 	return c.JSON(http.StatusOK, o)
 }
 
+// maxCustomerID is the longest customer_id filter, in characters, as
+// api/openapi.yaml bounds it (and the order's own customer_id).
+const maxCustomerID = 100
+
 func (s *Server) listOrders(c echo.Context) error {
-	q := c.QueryParams()
 	pg, err := pageRequest(c)
 	if err != nil {
 		return err
 	}
-	f := order.ListFilter{Status: order.Status(q.Get("status")), CustomerID: q.Get("customer_id"), Page: pg}
+	status, err := queryParam(c, "status")
+	if err != nil {
+		return err
+	}
+	customer, err := queryParam(c, "customer_id")
+	if err != nil {
+		return err
+	}
+	if utf8.RuneCountInString(customer) > maxCustomerID {
+		return invalidQuery("customer_id", fmt.Sprintf("must be at most %d characters", maxCustomerID))
+	}
+	f := order.ListFilter{Status: order.Status(status), CustomerID: customer, Page: pg}
 	page, err := s.Orders.List(c.Request().Context(), tenant(c), f)
 	if err != nil {
 		return err
@@ -92,14 +112,34 @@ func (s *Server) orderEvents(c echo.Context) error {
 
 // pageRequest reads the limit and cursor of a paginated list.
 func pageRequest(c echo.Context) (order.PageRequest, error) {
-	q := c.QueryParams()
-	pg := order.PageRequest{Cursor: q.Get("cursor")}
-	if l := q.Get("limit"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > 100 {
-			return pg, problem.Errorf(problem.InvalidRequest, "limit: must be an integer between 1 and 100").With("field", "limit")
-		}
-		pg.Limit = n
+	pg := order.PageRequest{Cursor: c.QueryParam("cursor")} // empty: the first page
+	l, err := queryParam(c, "limit")
+	if err != nil || l == "" {
+		return pg, err
 	}
+	n, err := strconv.Atoi(l)
+	if err != nil || n < 1 || n > 100 {
+		return pg, invalidQuery("limit", "must be an integer between 1 and 100")
+	}
+	pg.Limit = n
 	return pg, nil
+}
+
+// queryParam reads an optional query parameter. One given with an empty
+// value is refused rather than read as absent: api/openapi.yaml bounds it
+// below by one character, an enum or an integer (only an empty cursor, the
+// first page, is documented as allowed).
+func queryParam(c echo.Context, name string) (string, error) {
+	q := c.QueryParams()
+	if !q.Has(name) {
+		return "", nil
+	}
+	if v := q.Get(name); v != "" {
+		return v, nil
+	}
+	return "", invalidQuery(name, "must not be empty")
+}
+
+func invalidQuery(name, why string) error {
+	return problem.Errorf(problem.InvalidRequest, "%s: %s", name, why).With("field", name)
 }

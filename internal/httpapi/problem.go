@@ -1,16 +1,14 @@
 package httpapi
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"time"
 
-	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/problem"
+	"github.com/orderservice/orderservice/internal/transport"
 )
 
 // ProblemType is the media type of a problem document (RFC 9457).
@@ -80,24 +78,13 @@ func Render(res idempotency.Result) Response {
 }
 
 // RenderError is the HTTP form of an error a use case (or the HTTP layer)
-// returned: its problem document, status and Retry-After. An error without
-// a code is an unavailable dependency (503, retry with the same key) or a
-// hidden internal one (500).
+// returned: its problem document, status and Retry-After. transport.Problem
+// names the domain error it answers (an error without a code is an
+// unavailable dependency, 503, or a hidden internal one, 500).
 func RenderError(err error) Response {
-	p := toProblem(err)
+	p := transport.Problem(err)
 	status, body := renderProblem(p)
 	return Response{Status: status, ContentType: ProblemType, Body: body, RetryAfter: p.RetryAfter}
-}
-
-// toProblem maps an error to the domain error it answers with.
-func toProblem(err error) *problem.Error {
-	switch {
-	case problem.CodeOf(err) != problem.Internal:
-		return problem.As(err)
-	case database.IsUnavailable(err) || database.IsLockTimeout(err) || errors.Is(err, context.DeadlineExceeded):
-		return &problem.Error{Code: problem.ServiceUnavailable, Detail: "A dependency is unavailable; retry with the same Idempotency-Key.", RetryAfter: time.Second}
-	}
-	return problem.As(err)
 }
 
 // renderProblem writes e as an RFC 9457 document. encoding/json writes a

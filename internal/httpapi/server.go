@@ -22,6 +22,7 @@ import (
 	"github.com/orderservice/orderservice/internal/metrics"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/problem"
+	"github.com/orderservice/orderservice/internal/transport"
 )
 
 // Server holds what the handlers need.
@@ -33,8 +34,13 @@ type Server struct {
 	// Tenants maps the SHA-256 of an API key to its tenant.
 	Tenants map[[32]byte]string
 	// Policy is the retention policy in force, shown read-only.
-	Policy  idempotency.Policy
-	Metrics *metrics.Metrics
+	Policy idempotency.Policy
+	// WindowSources names where each replay window comes from: a setting,
+	// or a stream's max_age read from the broker at start.
+	WindowSources map[string]string
+	// OutboxRetention is how long published outbox events are kept.
+	OutboxRetention time.Duration
+	Metrics         *metrics.Metrics
 	// Waiter lets a duplicate wait for its intent's first outcome (Prefer:
 	// wait), up to MaxWait; nil answers 409 at once.
 	Waiter  *idempotency.Waiter
@@ -78,7 +84,7 @@ func (s *Server) handleError(err error, c echo.Context) {
 	case resp.Status == http.StatusServiceUnavailable: // transient, and the client was told to retry
 		s.Logger.WarnContext(c.Request().Context(), "request postponed", "err", err, "method", c.Request().Method, "path", c.Path())
 	case resp.Status >= http.StatusInternalServerError:
-		s.Logger.ErrorContext(c.Request().Context(), "request failed", "err", err, "code", problem.CodeOf(toProblem(err)),
+		s.Logger.ErrorContext(c.Request().Context(), "request failed", "err", err, "code", problem.CodeOf(transport.Problem(err)),
 			"method", c.Request().Method, "path", c.Path())
 	}
 	if c.Request().Method == http.MethodHead {

@@ -1,6 +1,7 @@
 // Package metrics holds the service's Prometheus metrics: the five things
 // the seed document says to watch (replays, parameter conflicts, stuck
-// PROCESSING, record growth, downstream duplicates) plus request latency.
+// PROCESSING, record growth, downstream duplicates) plus request latency,
+// the message transport's counters and the outbox's lag.
 // Every method is safe on a nil *Metrics, which records nothing.
 package metrics
 
@@ -31,6 +32,8 @@ type Metrics struct {
 	duplicates *prometheus.CounterVec
 	http       *prometheus.HistogramVec
 	cleaned    *prometheus.CounterVec
+	messages   messages
+	logger     *slog.Logger
 }
 
 // New registers every metric. db feeds the gauges read at scrape time
@@ -40,6 +43,8 @@ type Metrics struct {
 func New(db *gorm.DB, logger *slog.Logger, operations, moneyOperations []string) *Metrics {
 	m := &Metrics{
 		registry: prometheus.NewRegistry(),
+		messages: newMessages(),
+		logger:   logger,
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "orderservice_idempotent_requests_total",
 			Help: "Idempotent requests by operation and what the idempotency layer did: executed, replayed, key_reused, in_progress, validation_rejected, unavailable, failed.",
@@ -74,6 +79,7 @@ func New(db *gorm.DB, logger *slog.Logger, operations, moneyOperations []string)
 	m.registry.MustRegister(m.requests, m.conflicts, m.takeovers, m.channel, m.duplicates, m.http, m.cleaned,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&recordCollector{db: db, logger: logger})
+	m.registry.MustRegister(m.messages.collectors()...)
 	m.zero(operations, moneyOperations)
 	return m
 }

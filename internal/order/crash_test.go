@@ -16,6 +16,7 @@ import (
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/problem"
+	"github.com/orderservice/orderservice/internal/testdb"
 	"github.com/orderservice/orderservice/internal/testproc"
 )
 
@@ -347,11 +348,13 @@ func TestKilledServiceRecoversPaymentAfterRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	channelAddr, apiAddr := testproc.FreeAddr(t), testproc.FreeAddr(t)
-	startBinary(t, "paymentchannel", bins[paymentchannelPkg], "http://"+channelAddr+"/healthz", "HTTP_ADDR="+channelAddr, "LOG_LEVEL=warn")
+	startBinary(t, "paymentchannel", bins[paymentchannelPkg], "http://"+channelAddr+"/healthz", "HTTP_ADDR="+channelAddr, "LOG_LEVEL=warn",
+		"CHANNEL_DATABASE_URL="+testdb.Fresh(t, "order_channel"))
 	serviceEnv := []string{
 		"DATABASE_URL=" + dbURL, "HTTP_ADDR=" + apiAddr, "PAYMENT_CHANNEL_URL=http://" + channelAddr,
 		"IDEMPOTENCY_LEASE=3s", "PAYMENT_CHANNEL_TIMEOUT=2s", "SWEEP_INTERVAL=200ms",
 		"API_KEYS=acme=" + apptest.KeyAcme, "LOG_LEVEL=warn",
+		"NATS_EMBEDDED_ADDR=127.0.0.1:0", "NATS_STORE_DIR=" + t.TempDir(),
 	}
 	service := startBinary(t, "orderservice-1", bins[orderservicePkg], "http://"+apiAddr+"/readyz", serviceEnv...)
 

@@ -230,10 +230,10 @@ func (s *Service) applyRule(tx *gorm.DB, c Caller, op string, id uuid.UUID, rule
 	if err != nil {
 		return res, nil, err
 	}
-	if err := saveTransition(tx, o, from, pl.event, op, c.Key); err != nil {
-		return res, nil, err
-	}
 	if !pl.viaChannel {
+		if err := saveTransition(tx, o, from, pl.event, op, c.Key); err != nil {
+			return res, nil, err
+		}
 		res, err = done(o)
 		return res, nil, err
 	}
@@ -247,7 +247,10 @@ func (s *Service) applyRule(tx *gorm.DB, c Caller, op string, id uuid.UUID, rule
 	if err := insertPayment(tx, &p); err != nil {
 		return res, nil, err
 	}
-	return res, &p, nil
+	// Before the transition, so that its outbox event shows the order with
+	// the pending payment, as GET would right after.
+	o.payments = append(o.payments, p)
+	return res, &p, saveTransition(tx, o, from, pl.event, op, c.Key)
 }
 
 // channelKey derives the downstream idempotency key of one intent from the

@@ -2,8 +2,6 @@ package order
 
 import (
 	"fmt"
-	"math"
-	"math/bits"
 	"slices"
 	"strings"
 	"unicode"
@@ -12,7 +10,9 @@ import (
 	"github.com/orderservice/orderservice/internal/problem"
 )
 
-// Limits of a create request, as the contract states them.
+// Limits of a create request, as api/openapi.yaml states them. Text limits
+// count characters (Unicode code points), as JSON Schema's maxLength and
+// PostgreSQL's length() do, not bytes.
 const (
 	maxItems         = 100
 	maxQuantity      = 1000
@@ -21,6 +21,10 @@ const (
 	maxMetadataValue = 500
 	maxIDLength      = 100
 	maxSKULength     = 64
+	// maxUnitPrice keeps every total exact: 100 items × 1000 × 10^10 is
+	// 10^15 minor units, far from int64's limit and below 2^53, so a total
+	// is exact in any JSON reader, JavaScript's included.
+	maxUnitPrice = 10_000_000_000
 )
 
 // CreateRequest is the body of POST /v1/orders. Server-owned fields (id,
@@ -78,6 +82,9 @@ func (r CreateRequest) normalize() (CreateRequest, int64, error) {
 	if err := checkText("customer_id", n.CustomerID, maxIDLength); err != nil {
 		return n, 0, err
 	}
+	if utf8.RuneCountInString(r.ClientTraceID) > maxIDLength {
+		return n, 0, invalid("client_trace_id", "must be at most %d characters", maxIDLength)
+	}
 	// Check the ASCII letters before upper-casing: Unicode case mapping
 	// would turn look-alikes such as "uſd" into "USD".
 	if len(n.Currency) != 3 || strings.Trim(n.Currency, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz") != "" {
@@ -97,16 +104,10 @@ func (r CreateRequest) normalize() (CreateRequest, int64, error) {
 		if it.Quantity < 1 || it.Quantity > maxQuantity {
 			return n, 0, invalid(field+".quantity", "must be between 1 and %d", maxQuantity)
 		}
-		if it.UnitPrice < 0 {
-			return n, 0, invalid(field+".unit_price", "must be zero or more minor units")
+		if it.UnitPrice < 0 || it.UnitPrice > maxUnitPrice {
+			return n, 0, invalid(field+".unit_price", "must be between 0 and %d minor units", maxUnitPrice)
 		}
-		line, ok := mulInt64(it.UnitPrice, int64(it.Quantity))
-		if ok {
-			total, ok = addInt64(total, line)
-		}
-		if !ok {
-			return n, 0, invalid(field+".unit_price", "the order total would overflow")
-		}
+		total += it.UnitPrice * int64(it.Quantity) // at most 10^15: see maxUnitPrice
 		n.Items = append(n.Items, it)
 	}
 	slices.SortStableFunc(n.Items, func(a, b ItemRequest) int {
@@ -120,8 +121,8 @@ func (r CreateRequest) normalize() (CreateRequest, int64, error) {
 		if err := checkText("metadata key", k, maxMetadataKey); err != nil {
 			return n, 0, err
 		}
-		if len(v) > maxMetadataValue || !utf8.ValidString(v) || strings.ContainsFunc(v, isControl) {
-			return n, 0, invalid("metadata."+k, "must be text of at most %d bytes without control characters", maxMetadataValue)
+		if utf8.RuneCountInString(v) > maxMetadataValue || !utf8.ValidString(v) || strings.ContainsFunc(v, isControl) {
+			return n, 0, invalid("metadata."+k, "must be text of at most %d characters without control characters", maxMetadataValue)
 		}
 	}
 	if len(n.Metadata) == 0 {
@@ -140,19 +141,20 @@ func (r ShipRequest) normalize() (ShipRequest, error) {
 
 func (r CancelRequest) normalize() (CancelRequest, error) {
 	n := CancelRequest{Reason: strings.TrimSpace(r.Reason)}
-	if len(n.Reason) > maxMetadataValue || !utf8.ValidString(n.Reason) || strings.ContainsFunc(n.Reason, isControl) {
-		return n, invalid("reason", "must be text of at most %d bytes without control characters", maxMetadataValue)
+	if utf8.RuneCountInString(n.Reason) > maxMetadataValue || !utf8.ValidString(n.Reason) || strings.ContainsFunc(n.Reason, isControl) {
+		return n, invalid("reason", "must be text of at most %d characters without control characters", maxMetadataValue)
 	}
 	return n, nil
 }
 
-// checkText requires 1..max bytes of valid UTF-8 without control characters.
+// checkText requires 1..max characters of valid UTF-8 without control
+// characters.
 func checkText(field, s string, max int) error {
 	if s == "" {
 		return invalid(field, "is required")
 	}
-	if len(s) > max {
-		return invalid(field, "must be at most %d bytes", max)
+	if utf8.RuneCountInString(s) > max {
+		return invalid(field, "must be at most %d characters", max)
 	}
 	if !utf8.ValidString(s) || strings.ContainsFunc(s, isControl) {
 		return invalid(field, "must be text without control characters")
@@ -163,13 +165,3 @@ func checkText(field, s string, max int) error {
 // isControl is a C0 or C1 control character or DEL, NUL included (which
 // PostgreSQL cannot store in text or jsonb anyway).
 func isControl(r rune) bool { return unicode.IsControl(r) }
-
-func mulInt64(a, b int64) (int64, bool) {
-	hi, lo := bits.Mul64(uint64(a), uint64(b))
-	return int64(lo), hi == 0 && lo <= math.MaxInt64
-}
-
-func addInt64(a, b int64) (int64, bool) {
-	s := a + b
-	return s, s >= a
-}

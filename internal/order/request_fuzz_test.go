@@ -265,7 +265,7 @@ func checkCanonical(t *testing.T, n CreateRequest, total int64) {
 	}
 	sum := new(big.Int)
 	for i, it := range n.Items {
-		if !text(it.SKU, 64) || it.Quantity < 1 || it.Quantity > maxQuantity || it.UnitPrice < 0 {
+		if !text(it.SKU, 64) || it.Quantity < 1 || it.Quantity > maxQuantity || it.UnitPrice < 0 || it.UnitPrice > maxUnitPrice {
 			t.Fatalf("canonical item out of bounds: %+v", it)
 		}
 		if i > 0 && itemLess(it, n.Items[i-1]) {

@@ -18,7 +18,8 @@ import (
 // The SQL of the order capability: unexported helpers that take the
 // transaction their use case opened.
 
-// insertOrder writes a new order, its items and its "create" history entry.
+// insertOrder writes a new order, its items, its "create" history entry and
+// its "created" event in the outbox.
 func insertOrder(tx *gorm.DB, o *Order, op, key string) error {
 	if err := tx.Omit(clause.Associations).Create(o).Error; err != nil {
 		return err
@@ -26,8 +27,11 @@ func insertOrder(tx *gorm.DB, o *Order, op, key string) error {
 	if err := tx.Create(&o.Items).Error; err != nil {
 		return err
 	}
-	return tx.Create(&HistoryEntry{OrderID: o.ID, Event: EventCreate, Operation: op, IdempotencyKey: key,
-		ToStatus: o.Status, CreatedAt: o.CreatedAt}).Error
+	if err := tx.Create(&HistoryEntry{OrderID: o.ID, Event: EventCreate, Operation: op, IdempotencyKey: key,
+		ToStatus: o.Status, CreatedAt: o.CreatedAt}).Error; err != nil {
+		return err
+	}
+	return writeOutbox(tx, o, "", EventCreate, op, key, o.CreatedAt)
 }
 
 // lockOrder reads the tenant's order with SELECT … FOR UPDATE: concurrent
@@ -65,9 +69,10 @@ func loadDetails(db *gorm.DB, o *Order) error {
 	return db.Where("order_id = ?", o.ID).Order("created_at, id").Find(&o.payments).Error
 }
 
-// saveTransition writes the order's new status (and shipment fields) and the
-// history entry of the transition, in the caller's transaction. The version
-// check is a second guard behind the row lock.
+// saveTransition writes the order's new status (and shipment fields), the
+// history entry of the transition and its event in the outbox, in the
+// caller's transaction. The version check is a second guard behind the row
+// lock.
 func saveTransition(tx *gorm.DB, o *Order, from Status, ev Event, op, key string) error {
 	now := tx.NowFunc()
 	res := tx.Model(&Order{}).Where("id = ? AND version = ?", o.ID, o.Version).Updates(map[string]any{
@@ -82,8 +87,11 @@ func saveTransition(tx *gorm.DB, o *Order, from Status, ev Event, op, key string
 	}
 	o.Version++
 	o.UpdatedAt = now
-	return tx.Create(&HistoryEntry{OrderID: o.ID, Event: ev, Operation: op, IdempotencyKey: key,
-		FromStatus: from, ToStatus: o.Status, CreatedAt: now}).Error
+	if err := tx.Create(&HistoryEntry{OrderID: o.ID, Event: ev, Operation: op, IdempotencyKey: key,
+		FromStatus: from, ToStatus: o.Status, CreatedAt: now}).Error; err != nil {
+		return err
+	}
+	return writeOutbox(tx, o, from, ev, op, key, now)
 }
 
 // insertPayment writes the pending payment of a money intent's phase 1.

@@ -10,12 +10,17 @@ import (
 
 	"github.com/orderservice/orderservice/internal/payment"
 	"github.com/orderservice/orderservice/internal/payment/channel"
+	"github.com/orderservice/orderservice/internal/testdb"
 )
 
 // newClient serves a real mock channel and returns a client for it.
 func newClient(t *testing.T, opts channel.Options) (*payment.Client, *channel.Server) {
 	t.Helper()
-	srv := channel.New(opts)
+	srv, err := channel.Open(context.Background(), testdb.Fresh(t, "payment"), opts)
+	if err != nil {
+		t.Fatalf("open channel: %v", err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
 	return payment.NewClient(ts.URL+"/", ts.Client()), srv

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -39,18 +40,28 @@ func Create(prefix string) (dbURL string, drop func(), err error) {
 	}
 	defer conn.Close(ctx)
 
-	suffix := make([]byte, 4)
-	_, _ = rand.Read(suffix)
-	name := "test_" + strings.ReplaceAll(prefix, "-", "_") + "_" + hex.EncodeToString(suffix)
+	dbURL, drop = NewURL(prefix)
+	name := strings.TrimPrefix(mustParse(dbURL).Path, "/")
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return "", nil, fmt.Errorf("create test database: %w", err)
 	}
-	u, _ := url.Parse(server)
-	u.Path = "/" + name
-	dbURL = u.String()
 	if _, err := database.Migrate(dbURL); err != nil {
+		drop()
 		return "", nil, err
 	}
+	return dbURL, drop, nil
+}
+
+// NewURL names a database on the test server that does not exist yet, for
+// code that creates and migrates its own database (the payment channel's),
+// and returns a function that drops it if it was created.
+func NewURL(prefix string) (dbURL string, drop func()) {
+	suffix := make([]byte, 4)
+	_, _ = rand.Read(suffix)
+	name := "test_" + strings.ReplaceAll(prefix, "-", "_") + "_" + hex.EncodeToString(suffix)
+	server := ServerURL()
+	u := mustParse(server)
+	u.Path = "/" + name
 	drop = func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -59,7 +70,23 @@ func Create(prefix string) (dbURL string, drop func(), err error) {
 			c.Close(ctx)
 		}
 	}
-	return dbURL, drop, nil
+	return u.String(), drop
+}
+
+// Fresh is NewURL for one test: the database is dropped when t ends.
+func Fresh(t testing.TB, prefix string) string {
+	t.Helper()
+	dbURL, drop := NewURL(prefix)
+	t.Cleanup(drop)
+	return dbURL
+}
+
+func mustParse(s string) *url.URL {
+	u, err := url.Parse(s)
+	if err != nil {
+		return &url.URL{Scheme: "postgres", Host: "invalid-TEST_DATABASE_URL"} // fails at connect, with the reason
+	}
+	return u
 }
 
 // Main is the body of a TestMain: it creates the package's database, runs

@@ -18,6 +18,7 @@ var (
 	errChargeNotFound = errors.New("charge not found")
 	errRefundNotFound = errors.New("refund not found")
 	errRefundInvalid  = errors.New("refund invalid")
+	errRefundRefused  = errors.New("refund refused")
 	errUnavailable    = errors.New("service unavailable, retry with the same Idempotency-Key")
 )
 
@@ -37,6 +38,7 @@ var failures = []failure{
 	{errChargeNotFound, http.StatusNotFound, "charge_not_found", "Charge not found"},
 	{errRefundNotFound, http.StatusNotFound, "refund_not_found", "Refund not found"},
 	{errRefundInvalid, http.StatusUnprocessableEntity, "refund_invalid", "Refund invalid"},
+	{errRefundRefused, http.StatusUnprocessableEntity, "refund_refused", "Refund refused"},
 	{errUnavailable, http.StatusServiceUnavailable, "service_unavailable", "Service unavailable"},
 	// The caller left while we waited for a concurrent request: nothing definitive to say.
 	{context.Canceled, http.StatusServiceUnavailable, "service_unavailable", "Service unavailable"},

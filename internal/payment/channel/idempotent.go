@@ -18,72 +18,92 @@ import (
 const maxBodyBytes = 64 << 10
 
 // idempotentOp is what differs between the idempotent POSTs.
-type idempotentOp[Req comparable, Res any] struct {
+type idempotentOp[Req, Res any] struct {
 	kind     opKind
 	validate func(*Req) error // checks and normalises the body
-	claim    func(key string, req Req) (rec *record[Req, Res], fresh bool, err error)
-	complete func(*record[Req, Res])
+	// claim replays the outcome recorded under the post's key, or makes and
+	// records it, counting the post with it.
+	claim func(ctx context.Context, p *post, req Req) (outcome[Res], error)
 }
 
 func (s *Server) chargeOp() idempotentOp[payment.ChargeRequest, payment.Charge] {
-	return idempotentOp[payment.ChargeRequest, payment.Charge]{
-		kind: opCharge, validate: validateCharge, claim: s.store.claimCharge, complete: s.store.completeCharge,
-	}
+	return idempotentOp[payment.ChargeRequest, payment.Charge]{kind: opCharge, validate: validateCharge, claim: s.store.claimCharge}
 }
 
 func (s *Server) refundOp() idempotentOp[payment.RefundRequest, payment.Refund] {
-	return idempotentOp[payment.RefundRequest, payment.Refund]{
-		kind: opRefund, validate: validateRefund, claim: s.store.claimRefund, complete: s.store.completeRefund,
-	}
+	return idempotentOp[payment.RefundRequest, payment.Refund]{kind: opRefund, validate: validateRefund, claim: s.store.claimRefund}
 }
 
 // serveIdempotent is the one skeleton behind POST /v1/charges and /v1/refunds.
-func serveIdempotent[Req comparable, Res any](s *Server, op idempotentOp[Req, Res]) echo.HandlerFunc {
+func serveIdempotent[Req, Res any](s *Server, op idempotentOp[Req, Res]) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		ctx := c.Request().Context()
+		// A real acquirer completes and records what it accepted without
+		// knowing the caller left: the ledger's writes outlive the request.
+		work := context.WithoutCancel(c.Request().Context())
 		key := c.Request().Header.Get("Idempotency-Key")
-		s.store.countPost(op.kind, key)
-		if err := s.beforeRequest(ctx); err != nil {
-			return err
+		keyErr := checkKey(key)
+		p := &post{kind: op.kind}
+		if keyErr == nil {
+			p.key = key
 		}
-		if err := checkKey(key); err != nil {
-			return err
-		}
-		var req Req
-		if err := decodeBody(c, &req); err != nil {
-			return err
-		}
-		if err := op.validate(&req); err != nil {
-			return err
-		}
-		rec, fresh, err := op.claim(key, req)
-		if err != nil {
-			return err
-		}
-		if !fresh {
-			// A duplicate waits for the first request to finish, then replays it.
-			if err := await(ctx, rec.done); err != nil {
-				return err
+		err := servePost(s, c, op, p, keyErr)
+		// A POST that had no effect to be counted with is counted now,
+		// before echo writes its error.
+		if cerr := s.store.countPost(work, p); cerr != nil {
+			if err == nil {
+				return cerr
 			}
-			s.store.countReplay()
-			return s.respond(c, rec.status, rec.value, true, false)
+			s.log.Error("counting a request", "err", cerr)
 		}
-		if rec.method == payment.MethodSlow {
-			// A caller that leaves ends the wait but not the operation: a real
-			// acquirer completes what it accepted without knowing the caller left.
-			_ = sleep(ctx, s.slowDelay)
-		}
-		op.complete(rec)
-		// pm_lost_response loses the response of the one request that acted.
-		return s.respond(c, rec.status, rec.value, false, rec.method == payment.MethodLostResponse)
+		return err
 	}
 }
 
+// servePost runs one POST up to its answer; what had an effect counted the
+// post with it, and serveIdempotent counts the rest.
+func servePost[Req, Res any](s *Server, c echo.Context, op idempotentOp[Req, Res], p *post, keyErr error) error {
+	ctx := c.Request().Context()
+	work := context.WithoutCancel(ctx)
+	if err := s.beforeRequest(ctx); err != nil {
+		return err
+	}
+	if keyErr != nil {
+		return keyErr
+	}
+	var req Req
+	if err := decodeBody(c, &req); err != nil {
+		return err
+	}
+	if err := op.validate(&req); err != nil {
+		return err
+	}
+	out, err := op.claim(work, p, req)
+	if err != nil {
+		return err
+	}
+	if !out.fresh {
+		if err := s.store.countReplay(work, p); err != nil {
+			return err
+		}
+		return s.respond(c, out.status, out.value, true, false)
+	}
+	if out.method == payment.MethodSlow {
+		// A caller that leaves ends the wait but not the operation, which
+		// is already in the ledger.
+		_ = sleep(ctx, s.slowDelay)
+	}
+	// pm_lost_response loses the response of the one request that acted;
+	// every later one is a replay, so a restart cannot lose it again.
+	return s.respond(c, out.status, out.value, false, out.method == payment.MethodLostResponse)
+}
+
 // serveLookup answers GET /v1/charges and /v1/refunds?idempotency_key=K.
-func serveLookup[Req comparable, Res any](s *Server, find func(key string) *record[Req, Res], notFound error) echo.HandlerFunc {
+func serveLookup[Res any](s *Server, find func(ctx context.Context, key string) (Res, bool, error), notFound error) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		ctx := c.Request().Context()
-		s.store.countLookup()
+		if err := s.store.count(context.WithoutCancel(ctx), counterLookups); err != nil {
+			return err
+		}
 		if err := s.beforeRequest(ctx); err != nil {
 			return err
 		}
@@ -91,15 +111,16 @@ func serveLookup[Req comparable, Res any](s *Server, find func(key string) *reco
 		if key == "" {
 			return fmt.Errorf("%w: the idempotency_key query parameter is required", errInvalidRequest)
 		}
-		rec := find(key)
-		if rec == nil {
-			return fmt.Errorf("%w under idempotency key %q", notFound, key)
-		}
-		// An operation in flight is awaited so that a lookup reports only settled outcomes.
-		if err := await(ctx, rec.done); err != nil {
+		// Charges and refunds are written whole, so a lookup only ever sees
+		// settled outcomes.
+		value, found, err := find(ctx, key)
+		if err != nil {
 			return err
 		}
-		return c.JSON(http.StatusOK, rec.value)
+		if !found {
+			return fmt.Errorf("%w under idempotency key %q", notFound, key)
+		}
+		return c.JSON(http.StatusOK, value)
 	}
 }
 
@@ -117,7 +138,9 @@ func (s *Server) respond(c echo.Context, status int, body any, replayed, lose bo
 // dropConnection closes the connection without writing a byte: the caller
 // cannot tell whether the operation happened.
 func (s *Server) dropConnection(c echo.Context) error {
-	s.store.countLost()
+	if err := s.store.count(context.WithoutCancel(c.Request().Context()), counterLost); err != nil {
+		return err
+	}
 	s.log.Info("response dropped on purpose", "path", c.Request().URL.Path,
 		"idempotency_key", c.Request().Header.Get("Idempotency-Key"))
 	conn, _, err := c.Response().Hijack()
@@ -126,15 +149,6 @@ func (s *Server) dropConnection(c echo.Context) error {
 		panic(http.ErrAbortHandler)
 	}
 	return conn.Close()
-}
-
-func await(ctx context.Context, done <-chan struct{}) error {
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // checkKey applies the same key rules as the order service.
@@ -169,7 +183,7 @@ func decodeBody(c echo.Context, v any) error {
 
 var knownMethods = []string{
 	payment.MethodOK, payment.MethodDeclined, payment.MethodLostResponse,
-	payment.MethodUnavailableOnce, payment.MethodSlow,
+	payment.MethodUnavailableOnce, payment.MethodSlow, payment.MethodRefundRefused,
 }
 
 func validateCharge(r *payment.ChargeRequest) error {

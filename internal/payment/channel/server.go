@@ -1,22 +1,38 @@
-// Package channel is the mock payment channel: an in-memory acquirer that
-// honours idempotency keys and injects the faults a real network has (lost
+// Package channel is the mock payment channel: an acquirer that honours
+// idempotency keys, keeps its ledger (charges, refunds and the idempotency
+// records they are) in a PostgreSQL database of its own so that a restart
+// forgets nothing, and injects the faults a real network has (lost
 // responses, 503s, latency), so that the order service can prove it never
 // charges twice.
 package channel
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"time"
 
 	"github.com/labstack/echo/v4"
+	"gorm.io/gorm"
+
+	"github.com/orderservice/orderservice/internal/database"
+	"github.com/orderservice/orderservice/migrations"
 )
 
 // DefaultSlowDelay is how long pm_slow waits when Options.SlowDelay is zero.
 const DefaultSlowDelay = 2 * time.Second
+
+// DefaultMaxConns is the pool size to the channel's database when
+// Options.MaxConns is zero.
+const DefaultMaxConns = 10
+
+// directTimeout bounds the methods tests call without a context (Stats,
+// Charges, Reset).
+const directTimeout = 10 * time.Second
 
 // Options configure a Server; the zero value is usable.
 type Options struct {
@@ -26,23 +42,39 @@ type Options struct {
 	Logger *slog.Logger
 	// Rand drives the fault dice; set it for deterministic fault tests.
 	Rand rand.Source
+	// MaxConns bounds the pool to the channel's database (default 10).
+	MaxConns int
 }
 
-// Server is the mock channel. Its state lives in memory and is safe for
-// concurrent use.
+// Server is the mock channel. Its ledger lives in PostgreSQL, it is safe for
+// concurrent use, and several Servers on one database act as one channel.
 type Server struct {
 	echo      *echo.Echo
+	db        *gorm.DB
 	store     *store
 	faults    *faultInjector
 	slowDelay time.Duration
 	log       *slog.Logger
 }
 
-// New returns a channel with no charges and no faults.
-func New(opts Options) *Server {
+// Open connects to the channel's database at dbURL, creating the database
+// if it is missing, applies the channel's migrations and returns a channel
+// serving the ledger found there. Close releases the pool. Faults start
+// cleared: they are chaos settings of one process, not ledger.
+func Open(ctx context.Context, dbURL string, opts Options) (*Server, error) {
+	db, err := database.Open(ctx, dbURL, database.Options{MaxConns: cmp.Or(opts.MaxConns, DefaultMaxConns),
+		StatementTimeout: 5 * time.Second, LockTimeout: 5 * time.Second, ApplicationName: "paymentchannel"})
+	if err != nil {
+		return nil, fmt.Errorf("payment channel database: %w", err)
+	}
+	if _, err := migrate(dbURL); err != nil {
+		_ = database.Close(db)
+		return nil, err
+	}
 	s := &Server{
 		echo:      echo.New(),
-		store:     newStore(),
+		db:        db,
+		store:     &store{db: db},
 		faults:    newFaultInjector(opts.Rand),
 		slowDelay: opts.SlowDelay,
 		log:       opts.Logger,
@@ -57,8 +89,36 @@ func New(opts Options) *Server {
 	s.echo.HTTPErrorHandler = s.handleError
 	s.echo.Use(s.logRequests)
 	s.routes()
-	return s
+	return s, nil
 }
+
+// Migrate creates the channel's database at dbURL if it is missing and
+// applies the channel's migrations, for `orderservice migrate`; Open does
+// the same at start.
+func Migrate(ctx context.Context, dbURL string) (version uint, err error) {
+	db, err := database.Open(ctx, dbURL, database.Options{MaxConns: 1, StatementTimeout: time.Minute,
+		LockTimeout: time.Minute, ApplicationName: "paymentchannel"})
+	if err != nil {
+		return 0, fmt.Errorf("payment channel database: %w", err)
+	}
+	defer database.Close(db)
+	return migrate(dbURL)
+}
+
+// migrate applies the channel's own migration set. Its version is kept in a
+// table of its own, so the set may even share a database with the order
+// service's without either disturbing the other.
+func migrate(dbURL string) (uint, error) {
+	v, err := database.MigrateSet(dbURL, database.MigrationSet{
+		FS: migrations.ChannelFS, Dir: "channel", Table: "channel_schema_migrations"})
+	if err != nil {
+		return 0, fmt.Errorf("payment channel database: %w", err)
+	}
+	return v, nil
+}
+
+// Close closes the pool to the channel's database; stop serving first.
+func (s *Server) Close() error { return database.Close(s.db) }
 
 // routes is the one place every endpoint of the channel is declared.
 func (s *Server) routes() {
@@ -66,9 +126,9 @@ func (s *Server) routes() {
 
 	v1 := s.echo.Group("/v1")
 	v1.POST("/charges", serveIdempotent(s, s.chargeOp()))
-	v1.GET("/charges", serveLookup(s, s.store.charge, errChargeNotFound))
+	v1.GET("/charges", serveLookup(s, s.store.lookupCharge, errChargeNotFound))
 	v1.POST("/refunds", serveIdempotent(s, s.refundOp()))
-	v1.GET("/refunds", serveLookup(s, s.store.refund, errRefundNotFound))
+	v1.GET("/refunds", serveLookup(s, s.store.lookupRefund, errRefundNotFound))
 
 	admin := s.echo.Group("/admin")
 	admin.GET("/stats", s.adminStats)
@@ -81,16 +141,44 @@ func (s *Server) routes() {
 // Handler returns the HTTP handler serving the channel's API.
 func (s *Server) Handler() http.Handler { return s.echo }
 
-// Stats returns the counters so far.
-func (s *Server) Stats() Stats { return s.store.snapshot() }
+// Stats returns the counters so far, read from the ledger. It is for tests,
+// which assert exact counts: a database error is logged and yields the zero
+// Stats, which no such assertion accepts.
+func (s *Server) Stats() Stats {
+	ctx, cancel := context.WithTimeout(context.Background(), directTimeout)
+	defer cancel()
+	st, err := s.store.stats(ctx)
+	if err != nil {
+		s.log.Error("reading stats", "err", err)
+	}
+	return st
+}
 
-// Charges lists the charges made, oldest first, with the POSTs per key.
-func (s *Server) Charges() []ChargeRecord { return s.store.chargeRecords() }
+// Charges lists the charges made, oldest first, with the POSTs per key. Like
+// Stats it is for tests: a database error is logged and yields no charges.
+func (s *Server) Charges() []ChargeRecord {
+	ctx, cancel := context.WithTimeout(context.Background(), directTimeout)
+	defer cancel()
+	recs, err := s.store.chargeRecords(ctx)
+	if err != nil {
+		s.log.Error("listing charges", "err", err)
+	}
+	return recs
+}
 
-// Reset forgets every charge, refund, counter and fault.
+// Reset forgets every charge, refund, counter and fault; a database error
+// is logged.
 func (s *Server) Reset() {
-	s.store.update(s.store.reset)
+	ctx, cancel := context.WithTimeout(context.Background(), directTimeout)
+	defer cancel()
+	if err := s.reset(ctx); err != nil {
+		s.log.Error("reset", "err", err)
+	}
+}
+
+func (s *Server) reset(ctx context.Context) error {
 	_ = s.faults.set(Faults{}) // zero faults are always valid
+	return s.store.reset(ctx)
 }
 
 // Faults returns the faults in force.
@@ -103,7 +191,9 @@ func (s *Server) SetFaults(f Faults) error { return s.faults.set(f) }
 func (s *Server) beforeRequest(ctx context.Context) error {
 	err := s.faults.beforeRequest(ctx)
 	if errors.Is(err, errUnavailable) {
-		s.store.countUnavailable()
+		if cerr := s.store.count(context.WithoutCancel(ctx), counterUnavailable); cerr != nil {
+			return cerr
+		}
 	}
 	return err
 }
@@ -131,11 +221,19 @@ func (s *Server) healthz(c echo.Context) error {
 }
 
 func (s *Server) adminStats(c echo.Context) error {
-	return c.JSON(http.StatusOK, s.Stats())
+	st, err := s.store.stats(c.Request().Context())
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, st)
 }
 
 func (s *Server) adminCharges(c echo.Context) error {
-	return c.JSON(http.StatusOK, map[string][]ChargeRecord{"charges": s.Charges()})
+	recs, err := s.store.chargeRecords(c.Request().Context())
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, map[string][]ChargeRecord{"charges": recs})
 }
 
 func (s *Server) adminGetFaults(c echo.Context) error {
@@ -156,6 +254,8 @@ func (s *Server) adminSetFaults(c echo.Context) error {
 }
 
 func (s *Server) adminReset(c echo.Context) error {
-	s.Reset()
+	if err := s.reset(c.Request().Context()); err != nil {
+		return err
+	}
 	return c.NoContent(http.StatusNoContent)
 }

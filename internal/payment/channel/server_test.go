@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -17,21 +18,73 @@ import (
 
 	"github.com/orderservice/orderservice/internal/payment"
 	"github.com/orderservice/orderservice/internal/payment/channel"
+	"github.com/orderservice/orderservice/internal/testdb"
 )
+
+// channelDB is the package's channel database: every harness opens it
+// afresh and resets it, and the restart tests use databases of their own.
+var channelDB string
+
+func TestMain(m *testing.M) {
+	var drop func()
+	channelDB, drop = testdb.NewURL("channel")
+	code := m.Run()
+	drop()
+	os.Exit(code)
+}
 
 // harness is a channel served on a real listener.
 type harness struct {
-	t   *testing.T
-	srv *channel.Server
-	url string
+	t     *testing.T
+	srv   *channel.Server
+	url   string
+	dbURL string
+	opts  channel.Options
+	stop  func()
 }
 
+// newHarness serves a channel with an empty ledger.
 func newHarness(t *testing.T, opts channel.Options) *harness {
 	t.Helper()
-	srv := channel.New(opts)
+	h := openHarness(t, channelDB, opts)
+	h.srv.Reset()
+	return h
+}
+
+// openHarness serves a channel on the ledger found in dbURL.
+func openHarness(t *testing.T, dbURL string, opts channel.Options) *harness {
+	t.Helper()
+	h := &harness{t: t, dbURL: dbURL, opts: opts}
+	h.start()
+	t.Cleanup(func() { h.stop() })
+	return h
+}
+
+func (h *harness) start() {
+	h.t.Helper()
+	srv, err := channel.Open(context.Background(), h.dbURL, h.opts)
+	if err != nil {
+		h.t.Fatalf("open channel: %v", err)
+	}
 	ts := httptest.NewServer(srv.Handler())
-	t.Cleanup(ts.Close)
-	return &harness{t: t, srv: srv, url: ts.URL}
+	h.srv, h.url = srv, ts.URL
+	var once sync.Once
+	h.stop = func() {
+		once.Do(func() {
+			ts.Close()
+			if err := srv.Close(); err != nil {
+				h.t.Errorf("close channel: %v", err)
+			}
+		})
+	}
+}
+
+// restart stops the channel, as a process exit would, and starts a new one
+// on the same database and a new listener: nothing survives but the ledger.
+func (h *harness) restart() {
+	h.t.Helper()
+	h.stop()
+	h.start()
 }
 
 // reply is one HTTP answer, read in full.

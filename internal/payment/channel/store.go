@@ -1,48 +1,19 @@
 package channel
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
+	"gorm.io/gorm"
 
+	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/payment"
 )
-
-// Stats counts what the channel did; tests assert on exact numbers.
-type Stats struct {
-	// Charges counts succeeded charges made.
-	Charges int64 `json:"charges"`
-	// Declined counts declined charges made.
-	Declined int64 `json:"declined"`
-	// Refunds counts refunds made.
-	Refunds int64 `json:"refunds"`
-	// DuplicatesAbsorbed counts POSTs answered from an idempotency record.
-	DuplicatesAbsorbed int64 `json:"duplicates_absorbed"`
-	// Lookups counts GET /v1/charges and GET /v1/refunds requests.
-	Lookups int64 `json:"lookups"`
-	// Requests counts every POST to /v1.
-	Requests int64 `json:"requests"`
-	// LostResponses counts responses dropped on purpose.
-	LostResponses int64 `json:"lost_responses"`
-	// UnavailableResponses counts 503s given on purpose.
-	UnavailableResponses int64 `json:"unavailable_responses"`
-	// AmountCharged sums the amounts of succeeded charges.
-	AmountCharged int64 `json:"amount_charged"`
-	// AmountRefunded sums the amounts of refunds.
-	AmountRefunded int64 `json:"amount_refunded"`
-}
-
-// ChargeRecord is a charge with how the channel saw it used, for tests.
-type ChargeRecord struct {
-	payment.Charge
-	// Requests counts the POSTs made with the charge's idempotency key.
-	Requests int `json:"requests"`
-	// AmountRefunded sums the refunds made against the charge.
-	AmountRefunded int64 `json:"amount_refunded"`
-}
 
 // opKind names a key space: a charge key and a refund key never collide.
 type opKind string
@@ -52,231 +23,297 @@ const (
 	opRefund opKind = "refund"
 )
 
-type opKey struct {
-	kind opKind
-	key  string
-}
-
-// record is what the channel keeps for one idempotency key.
-type record[Req comparable, Res any] struct {
-	key    string
-	req    Req           // the parameters a replay must match
-	method string        // payment method whose test behaviour applies
-	gen    uint64        // store generation, so a Reset orphans in-flight work
-	done   chan struct{} // closed once status and value are set
-	status int
+// outcome is the channel's answer to a valid POST: made now (fresh) or
+// replayed from the record the key already has.
+type outcome[Res any] struct {
 	value  Res
+	status int
+	method string // the payment method whose test behaviour applies
+	fresh  bool
 }
 
-type (
-	chargeRecord = record[payment.ChargeRequest, payment.Charge]
-	refundRecord = record[payment.RefundRequest, payment.Refund]
-)
-
-func newRecord[Req comparable, Res any](key string, req Req, method string, gen uint64) *record[Req, Res] {
-	return &record[Req, Res]{key: key, req: req, method: method, gen: gen, done: make(chan struct{})}
-}
-
-// store is the channel's in-memory state; one mutex guards all of it.
+// store is the channel's ledger in PostgreSQL. Each method is one statement
+// or one transaction, and the primary keys on the idempotency keys decide
+// every race: there is no "look, then insert" that a concurrent request
+// could slip between.
 type store struct {
-	mu               sync.Mutex
-	gen              uint64
-	charges          map[string]*chargeRecord // by idempotency key, in flight or done
-	chargesByID      map[string]*chargeRecord // done charges only
-	chargeOrder      []*chargeRecord          // done charges, oldest first
-	refundable       map[string]int64         // charge id -> amount not yet refunded or reserved
-	refunds          map[string]*refundRecord // by idempotency key
-	attempts         map[opKey]int            // POSTs per key
-	unavailableGiven map[opKey]bool           // keys that got their pm_unavailable_once 503
-	stats            Stats
+	db *gorm.DB
 }
 
-func newStore() *store {
-	s := &store{}
-	s.reset()
-	return s
+// chargeRow is a row of charges.
+type chargeRow struct {
+	IdempotencyKey string
+	ID             string
+	Status         string
+	Amount         int64
+	Currency       string
+	Reference      string
+	PaymentMethod  string
+	AmountRefunded int64
+	CreatedAt      time.Time
 }
 
-// reset clears all state; work in flight completes into the old generation.
-func (s *store) reset() {
-	s.gen++
-	s.charges = map[string]*chargeRecord{}
-	s.chargesByID = map[string]*chargeRecord{}
-	s.chargeOrder = nil
-	s.refundable = map[string]int64{}
-	s.refunds = map[string]*refundRecord{}
-	s.attempts = map[opKey]int{}
-	s.unavailableGiven = map[opKey]bool{}
-	s.stats = Stats{}
+const chargeColumns = `idempotency_key, id, status, amount, currency, reference, payment_method, amount_refunded, created_at`
+
+func (r chargeRow) charge() payment.Charge {
+	return payment.Charge{ID: r.ID, Status: r.Status, Amount: r.Amount, Currency: r.Currency, Reference: r.Reference,
+		PaymentMethod: r.PaymentMethod, IdempotencyKey: r.IdempotencyKey, CreatedAt: r.CreatedAt.UTC()}
 }
 
-func (s *store) update(fn func()) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	fn()
+func (r chargeRow) request() payment.ChargeRequest {
+	return payment.ChargeRequest{Amount: r.Amount, Currency: r.Currency, Reference: r.Reference, PaymentMethod: r.PaymentMethod}
 }
 
-// countPost counts a POST, and its key's attempts when it carries one.
-func (s *store) countPost(kind opKind, key string) {
-	s.update(func() {
-		s.stats.Requests++
-		if key != "" {
-			s.attempts[opKey{kind, key}]++
-		}
-	})
-}
-
-func (s *store) countLookup()      { s.update(func() { s.stats.Lookups++ }) }
-func (s *store) countReplay()      { s.update(func() { s.stats.DuplicatesAbsorbed++ }) }
-func (s *store) countLost()        { s.update(func() { s.stats.LostResponses++ }) }
-func (s *store) countUnavailable() { s.update(func() { s.stats.UnavailableResponses++ }) }
-
-// claimCharge returns the record already held for key (fresh=false) or
-// reserves a new one that the caller must complete (fresh=true).
-func (s *store) claimCharge(key string, req payment.ChargeRequest) (rec *chargeRecord, fresh bool, err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if rec, ok := s.charges[key]; ok {
-		if rec.req != req {
-			return nil, false, fmt.Errorf("%w: the charge under this key has other amount, currency, reference or payment_method", errKeyReused)
-		}
-		return rec, false, nil
-	}
-	if err := s.failOnce(opCharge, key, req.PaymentMethod); err != nil {
-		return nil, false, err
-	}
-	rec = newRecord[payment.ChargeRequest, payment.Charge](key, req, req.PaymentMethod, s.gen)
-	s.charges[key] = rec
-	return rec, true, nil
-}
-
-// completeCharge makes the charge reserved by claimCharge.
-func (s *store) completeCharge(rec *chargeRecord) {
-	ch := payment.Charge{
-		ID:             "ch_" + uuid.NewString(),
-		Status:         payment.StatusSucceeded,
-		Amount:         rec.req.Amount,
-		Currency:       rec.req.Currency,
-		Reference:      rec.req.Reference,
-		PaymentMethod:  rec.req.PaymentMethod,
-		IdempotencyKey: rec.key,
-		CreatedAt:      time.Now().UTC(),
-	}
+func (r chargeRow) outcome(fresh bool) outcome[payment.Charge] {
 	status := http.StatusCreated
-	if rec.method == payment.MethodDeclined {
-		ch.Status, status = payment.StatusDeclined, http.StatusPaymentRequired
+	if r.Status == payment.StatusDeclined {
+		status = http.StatusPaymentRequired
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	rec.value, rec.status = ch, status
-	close(rec.done)
-	if rec.gen != s.gen {
-		return // reset while in flight: the charge belongs to cleared state
-	}
-	s.chargesByID[ch.ID] = rec
-	s.chargeOrder = append(s.chargeOrder, rec)
-	if ch.Status == payment.StatusDeclined {
-		s.stats.Declined++
-		return
-	}
-	s.stats.Charges++
-	s.stats.AmountCharged += ch.Amount
-	s.refundable[ch.ID] = ch.Amount
+	return outcome[payment.Charge]{value: r.charge(), status: status, method: r.PaymentMethod, fresh: fresh}
 }
 
-// claimRefund is claimCharge for refunds; it reserves the refunded amount so
-// that concurrent refunds can never exceed the charge.
-func (s *store) claimRefund(key string, req payment.RefundRequest) (rec *refundRecord, fresh bool, err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if rec, ok := s.refunds[key]; ok {
-		if rec.req != req {
-			return nil, false, fmt.Errorf("%w: the refund under this key has another charge_id or amount", errKeyReused)
-		}
-		return rec, false, nil
-	}
-	charge, ok := s.chargesByID[req.ChargeID]
-	if !ok {
-		return nil, false, fmt.Errorf("%w: no charge %q", errChargeNotFound, req.ChargeID)
-	}
-	if err := s.failOnce(opRefund, key, charge.method); err != nil {
-		return nil, false, err
-	}
-	if charge.value.Status != payment.StatusSucceeded {
-		return nil, false, fmt.Errorf("%w: charge %q was %s", errRefundInvalid, req.ChargeID, charge.value.Status)
-	}
-	if left := s.refundable[req.ChargeID]; req.Amount > left {
-		return nil, false, fmt.Errorf("%w: amount %d exceeds the %d still refundable", errRefundInvalid, req.Amount, left)
-	}
-	s.refundable[req.ChargeID] -= req.Amount
-	rec = newRecord[payment.RefundRequest, payment.Refund](key, req, charge.method, s.gen)
-	s.refunds[key] = rec
-	return rec, true, nil
+// refundRow is a row of refunds, with the payment method of the charge it
+// refunds (whose test behaviour applies to it).
+type refundRow struct {
+	IdempotencyKey string
+	ID             string
+	ChargeID       string
+	Status         string
+	Amount         int64
+	CreatedAt      time.Time
+	PaymentMethod  string
 }
 
-// completeRefund makes the refund reserved by claimRefund.
-func (s *store) completeRefund(rec *refundRecord) {
-	rf := payment.Refund{
-		ID:             "re_" + uuid.NewString(),
-		ChargeID:       rec.req.ChargeID,
-		Status:         payment.StatusSucceeded,
-		Amount:         rec.req.Amount,
-		IdempotencyKey: rec.key,
-		CreatedAt:      time.Now().UTC(),
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	rec.value, rec.status = rf, http.StatusCreated
-	close(rec.done)
-	if rec.gen != s.gen {
-		return
-	}
-	s.stats.Refunds++
-	s.stats.AmountRefunded += rf.Amount
+const refundColumns = `r.idempotency_key, r.id, r.charge_id, r.status, r.amount, r.created_at, c.payment_method`
+
+func (r refundRow) outcome(fresh bool) outcome[payment.Refund] {
+	rf := payment.Refund{ID: r.ID, ChargeID: r.ChargeID, Status: r.Status, Amount: r.Amount,
+		IdempotencyKey: r.IdempotencyKey, CreatedAt: r.CreatedAt.UTC()}
+	return outcome[payment.Refund]{value: rf, status: http.StatusCreated, method: r.PaymentMethod, fresh: fresh}
 }
 
-// failOnce gives pm_unavailable_once its single 503 per key, before any effect.
-func (s *store) failOnce(kind opKind, key, method string) error {
-	k := opKey{kind, key}
-	if method != payment.MethodUnavailableOnce || s.unavailableGiven[k] {
+// ledgerErr turns a database failure into the channel's vocabulary: one it
+// may recover from is a 503 that a retry with the same key resolves.
+func ledgerErr(err error) error {
+	if err == nil {
 		return nil
 	}
-	s.unavailableGiven[k] = true
-	s.stats.UnavailableResponses++
-	return fmt.Errorf("%w (%s: first attempt for this key)", errUnavailable, method)
-}
-
-// charge returns the record for key, possibly still in flight, or nil.
-func (s *store) charge(key string) *chargeRecord {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.charges[key]
-}
-
-// refund returns the record for key, possibly still in flight, or nil.
-func (s *store) refund(key string) *refundRecord {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.refunds[key]
-}
-
-func (s *store) snapshot() Stats {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.stats
-}
-
-// chargeRecords lists the charges made, oldest first.
-func (s *store) chargeRecords() []ChargeRecord {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]ChargeRecord, 0, len(s.chargeOrder))
-	for _, rec := range s.chargeOrder {
-		cr := ChargeRecord{Charge: rec.value, Requests: s.attempts[opKey{opCharge, rec.key}]}
-		if rec.value.Status == payment.StatusSucceeded {
-			cr.AmountRefunded = rec.value.Amount - s.refundable[rec.value.ID]
-		}
-		out = append(out, cr)
+	if database.IsUnavailable(err) {
+		return fmt.Errorf("%w: the ledger is unreachable: %v", errUnavailable, err)
 	}
-	return out
+	return fmt.Errorf("ledger: %w", err)
+}
+
+// failOnce gives pm_unavailable_once its single 503 per key, before any
+// effect: the key is marked and the 503 counted in one statement, so a
+// restart neither forgets the mark nor gives a second 503.
+func (s *store) failOnce(ctx context.Context, kind opKind, key string) error {
+	res := s.db.WithContext(ctx).Exec(`WITH given AS (
+			INSERT INTO unavailable_given (kind, idempotency_key) VALUES (?, ?)
+			ON CONFLICT DO NOTHING RETURNING 1)
+		INSERT INTO counters (name, shard, value) SELECT ?, ?, 1 FROM given
+		ON CONFLICT (name, shard) DO UPDATE SET value = counters.value + 1`,
+		kind, key, counterUnavailable, rand.IntN(counterShards))
+	if res.Error != nil {
+		return ledgerErr(res.Error)
+	}
+	if res.RowsAffected > 0 {
+		return fmt.Errorf("%w (%s: first attempt for this key)", errUnavailable, payment.MethodUnavailableOnce)
+	}
+	return nil
+}
+
+// claimCharge replays the charge already made under key, or makes it.
+func (s *store) claimCharge(ctx context.Context, p *post, req payment.ChargeRequest) (outcome[payment.Charge], error) {
+	var none outcome[payment.Charge]
+	key := p.key
+	// A duplicate is answered from its record before anything else applies.
+	if row, found, err := s.chargeByKey(ctx, key); err != nil || found {
+		if err != nil {
+			return none, err
+		}
+		return replayCharge(row, req)
+	}
+	if req.PaymentMethod == payment.MethodUnavailableOnce {
+		if err := s.failOnce(ctx, opCharge, key); err != nil {
+			return none, err
+		}
+	}
+	status := payment.StatusSucceeded
+	if req.PaymentMethod == payment.MethodDeclined {
+		status = payment.StatusDeclined
+	}
+	// The primary key decides which of concurrent requests charges.
+	var made []chargeRow
+	err := database.Transact(ctx, s.db, func(tx *gorm.DB) error {
+		err := tx.Raw(`INSERT INTO charges (idempotency_key, id, status, amount, currency, reference, payment_method)
+			VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING RETURNING `+chargeColumns,
+			key, "ch_"+uuid.NewString(), status, req.Amount, req.Currency, req.Reference, req.PaymentMethod).Scan(&made).Error
+		if err != nil || len(made) == 0 {
+			return err
+		}
+		return countPostIn(tx, p)
+	})
+	if err != nil {
+		return none, ledgerErr(err)
+	}
+	if len(made) == 1 {
+		p.counted = true
+		return made[0].outcome(true), nil
+	}
+	// Another request charged under key first: its charge is the answer.
+	row, found, err := s.chargeByKey(ctx, key)
+	if err != nil {
+		return none, err
+	}
+	if !found { // reset between the two statements
+		return none, fmt.Errorf("%w: the charge under this key was reset while in flight", errUnavailable)
+	}
+	return replayCharge(row, req)
+}
+
+func replayCharge(row chargeRow, req payment.ChargeRequest) (outcome[payment.Charge], error) {
+	if row.request() != req {
+		return outcome[payment.Charge]{}, fmt.Errorf("%w: the charge under this key has other amount, currency, reference or payment_method", errKeyReused)
+	}
+	return row.outcome(false), nil
+}
+
+// claimRefund replays the refund already made under key, or makes it. The
+// refunded amount is reserved on the charge row in the refund's own
+// transaction, so concurrent refunds can never exceed the charge.
+func (s *store) claimRefund(ctx context.Context, p *post, req payment.RefundRequest) (outcome[payment.Refund], error) {
+	var none outcome[payment.Refund]
+	key := p.key
+	if row, found, err := s.refundByKey(ctx, key); err != nil || found {
+		if err != nil {
+			return none, err
+		}
+		return replayRefund(row, req)
+	}
+	charge, found, err := s.chargeByID(ctx, req.ChargeID)
+	if err != nil {
+		return none, err
+	}
+	if !found {
+		return none, fmt.Errorf("%w: no charge %q", errChargeNotFound, req.ChargeID)
+	}
+	if charge.PaymentMethod == payment.MethodUnavailableOnce {
+		if err := s.failOnce(ctx, opRefund, key); err != nil {
+			return none, err
+		}
+	}
+	switch {
+	case charge.Status != payment.StatusSucceeded:
+		return none, fmt.Errorf("%w: charge %q was %s", errRefundInvalid, req.ChargeID, charge.Status)
+	case charge.PaymentMethod == payment.MethodRefundRefused:
+		return none, fmt.Errorf("%w: charge %q was made with %s, whose refunds are always refused", errRefundRefused,
+			req.ChargeID, payment.MethodRefundRefused)
+	}
+
+	var made []refundRow
+	var left int64
+	errExisting := errors.New("a refund under this key exists")
+	errExceeds := errors.New("the refund exceeds the charge")
+	err = database.Transact(ctx, s.db, func(tx *gorm.DB) error {
+		made, left = nil, 0
+		err := tx.Raw(`WITH r AS (
+				INSERT INTO refunds (idempotency_key, id, charge_id, status, amount) VALUES (?, ?, ?, ?, ?)
+				ON CONFLICT (idempotency_key) DO NOTHING RETURNING *)
+			SELECT `+refundColumns+` FROM r JOIN charges c ON c.id = r.charge_id`,
+			key, "re_"+uuid.NewString(), req.ChargeID, payment.StatusSucceeded, req.Amount).Scan(&made).Error
+		if err != nil {
+			return err
+		}
+		if len(made) == 0 {
+			return errExisting
+		}
+		res := tx.Exec(`UPDATE charges SET amount_refunded = amount_refunded + ?
+			WHERE id = ? AND amount_refunded + ? <= amount`, req.Amount, req.ChargeID, req.Amount)
+		if res.Error != nil {
+			return res.Error
+		}
+		if res.RowsAffected == 0 {
+			if err := tx.Raw(`SELECT amount - amount_refunded FROM charges WHERE id = ?`, req.ChargeID).Scan(&left).Error; err != nil {
+				return err
+			}
+			return errExceeds
+		}
+		return countPostIn(tx, p)
+	})
+	switch {
+	case errors.Is(err, errExceeds):
+		return none, fmt.Errorf("%w: amount %d exceeds the %d still refundable", errRefundInvalid, req.Amount, left)
+	case errors.Is(err, errExisting):
+		// Another request refunded under key first: its refund is the answer.
+		row, found, err := s.refundByKey(ctx, key)
+		if err != nil {
+			return none, err
+		}
+		if !found {
+			return none, fmt.Errorf("%w: the refund under this key was reset while in flight", errUnavailable)
+		}
+		return replayRefund(row, req)
+	case err != nil:
+		return none, ledgerErr(err)
+	}
+	p.counted = true
+	return made[0].outcome(true), nil
+}
+
+func replayRefund(row refundRow, req payment.RefundRequest) (outcome[payment.Refund], error) {
+	if (payment.RefundRequest{ChargeID: row.ChargeID, Amount: row.Amount}) != req {
+		return outcome[payment.Refund]{}, fmt.Errorf("%w: the refund under this key has another charge_id or amount", errKeyReused)
+	}
+	return row.outcome(false), nil
+}
+
+func (s *store) chargeByKey(ctx context.Context, key string) (chargeRow, bool, error) {
+	return s.oneCharge(ctx, `idempotency_key = ?`, key)
+}
+
+func (s *store) chargeByID(ctx context.Context, id string) (chargeRow, bool, error) {
+	return s.oneCharge(ctx, `id = ?`, id)
+}
+
+func (s *store) oneCharge(ctx context.Context, where string, arg string) (chargeRow, bool, error) {
+	var rows []chargeRow
+	if err := s.db.WithContext(ctx).Raw(`SELECT `+chargeColumns+` FROM charges WHERE `+where, arg).Scan(&rows).Error; err != nil {
+		return chargeRow{}, false, ledgerErr(err)
+	}
+	if len(rows) == 0 {
+		return chargeRow{}, false, nil
+	}
+	return rows[0], true, nil
+}
+
+func (s *store) refundByKey(ctx context.Context, key string) (refundRow, bool, error) {
+	var rows []refundRow
+	err := s.db.WithContext(ctx).Raw(`SELECT `+refundColumns+` FROM refunds r JOIN charges c ON c.id = r.charge_id
+		WHERE r.idempotency_key = ?`, key).Scan(&rows).Error
+	if err != nil {
+		return refundRow{}, false, ledgerErr(err)
+	}
+	if len(rows) == 0 {
+		return refundRow{}, false, nil
+	}
+	return rows[0], true, nil
+}
+
+// lookupCharge is the charge made under key, for GET /v1/charges.
+func (s *store) lookupCharge(ctx context.Context, key string) (payment.Charge, bool, error) {
+	row, found, err := s.chargeByKey(ctx, key)
+	return row.charge(), found, err
+}
+
+// lookupRefund is the refund made under key, for GET /v1/refunds.
+func (s *store) lookupRefund(ctx context.Context, key string) (payment.Refund, bool, error) {
+	row, found, err := s.refundByKey(ctx, key)
+	return row.outcome(false).value, found, err
+}
+
+// reset forgets the whole ledger and every counter.
+func (s *store) reset(ctx context.Context) error {
+	return ledgerErr(s.db.WithContext(ctx).Exec(
+		`TRUNCATE charges, refunds, attempts, unavailable_given, counters RESTART IDENTITY`).Error)
 }

@@ -1,0 +1,92 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/messaging"
+	"github.com/orderservice/orderservice/internal/order"
+)
+
+// connectNATS starts the embedded NATS server when NATS_URL is empty, and
+// connects to whichever server is in use. embedded is nil for an external one.
+func connectNATS(cfg Config, embedded bool) (*messaging.Embedded, *nats.Conn, string, error) {
+	var srv *messaging.Embedded
+	serverURL := cfg.NATSURL
+	opts := []nats.Option{nats.Name("orderservice"), nats.MaxReconnects(-1), nats.ReconnectWait(500 * time.Millisecond)}
+	if serverURL == "" {
+		if embedded {
+			var err error
+			srv, err = messaging.StartEmbedded(messaging.EmbeddedOptions{Addr: cfg.NATSEmbeddedAddr, StoreDir: cfg.natsStoreDir(),
+				Tenants: cfg.APIKeys, ServicePassword: cfg.NATSServicePassword})
+			if err != nil {
+				return nil, nil, "", err
+			}
+			serverURL = srv.URL()
+		} else { // a command-line tool talks to the running service's embedded server
+			serverURL = "nats://" + cfg.NATSEmbeddedAddr
+		}
+		opts = append(opts, nats.UserInfo(messaging.ServiceUser, cfg.NATSServicePassword))
+	}
+	nc, err := nats.Connect(serverURL, opts...)
+	if err != nil {
+		if srv != nil {
+			srv.Close()
+		}
+		return nil, nil, "", fmt.Errorf("connect to NATS at %s: %w", redactURL(serverURL), err)
+	}
+	return srv, nc, serverURL, nil
+}
+
+func redactURL(s string) string {
+	if u, err := url.Parse(s); err == nil {
+		return u.Redacted()
+	}
+	return "(NATS_URL)"
+}
+
+// brokerPolicy reads the streams the commands replay from (creating them
+// when missing) and returns the policy in force: the message redelivery
+// window is ORDER_COMMANDS's max_age, whatever the configuration says. It
+// refuses, in one line, a retention that would let a record expire while
+// the broker can still deliver its command: from ORDER_COMMANDS, or from
+// the DLQ by an operator's replay.
+func brokerPolicy(ctx context.Context, cfg Config, js jetstream.JetStream) (idempotency.Policy, map[string]string, error) {
+	policy := cfg.Policy()
+	streams, err := messaging.EnsureStreams(ctx, js, messaging.StreamWindows{
+		Redelivery: cfg.MessageRedeliveryWindow, Compensation: cfg.ManualCompensationWindow})
+	if err != nil {
+		return policy, nil, err
+	}
+	for i, w := range policy.Windows {
+		if w.Name == "message_redelivery" {
+			policy.Windows[i].Duration = streams.CommandsMaxAge
+		}
+	}
+	sources := map[string]string{
+		"client_retry":        "REPLAY_WINDOW_CLIENT_RETRY",
+		"message_redelivery":  "stream " + messaging.CommandsStream + " max_age",
+		"manual_compensation": fmt.Sprintf("REPLAY_WINDOW_MANUAL_COMPENSATION (stream %s max_age %s)", messaging.DLQStream, streams.DLQMaxAge),
+	}
+	if err := messaging.CheckRetention(policy, messaging.CommandsStream, streams.CommandsMaxAge, order.Operations); err != nil {
+		return policy, nil, fmt.Errorf("refusing to start: %w", err)
+	}
+	if err := messaging.CheckRetention(policy, messaging.DLQStream, streams.DLQMaxAge, order.Operations); err != nil {
+		return policy, nil, fmt.Errorf("refusing to start: %w", err)
+	}
+	if err := policy.Check(); err != nil {
+		return policy, nil, fmt.Errorf("refusing to start: %w", err)
+	}
+	return policy, sources, nil
+}
+
+// outboxRetention is how long published events are kept: as long as the
+// records of an operation that moves no money, so an event can be sent
+// again for as long as any replay source can repeat its intent.
+func outboxRetention(p idempotency.Policy) time.Duration { return p.RetentionFor("order.outbox") }

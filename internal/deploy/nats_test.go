@@ -1,0 +1,152 @@
+package deploy
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/compose-spec/compose-go/v2/types"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/orderservice/orderservice/internal/app"
+	"github.com/orderservice/orderservice/internal/messaging"
+)
+
+// natsConf loads deploy/nats.conf the way nats-server does.
+func natsConf(t *testing.T) *server.Options {
+	t.Helper()
+	opts, err := server.ProcessConfigFile(filepath.Join(repoRoot, "deploy", "nats.conf"))
+	if err != nil {
+		t.Fatalf("deploy/nats.conf: %v", err)
+	}
+	return opts
+}
+
+// startNATSFromConf runs a NATS server from deploy/nats.conf in this
+// process, on a free loopback port with a store of its own.
+func startNATSFromConf(t *testing.T) *server.Server {
+	t.Helper()
+	opts := natsConf(t)
+	opts.Port, opts.HTTPPort, opts.Host, opts.StoreDir, opts.NoLog, opts.NoSigs = server.RANDOM_PORT, 0, "127.0.0.1", t.TempDir(), true, true
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server from deploy/nats.conf did not start")
+	}
+	t.Cleanup(srv.Shutdown)
+	return srv
+}
+
+// loopbackNATSURL is composeURL (credentials and all) pointed at srv.
+func loopbackNATSURL(t *testing.T, composeURL string, srv *server.Server) string {
+	t.Helper()
+	u, err := url.Parse(composeURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Host = strings.TrimPrefix(srv.ClientURL(), "nats://")
+	return u.String()
+}
+
+func TestNATSConfiguration(t *testing.T) {
+	p := loadCompose(t)
+	opts := natsConf(t)
+	env := environment(t, service(t, p, svcReplica1))
+	cfg, err := app.LoadConfig(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	users := map[string]*server.User{}
+	for _, u := range opts.Users {
+		users[u.Username] = u
+	}
+
+	t.Run("JetStream is on and keeps its store in the mounted volume", func(t *testing.T) {
+		if !opts.JetStream || opts.StoreDir != "/data" || opts.Port != 4222 || opts.HTTPPort != 8222 {
+			t.Errorf("jetstream %v store %q port %d http %d", opts.JetStream, opts.StoreDir, opts.Port, opts.HTTPPort)
+		}
+		nats := service(t, p, svcNATS)
+		var conf, data bool
+		for _, v := range nats.Volumes {
+			conf = conf || (v.Type == types.VolumeTypeBind && v.Source == filepath.Join(absRoot(t), "deploy/nats.conf") && v.ReadOnly)
+			data = data || (v.Type == types.VolumeTypeVolume && v.Target == "/data")
+		}
+		if !conf || !data {
+			t.Errorf("nats volumes = %v, want deploy/nats.conf read-only and a named volume on /data", nats.Volumes)
+		}
+		if test := nats.HealthCheck.Test; !strings.Contains(test[len(test)-1], ":8222/healthz") {
+			t.Errorf("nats healthcheck = %q", test)
+		}
+	})
+	t.Run("every tenant of API_KEYS is a user with its key and exactly the embedded server's permissions", func(t *testing.T) {
+		for tenant, key := range cfg.APIKeys {
+			u := users[tenant]
+			if u == nil || u.Password != key {
+				t.Errorf("tenant %s: no user with its API key", tenant)
+				continue
+			}
+			want := messaging.TenantPermissions(tenant)
+			if !slices.Equal(u.Permissions.Publish.Allow, want.Publish.Allow) || !slices.Equal(u.Permissions.Subscribe.Allow, want.Subscribe.Allow) {
+				t.Errorf("tenant %s: permissions %+v %+v, want %+v %+v", tenant, u.Permissions.Publish, u.Permissions.Subscribe, want.Publish, want.Subscribe)
+			}
+		}
+		if len(users) != len(cfg.APIKeys)+1 {
+			t.Errorf("%d users, want one per tenant and the service's", len(users))
+		}
+	})
+	t.Run("the replicas' NATS_URL names the nats service and the service's user", func(t *testing.T) {
+		u, err := url.Parse(cfg.NATSURL)
+		if err != nil || u.Hostname() != svcNATS || u.Port() != "4222" {
+			t.Fatalf("NATS_URL = %q", cfg.NATSURL)
+		}
+		pass, _ := u.User.Password()
+		if svc := users[u.User.Username()]; svc == nil || svc.Password != pass || svc.Permissions != nil {
+			t.Errorf("NATS_URL's user %q is not the unrestricted service user of nats.conf", u.User.Username())
+		}
+	})
+
+	t.Run("a server run from the file refuses a tenant another tenant's prefix", func(t *testing.T) {
+		srv := startNATSFromConf(t)
+		nc, err := nats.Connect(loopbackNATSURL(t, cfg.NATSURL, srv))
+		if err != nil {
+			t.Fatalf("the service's credentials: %v", err)
+		}
+		defer nc.Close()
+		js, _ := jetstream.New(nc)
+		if _, err := messaging.EnsureStreams(context.Background(), js, messaging.StreamWindows{Redelivery: time.Hour, Compensation: time.Hour}); err != nil {
+			t.Fatalf("the service cannot create its streams: %v", err)
+		}
+
+		violations := make(chan error, 1)
+		acme, err := nats.Connect(srv.ClientURL(), nats.UserInfo("acme", cfg.APIKeys["acme"]),
+			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { violations <- err }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer acme.Close()
+		ajs, _ := jetstream.New(acme)
+		if _, err := ajs.Publish(context.Background(), messaging.CommandSubject("acme", "create"), []byte("{}")); err != nil {
+			t.Errorf("acme on its own prefix: %v", err)
+		}
+		_ = acme.Publish(messaging.CommandSubject("globex", "create"), []byte("{}"))
+		_ = acme.Flush()
+		select {
+		case err := <-violations:
+			if !errors.Is(err, nats.ErrPermissionViolation) && !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
+				t.Errorf("err = %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("the broker accepted acme's publish under globex")
+		}
+	})
+}

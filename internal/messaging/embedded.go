@@ -1,0 +1,90 @@
+package messaging
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// ServiceUser is the NATS user the order service itself connects as.
+const ServiceUser = "orderservice"
+
+// EmbeddedOptions configure the NATS server the service runs in-process
+// when no NATS_URL is given.
+type EmbeddedOptions struct {
+	// Addr is host:port to listen on; port 0 lets the kernel choose.
+	Addr string
+	// StoreDir is where JetStream keeps its streams.
+	StoreDir string
+	// Tenants maps each tenant to its API key: one NATS user per tenant.
+	Tenants map[string]string
+	// ServicePassword is the password of ServiceUser.
+	ServicePassword string
+}
+
+// Embedded is a running in-process NATS server with JetStream.
+type Embedded struct {
+	server *server.Server
+}
+
+// StartEmbedded starts a NATS server with JetStream and one user per
+// tenant, whose permissions are the tenant's own subjects only: publish
+// commands under orders.commands.<tenant>., subscribe to its results and
+// events (and to reply inboxes, for JetStream's publish acknowledgements).
+// The broker itself refuses a publish under another tenant's prefix.
+func StartEmbedded(opts EmbeddedOptions) (*Embedded, error) {
+	host, portText, err := net.SplitHostPort(opts.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("NATS_EMBEDDED_ADDR %q: %w", opts.Addr, err)
+	}
+	port, err := strconv.Atoi(portText)
+	if err != nil {
+		return nil, fmt.Errorf("NATS_EMBEDDED_ADDR %q: port is not a number", opts.Addr)
+	}
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	users := []*server.User{{Username: ServiceUser, Password: opts.ServicePassword}}
+	for tenant, key := range opts.Tenants {
+		users = append(users, &server.User{Username: tenant, Password: key, Permissions: TenantPermissions(tenant)})
+	}
+	s, err := server.NewServer(&server.Options{
+		ServerName: "orderservice-embedded", Host: host, Port: port,
+		JetStream: true, StoreDir: opts.StoreDir, Users: users,
+		NoSigs: true, NoLog: true, MaxPayload: 1 << 20,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("embedded NATS server: %w", err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		return nil, fmt.Errorf("embedded NATS server did not start listening on %s (store %s)", opts.Addr, opts.StoreDir)
+	}
+	return &Embedded{server: s}, nil
+}
+
+// TenantPermissions are what one tenant's NATS user may do. The same list
+// is in deploy/nats.conf for the compose setup.
+func TenantPermissions(tenant string) *server.Permissions {
+	return &server.Permissions{
+		Publish: &server.SubjectPermission{Allow: []string{CommandPrefix + tenant + ".>"}},
+		Subscribe: &server.SubjectPermission{Allow: []string{
+			ResultPrefix + tenant + ".>", EventPrefix + tenant + ".>", "_INBOX.>"}},
+	}
+}
+
+// URL is the address clients connect to, without credentials.
+func (e *Embedded) URL() string { return e.server.ClientURL() }
+
+// Addr is the host:port the server listens on.
+func (e *Embedded) Addr() string { return e.server.Addr().String() }
+
+// Close stops the server and waits until it has.
+func (e *Embedded) Close() {
+	e.server.Shutdown()
+	e.server.WaitForShutdown()
+}

@@ -1,0 +1,76 @@
+// Package messaging is the service's second door: commands arrive on NATS
+// JetStream (orders.commands.<tenant>.<op>), run through the same order use
+// cases and idempotency records as HTTP, and their outcomes leave on
+// orders.results.<tenant>.<op>. A command that keeps failing transiently,
+// or cannot be read at all, is moved to a dead-letter stream that an
+// operator replays by hand. Order events leave through the transactional
+// outbox, published by a relay on orders.events.<tenant>.<event>.
+//
+// The broker is a replay source: JetStream redelivers a command that was
+// not acknowledged, and its stream's max_age is how long it may do so. The
+// records must outlive that window, which CheckRetention enforces at start.
+package messaging
+
+import (
+	"strings"
+)
+
+// The streams the service uses, and creates when they are missing.
+const (
+	// CommandsStream holds commands; its max_age is the message redelivery window.
+	CommandsStream = "ORDER_COMMANDS"
+	// DLQStream holds dead-lettered commands until an operator replays them.
+	DLQStream = "ORDER_COMMANDS_DLQ"
+	// ResultsStream keeps the published results, so a reader may come late.
+	ResultsStream = "ORDER_RESULTS"
+	// EventsStream holds the order events the outbox relay publishes.
+	EventsStream = "ORDER_EVENTS"
+	// ConsumerName is the durable pull consumer every instance shares.
+	ConsumerName = "orderservice"
+)
+
+// Subject prefixes; a tenant's credentials may only publish commands under
+// its own orders.commands.<tenant>. prefix.
+const (
+	CommandPrefix = "orders.commands."
+	ResultPrefix  = "orders.results."
+	EventPrefix   = "orders.events."
+	DLQPrefix     = "orders.dlq."
+)
+
+// Headers of commands, results and dead letters.
+const (
+	HeaderKey         = "Idempotency-Key"
+	HeaderStatus      = "Status"
+	HeaderReplayed    = "Idempotent-Replayed"
+	HeaderLocation    = "Location"
+	HeaderContentType = "Content-Type"
+	HeaderMsgID       = "Nats-Msg-Id"
+	// HeaderReason says why a command was dead-lettered.
+	HeaderReason = "Dead-Letter-Reason"
+	// HeaderDLSubject is the subject the command was published on, where
+	// `orderservice dlq replay` sends it again.
+	HeaderDLSubject = "Dead-Letter-Subject"
+	// HeaderDLDeliveries is how often the command had been delivered.
+	HeaderDLDeliveries = "Dead-Letter-Deliveries"
+	// HeaderDLSequence is the command's sequence in ORDER_COMMANDS.
+	HeaderDLSequence = "Dead-Letter-Sequence"
+)
+
+// Ops lists the operations a command subject may name, as the last token.
+var Ops = []string{"create", "pay", "cancel", "ship", "deliver"}
+
+// CommandSubject is the subject a tenant publishes op on.
+func CommandSubject(tenant, op string) string { return CommandPrefix + tenant + "." + op }
+
+// ResultSubject is the subject op's outcomes for tenant are published on.
+func ResultSubject(tenant, op string) string { return ResultPrefix + tenant + "." + op }
+
+// EventSubject is the subject an order event of tenant is published on.
+func EventSubject(tenant, event string) string { return EventPrefix + tenant + "." + event }
+
+// dlqSubject is where a dead letter of subject is kept: orders.dlq. and the
+// original subject without its leading "orders.".
+func dlqSubject(subject string) string {
+	return DLQPrefix + strings.TrimPrefix(subject, "orders.")
+}

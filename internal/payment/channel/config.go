@@ -1,0 +1,82 @@
+package channel
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+)
+
+// Config is every setting of the standalone channel (cmd/paymentchannel),
+// read once from the environment. The README's configuration table lists
+// the same variables; the order service's embedded channel takes its
+// settings from the service's own configuration instead.
+type Config struct {
+	// Addr is where the channel listens.
+	Addr string `env:"HTTP_ADDR" envDefault:":8081"`
+	// SlowDelay is how long pm_slow charges and refunds take.
+	SlowDelay time.Duration `env:"PAYMENT_SLOW_DELAY" envDefault:"2s"`
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
+	// DatabaseURL is the channel's own database, created if missing.
+	DatabaseURL string `env:"CHANNEL_DATABASE_URL" envDefault:"postgres://postgres:postgres@localhost:5432/paymentchannel?sslmode=disable"`
+}
+
+// LoadConfig parses and validates the configuration in environ; an error
+// names the variable at fault, in one line.
+func LoadConfig(environ map[string]string) (Config, error) {
+	var cfg Config
+	if err := env.ParseWithOptions(&cfg, env.Options{Environment: environ}); err != nil {
+		return cfg, configError(err)
+	}
+	return cfg, cfg.validate()
+}
+
+func (c Config) validate() error {
+	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+		return fmt.Errorf("HTTP_ADDR %q is not host:port", c.Addr)
+	}
+	if c.SlowDelay <= 0 {
+		return fmt.Errorf("PAYMENT_SLOW_DELAY must be a positive duration such as 2s, not %s", c.SlowDelay)
+	}
+	if _, ok := logLevels[c.LogLevel]; !ok {
+		return fmt.Errorf("LOG_LEVEL must be debug, info, warn or error, not %q", c.LogLevel)
+	}
+	if u, err := url.Parse(c.DatabaseURL); err != nil || !strings.HasPrefix(u.Scheme, "postgres") {
+		return errors.New("CHANNEL_DATABASE_URL must be a postgres:// URL")
+	}
+	return nil
+}
+
+var logLevels = map[string]slog.Level{"debug": slog.LevelDebug, "info": slog.LevelInfo, "warn": slog.LevelWarn, "error": slog.LevelError}
+
+// Level is LogLevel as a slog level.
+func (c Config) Level() slog.Level { return logLevels[c.LogLevel] }
+
+// configError rewrites env's errors, which name struct fields, to name the
+// variables instead.
+func configError(err error) error {
+	var agg env.AggregateError
+	if !errors.As(err, &agg) {
+		return errors.New(strings.ReplaceAll(err.Error(), "\n", "; "))
+	}
+	msgs := make([]string, 0, len(agg.Errors))
+	for _, e := range agg.Errors {
+		var pe env.ParseError
+		if errors.As(e, &pe) {
+			if f, ok := reflect.TypeFor[Config]().FieldByName(pe.Name); ok {
+				name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+				msgs = append(msgs, fmt.Sprintf("%s: %v", name, pe.Err))
+				continue
+			}
+		}
+		msgs = append(msgs, e.Error())
+	}
+	return errors.New(strings.ReplaceAll(strings.Join(msgs, "; "), "\n", " "))
+}

@@ -1,0 +1,133 @@
+// Package transport is what every door into the service shares, so that an
+// HTTP request and a message carrying the same intent are read the same way
+// and answered with the same bytes: the strict JSON body decoder, and the
+// mapping from any error a use case returns to the problem it answers.
+package transport
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
+
+	"github.com/orderservice/orderservice/internal/database"
+	"github.com/orderservice/orderservice/internal/problem"
+)
+
+// MaxBody bounds every request body; 100 items fit many times over. It is
+// also NATS's default max_payload, so a message can never carry more.
+const MaxBody = 1 << 20
+
+// DecodeJSON reads body into v, strictly: one JSON value, member names
+// matched exactly, no duplicate members (a gateway that reads the first
+// value and a service that reads the last must never disagree), no unknown
+// members (server-owned fields such as id, status or tenant_id are refused,
+// never silently taken). An empty body leaves v at its zero value; the use
+// case then names the first missing field.
+func DecodeJSON(body []byte, v any) error {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(body, v, json.RejectUnknownMembers(true)); err != nil {
+		return jsonError(err)
+	}
+	return nil
+}
+
+// Problem maps an error a use case returned to the problem it answers: a
+// domain problem as it is, an unavailable dependency as 503 (retry with the
+// same key), anything else as 500.
+func Problem(err error) *problem.Error {
+	switch {
+	case problem.CodeOf(err) != problem.Internal:
+		return problem.As(err)
+	case database.IsUnavailable(err) || database.IsLockTimeout(err) || errors.Is(err, context.DeadlineExceeded):
+		return &problem.Error{Code: problem.ServiceUnavailable, Detail: "A dependency is unavailable; retry with the same Idempotency-Key.", RetryAfter: time.Second}
+	}
+	return problem.As(err)
+}
+
+// Transient reports whether p is an answer that a later try of the same
+// intent may change: a dependency was unavailable, the intent is still in
+// progress elsewhere, or the service failed. Every other answer is final.
+func Transient(p *problem.Error) bool {
+	switch p.Code {
+	case problem.ServiceUnavailable, problem.RequestInProgress, problem.Internal:
+		return true
+	}
+	return false
+}
+
+// jsonError names the member a decoding error is about, as a field path
+// such as items[0].quantity.
+func jsonError(err error) error {
+	var syntax *jsontext.SyntacticError
+	var semantic *json.SemanticError
+	switch {
+	case errors.As(err, &syntax) && errors.Is(syntax.Err, jsontext.ErrDuplicateName):
+		return InvalidBody(fieldPath(syntax.JSONPointer), "appears more than once")
+	case errors.As(err, &syntax):
+		return InvalidBody("body", fmt.Sprintf("is not valid JSON (at byte %d)", syntax.ByteOffset))
+	case errors.As(err, &semantic) && errors.Is(semantic.Err, json.ErrUnknownName):
+		return InvalidBody(fieldPath(semantic.JSONPointer), "is not a field of this request")
+	case errors.As(err, &semantic):
+		field := fieldPath(semantic.JSONPointer)
+		if semantic.GoType != nil {
+			return InvalidBody(field, "must be a JSON "+jsonType(semantic.GoType.Kind().String()))
+		}
+		return InvalidBody(field, "has the wrong type")
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return InvalidBody("body", "is truncated JSON")
+	}
+	return InvalidBody("body", "is not a valid request")
+}
+
+// fieldPath turns a JSON Pointer (/items/0/quantity) into items[0].quantity.
+func fieldPath(p jsontext.Pointer) string {
+	var b strings.Builder
+	for tok := range p.Tokens() {
+		if _, err := strconv.Atoi(tok); err == nil && b.Len() > 0 {
+			b.WriteString("[" + tok + "]")
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte('.')
+		}
+		b.WriteString(tok)
+	}
+	if b.Len() == 0 {
+		return "body"
+	}
+	return b.String()
+}
+
+func jsonType(kind string) string {
+	switch kind {
+	case "int", "int64", "int32":
+		return "integer in range"
+	case "map", "struct":
+		return "object"
+	case "slice":
+		return "array"
+	}
+	return kind
+}
+
+// maxField bounds the field a problem names (api/openapi.yaml, Problem): an
+// unknown member's name comes from the client and may be as long as the body.
+const maxField = 200
+
+// InvalidBody is the 400 that names the field a body is wrong about.
+func InvalidBody(field, why string) error {
+	if r := []rune(field); len(r) > maxField {
+		field = string(r[:maxField-1]) + "…"
+	}
+	return problem.Errorf(problem.InvalidRequest, "%s: %s", field, why).With("field", field)
+}
