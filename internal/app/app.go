@@ -113,17 +113,6 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Main, error) 
 
 func (m *Main) start(ctx context.Context) error {
 	cfg := m.Config
-	db, err := database.Open(ctx, cfg.DatabaseURL, database.Options{
-		MaxConns: cfg.DBMaxConns, StatementTimeout: cfg.DBStatementTimeout, LockTimeout: cfg.DBLockTimeout})
-	if err != nil {
-		return err
-	}
-	m.DB = db
-	version, err := database.Migrate(cfg.DatabaseURL)
-	if err != nil {
-		return err
-	}
-
 	channelURL := cfg.PaymentChannelURL
 	if channelURL == "" {
 		m.Channel = channel.New(channel.Options{SlowDelay: cfg.ChannelSlowDelay, Logger: m.Logger.With("component", "paymentchannel")})
@@ -136,6 +125,23 @@ func (m *Main) start(ctx context.Context) error {
 		channelURL = "http://" + m.ChannelAddr
 	}
 
+	// The API listens before the database is there: /healthz and /readyz
+	// answer (200, 503) while a failover or a booting database is awaited,
+	// and nothing touches a database that is not a writable primary.
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("listen on HTTP_ADDR %s: %w", cfg.HTTPAddr, err)
+	}
+	m.Addr = ln.Addr().String()
+	gate := &startingGate{}
+	m.serve(ln, gate)
+
+	version, err := m.openDatabase(ctx)
+	if err != nil {
+		return err
+	}
+	db := m.DB
+
 	policy := cfg.Policy()
 	m.Metrics = metrics.New(db, m.Logger)
 	records := &idempotency.Store{Lease: cfg.Lease, Policy: policy}
@@ -147,13 +153,7 @@ func (m *Main) start(ctx context.Context) error {
 	}
 	api := &httpapi.Server{Orders: m.Orders, Records: records, DB: db, Logger: m.Logger,
 		Tenants: httpapi.NewTenants(cfg.APIKeys), Policy: policy, Metrics: m.Metrics}
-
-	ln, err := net.Listen("tcp", cfg.HTTPAddr)
-	if err != nil {
-		return fmt.Errorf("listen on HTTP_ADDR %s: %w", cfg.HTTPAddr, err)
-	}
-	m.Addr = ln.Addr().String()
-	m.serve(ln, api.Handler())
+	gate.open(api.Handler())
 
 	workCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	m.stop = stop

@@ -35,6 +35,7 @@ func TestBadConfigurationStopsTheStart(t *testing.T) {
 		"a payment channel URL that is not one": {"PAYMENT_CHANNEL_URL": "ftp://x"},
 		"two tenants sharing a key":             {"API_KEYS": "a=same-key-1,b=same-key-1"},
 		"a database URL of another kind":        {"DATABASE_URL": "mysql://x"},
+		"a database URL with a bad port":        {"DATABASE_URL": "postgres://u@h1:5432,h2:port/db"},
 	} {
 		t.Run(name+" is refused in one line", func(t *testing.T) {
 			var out bytes.Buffer
@@ -239,4 +240,14 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+func TestAMultiHostDatabaseURLIsAccepted(t *testing.T) {
+	cfg, err := app.LoadConfig(map[string]string{"DATABASE_URL": "postgres://u@h1:5432,h2:5432/db?target_session_attrs=read-write"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.DBConnMaxLifetime <= 0 || cfg.DBStartTimeout <= 0 {
+		t.Errorf("defaults: DB_CONN_MAX_LIFETIME %s, DB_START_TIMEOUT %s", cfg.DBConnMaxLifetime, cfg.DBStartTimeout)
+	}
 }
