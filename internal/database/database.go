@@ -49,13 +49,25 @@ var DefaultOptions = Options{MaxConns: 20, StatementTimeout: 5 * time.Second, Lo
 // Open connects to url, creating the database first if it does not exist.
 func Open(ctx context.Context, url string, opts Options) (*gorm.DB, error) {
 	db, err := open(ctx, url, opts)
-	if err != nil && SQLState(err) == "3D000" { // invalid_catalog_name: the database is missing
-		if cerr := createDatabase(ctx, url); cerr != nil {
-			return nil, cerr
-		}
-		db, err = open(ctx, url, opts)
+	if err == nil || SQLState(err) != "3D000" { // invalid_catalog_name: the database is missing
+		return db, err
 	}
-	return db, err
+	if cerr := createDatabase(ctx, url); cerr != nil {
+		return nil, cerr
+	}
+	// pgx stops at the first host that lacks the database; with several
+	// hosts that may be a replica that has not replayed CREATE DATABASE yet.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		db, err = open(ctx, url, opts)
+		if err == nil || SQLState(err) != "3D000" || time.Now().After(deadline) {
+			return db, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 func open(ctx context.Context, url string, opts Options) (*gorm.DB, error) {
