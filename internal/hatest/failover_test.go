@@ -65,6 +65,7 @@ func TestPrimaryNodeKilledMidStorm(t *testing.T) {
 		t.Fatal(err)
 	}
 	replica := ha.cluster.other(leader)
+	commitsInDoubt()
 	killAt := time.Now()
 	if err := ha.cluster.crash(leader); err != nil {
 		t.Fatal(err)
@@ -73,6 +74,7 @@ func TestPrimaryNodeKilledMidStorm(t *testing.T) {
 	resumedAt := firstWriteAfter(t, l, killAt, 60*time.Second)
 	time.Sleep(3 * time.Second) // keep the storm on the new primary a while
 	stop()
+	inDoubt := commitsInDoubt()
 
 	tl := l.tally(killAt, killAt, resumedAt)
 	tl.resentAfterGivingUp = l.converge(t)
@@ -90,7 +92,7 @@ func TestPrimaryNodeKilledMidStorm(t *testing.T) {
 			}
 		}
 	})
-	figure(t, "scenario 1 (SIGKILL of %s mid-storm): promotion of %s %s after the kill; first write %s after the kill; last failed attempt %s after the kill; %s",
+	figure(t, "scenario 1 (SIGKILL of %s mid-storm): promotion of %s %s after the kill; first write %s after the kill; last failed attempt %s after the kill; COMMITs that reached a node and whose answer never reached the service: %d %v; %s",
 		leader.name, replica.name, promotedAt.Sub(killAt).Round(10*time.Millisecond), resumedAt.Sub(killAt).Round(10*time.Millisecond),
-		after(killAt, tl.lastFailure), tl)
+		after(killAt, tl.lastFailure), len(inDoubt), l.resolveInDoubt(inDoubt), tl)
 }

@@ -62,12 +62,14 @@ func (l *attemptLog) attempts() []attempt {
 // newClient is the Go client of one instance for one tenant, patient
 // enough to ride out a failover (its retries are what the test measures).
 func newClient(baseURL, apiKey string, log *attemptLog) *client.Client {
+	return newClientWith(baseURL, apiKey, log, client.RetryPolicy{MaxAttempts: 200, BaseDelay: 50 * time.Millisecond, MaxDelay: time.Second})
+}
+
+func newClientWith(baseURL, apiKey string, log *attemptLog, policy client.RetryPolicy) *client.Client {
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.MaxIdleConnsPerHost = 64
 	log.next = transport
-	return client.New(baseURL, apiKey,
-		client.WithHTTPClient(&http.Client{Transport: log}),
-		client.WithRetry(client.RetryPolicy{MaxAttempts: 200, BaseDelay: 50 * time.Millisecond, MaxDelay: time.Second}))
+	return client.New(baseURL, apiKey, client.WithHTTPClient(&http.Client{Transport: log}), client.WithRetry(policy))
 }
 
 // intent is one create or pay the load made, and how it ended.
@@ -360,4 +362,33 @@ func (tl tally) String() string {
 		tl.creates, tl.pays, tl.failedAttempts, strings.Join(kinds, ", "), tl.unknownResolved["create"], tl.unknownResolved["pay"],
 		tl.retriedExecuted["create"], tl.retriedExecuted["pay"],
 		tl.resentAfterGivingUp, tl.orders, tl.charges, tl.missingAcknowledged, tl.extraOrders, tl.doubleCharges)
+}
+
+// resolveInDoubt says, for each COMMIT whose answer was lost, which intent
+// it belonged to and how that intent ended: its retry got the stored
+// outcome replayed (the commit had survived) or executed it afresh (it had
+// not).
+func (l *load) resolveInDoubt(doubts [][]string) []string {
+	byKey := map[string]*intent{}
+	for _, in := range l.all() {
+		byKey[in.key] = in
+	}
+	out := make([]string, 0, len(doubts))
+	for _, keys := range doubts {
+		var in *intent
+		for _, k := range keys {
+			if in = byKey[k]; in != nil {
+				break
+			}
+		}
+		switch {
+		case in == nil:
+			out = append(out, "a background transaction (no intent of the load)")
+		case in.replayed:
+			out = append(out, fmt.Sprintf("%s %s: survived, the retry replayed it", in.op, in.key))
+		default:
+			out = append(out, fmt.Sprintf("%s %s: lost, the retry executed it once", in.op, in.key))
+		}
+	}
+	return out
 }

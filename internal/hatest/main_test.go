@@ -245,3 +245,13 @@ func after(t0, t time.Time) string {
 	}
 	return t.Sub(t0).Round(10 * time.Millisecond).String()
 }
+
+// commitsInDoubt gathers, over both nodes, the COMMITs the server got whose
+// answer never reached the service since the last call.
+func commitsInDoubt() [][]string {
+	var d [][]string
+	for _, p := range ha.proxies {
+		d = append(d, p.commitsInDoubt()...)
+	}
+	return d
+}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"regexp"
 	"strings"
 	"sync"
 )
@@ -24,6 +25,7 @@ type pgProxy struct {
 	down       bool
 	conns      map[*proxyConn]struct{}
 	statements []string
+	inDoubt    [][]string // per COMMIT the server got whose answer never reached the service: the keys its transaction carried
 	trap       *commitTrap
 	wg         sync.WaitGroup
 }
@@ -103,6 +105,16 @@ func (p *pgProxy) arm(t *commitTrap) {
 	p.trap = t
 }
 
+// commitsInDoubt returns the COMMITs that reached the node whose answer the
+// service never got (each as the keys its transaction bound), and forgets them.
+func (p *pgProxy) commitsInDoubt() [][]string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	d := p.inDoubt
+	p.inDoubt = nil
+	return d
+}
+
 // seen returns the SQL that reached the node through the proxy, and forgets it.
 func (p *pgProxy) seen() []string {
 	p.mu.Lock()
@@ -147,19 +159,31 @@ type proxyConn struct {
 	client, server net.Conn
 	closeOnce      sync.Once
 
-	mu        sync.Mutex
-	prepared  map[string]string // statement name -> SQL (extended protocol)
-	inserted  bool              // the open transaction inserted an order
-	holding   *commitTrap       // the server's answers are held for this trap
-	heldBytes int
+	mu         sync.Mutex
+	prepared   map[string]string // statement name -> SQL (extended protocol)
+	inserted   bool              // the open transaction inserted an order
+	holding    *commitTrap       // the server's answers are held for this trap
+	heldBytes  int
+	committing bool     // a COMMIT went to the server and no answer came back yet
+	txKeys     []string // UUID-shaped text parameters bound in the open transaction (idempotency keys among them)
 }
+
+// uuidText matches a UUID in text form, as the load's idempotency keys are.
+var uuidText = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
 
 func (c *proxyConn) close() {
 	c.closeOnce.Do(func() {
 		c.client.Close()
 		c.server.Close()
+		c.mu.Lock()
+		inDoubt := c.committing || c.holding != nil
+		keys := c.txKeys
+		c.mu.Unlock()
 		c.p.mu.Lock()
 		delete(c.p.conns, c)
+		if inDoubt {
+			c.p.inDoubt = append(c.p.inDoubt, keys)
+		}
 		c.p.mu.Unlock()
 	})
 }
@@ -229,11 +253,12 @@ func (c *proxyConn) inspect(typ byte, body []byte) *commitTrap {
 		c.prepared[name] = text
 		c.mu.Unlock()
 		return nil // recorded when it is bound and run
-	case 'B': // Bind: portal name, statement name, ...
+	case 'B': // Bind: portal name, statement name, parameters
 		_, rest := cstring(body)
-		name, _ := cstring(rest)
+		name, params := cstring(rest)
 		c.mu.Lock()
 		sql = c.prepared[name]
+		c.txKeys = append(c.txKeys, uuidText.FindAllString(string(params), -1)...)
 		c.mu.Unlock()
 	default:
 		return nil
@@ -248,6 +273,7 @@ func (c *proxyConn) inspect(typ byte, body []byte) *commitTrap {
 	case lower == "commit":
 		inserted := c.inserted
 		c.inserted = false
+		c.committing = true
 		if !inserted {
 			return nil
 		}
@@ -257,7 +283,7 @@ func (c *proxyConn) inspect(typ byte, body []byte) *commitTrap {
 		c.p.mu.Unlock()
 		return trap
 	case lower == "rollback" || lower == "begin":
-		c.inserted = false
+		c.inserted, c.txKeys = false, nil
 	}
 	return nil
 }
@@ -265,6 +291,9 @@ func (c *proxyConn) inspect(typ byte, body []byte) *commitTrap {
 // spring holds the connection in the trap until the test releases it, then
 // cuts it with the server's answer (if any) unread by the service.
 func (c *proxyConn) spring(trap *commitTrap, commit []byte) {
+	c.mu.Lock()
+	c.committing = trap.mode != dropCommit
+	c.mu.Unlock()
 	if trap.mode != dropCommit {
 		c.mu.Lock()
 		c.holding = trap
@@ -289,6 +318,8 @@ func (c *proxyConn) backend() {
 			trap := c.holding
 			if trap != nil {
 				c.heldBytes += n
+			} else {
+				c.committing = false // the answer to the COMMIT, if one was pending
 			}
 			c.mu.Unlock()
 			if trap != nil {

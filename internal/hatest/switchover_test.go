@@ -27,6 +27,7 @@ func TestSwitchoverUnderLoad(t *testing.T) {
 	candidate := ha.cluster.other(leader)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	commitsInDoubt()
 	switchAt := time.Now()
 	if out, err := ha.cluster.switchover(ctx, leader, candidate); err != nil {
 		t.Fatalf("patronictl switchover: %v\n%s", err, out)
@@ -34,6 +35,7 @@ func TestSwitchoverUnderLoad(t *testing.T) {
 	promotedAt := waitPrimary(t, candidate, 60*time.Second)
 	time.Sleep(3 * time.Second) // the load goes on against the new primary
 	stop()
+	inDoubt := commitsInDoubt()
 
 	tl := l.tally(switchAt, switchAt, promotedAt.Add(time.Second))
 	tl.resentAfterGivingUp = l.converge(t)
@@ -50,8 +52,8 @@ func TestSwitchoverUnderLoad(t *testing.T) {
 			}
 		}
 	})
-	figure(t, "scenario 3 (switchover %s -> %s under load): %s writable %s after the command; last failed attempt %s after it; calls started during the switch: %d, p50 %s, p99 %s, max %s; %s",
+	figure(t, "scenario 3 (switchover %s -> %s under load): %s writable %s after the command; last failed attempt %s after it; calls started during the switch: %d, p50 %s, p99 %s, max %s; COMMITs that reached a node and whose answer never reached the service: %d %v; %s",
 		leader.name, candidate.name, candidate.name, promotedAt.Sub(switchAt).Round(10*time.Millisecond),
 		after(switchAt, tl.lastFailure), tl.windowCalls,
-		tl.p50.Round(time.Millisecond), tl.p99.Round(time.Millisecond), tl.max.Round(time.Millisecond), tl)
+		tl.p50.Round(time.Millisecond), tl.p99.Round(time.Millisecond), tl.max.Round(time.Millisecond), len(inDoubt), l.resolveInDoubt(inDoubt), tl)
 }
