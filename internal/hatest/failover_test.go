@@ -92,7 +92,11 @@ func TestPrimaryNodeKilledMidStorm(t *testing.T) {
 			}
 		}
 	})
-	figure(t, "scenario 1 (SIGKILL of %s mid-storm): promotion of %s %s after the kill; first write %s after the kill; last failed attempt %s after the kill; COMMITs that reached a node and whose answer never reached the service: %d %v; %s",
+	doubtSummary, doubtKeys := l.resolveInDoubt(inDoubt)
+	for _, k := range doubtKeys {
+		t.Logf("in doubt: %s", k)
+	}
+	figure(t, "scenario 1 (SIGKILL of %s mid-storm): promotion of %s %s after the kill; first write %s after the kill; last failed attempt %s after the kill; COMMITs that reached a node and whose answer never reached the service: %d (%s); %s",
 		leader.name, replica.name, promotedAt.Sub(killAt).Round(10*time.Millisecond), resumedAt.Sub(killAt).Round(10*time.Millisecond),
-		after(killAt, tl.lastFailure), len(inDoubt), l.resolveInDoubt(inDoubt), tl)
+		after(killAt, tl.lastFailure), len(inDoubt), doubtSummary, tl)
 }

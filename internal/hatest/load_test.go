@@ -364,31 +364,48 @@ func (tl tally) String() string {
 		tl.resentAfterGivingUp, tl.orders, tl.charges, tl.missingAcknowledged, tl.extraOrders, tl.doubleCharges)
 }
 
-// resolveInDoubt says, for each COMMIT whose answer was lost, which intent
-// it belonged to and how that intent ended: its retry got the stored
-// outcome replayed (the commit had survived) or executed it afresh (it had
-// not).
-func (l *load) resolveInDoubt(doubts [][]string) []string {
+// resolveInDoubt says, for the COMMITs whose answer was lost, which intents
+// they belonged to and how those ended: the retry got the stored outcome
+// replayed (the commit had survived), or the retry ran the intent itself (a
+// create whose commit was lost, created once; a pay resumed through its
+// record and the channel's key, charged once). It returns a summary by
+// outcome and the keys behind it.
+func (l *load) resolveInDoubt(doubts [][]string) (summary string, keys []string) {
 	byKey := map[string]*intent{}
 	for _, in := range l.all() {
 		byKey[in.key] = in
 	}
-	out := make([]string, 0, len(doubts))
-	for _, keys := range doubts {
+	counts := map[string]int{}
+	for _, ks := range doubts {
 		var in *intent
-		for _, k := range keys {
+		for _, k := range ks {
 			if in = byKey[k]; in != nil {
 				break
 			}
 		}
+		var outcome string
 		switch {
 		case in == nil:
-			out = append(out, "a background transaction (no intent of the load)")
+			outcome = "a background transaction (no intent of the load)"
 		case in.replayed:
-			out = append(out, fmt.Sprintf("%s %s: survived, the retry replayed it", in.op, in.key))
+			outcome = in.op + " survived, replayed to the retry"
+		case in.op == "create":
+			outcome = "create lost, created once by the retry"
 		default:
-			out = append(out, fmt.Sprintf("%s %s: lost, the retry executed it once", in.op, in.key))
+			outcome = "pay resumed by the retry, charged once"
+		}
+		counts[outcome]++
+		if in != nil {
+			keys = append(keys, in.op+" "+in.key+": "+outcome)
 		}
 	}
-	return out
+	parts := make([]string, 0, len(counts))
+	for o, n := range counts {
+		parts = append(parts, fmt.Sprintf("%d %s", n, o))
+	}
+	slices.Sort(parts)
+	if len(parts) == 0 {
+		return "none", nil
+	}
+	return strings.Join(parts, ", "), keys
 }

@@ -52,8 +52,12 @@ func TestSwitchoverUnderLoad(t *testing.T) {
 			}
 		}
 	})
-	figure(t, "scenario 3 (switchover %s -> %s under load): %s writable %s after the command; last failed attempt %s after it; calls started during the switch: %d, p50 %s, p99 %s, max %s; COMMITs that reached a node and whose answer never reached the service: %d %v; %s",
+	doubtSummary, doubtKeys := l.resolveInDoubt(inDoubt)
+	for _, k := range doubtKeys {
+		t.Logf("in doubt: %s", k)
+	}
+	figure(t, "scenario 3 (switchover %s -> %s under load): %s writable %s after the command; last failed attempt %s after it; calls started during the switch: %d, p50 %s, p99 %s, max %s; COMMITs that reached a node and whose answer never reached the service: %d (%s); %s",
 		leader.name, candidate.name, candidate.name, promotedAt.Sub(switchAt).Round(10*time.Millisecond),
 		after(switchAt, tl.lastFailure), tl.windowCalls,
-		tl.p50.Round(time.Millisecond), tl.p99.Round(time.Millisecond), tl.max.Round(time.Millisecond), len(inDoubt), l.resolveInDoubt(inDoubt), tl)
+		tl.p50.Round(time.Millisecond), tl.p99.Round(time.Millisecond), tl.max.Round(time.Millisecond), len(inDoubt), doubtSummary, tl)
 }
