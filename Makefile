@@ -25,6 +25,22 @@ test-faults: ## fault and load suite on real processes (restarts the local Postg
 	$(GO) vet -tags faults ./internal/faults/...
 	$(GO) test -race -tags faults -count=1 -timeout 15m $(FAULTS_FLAGS) ./internal/faults/...
 
+# HA_PACKAGES are what the HA suite runs on: Patroni, etcd and PostgreSQL 15
+# (Debian's packages), installed when missing. CI runs as root on a fresh machine.
+HA_PACKAGES := patroni:patroni etcd:etcd-server etcdctl:etcd-client /usr/lib/postgresql/15/bin/postgres:postgresql-15
+
+.PHONY: test-ha
+test-ha: ## HA suite: etcd and two Patroni-managed PostgreSQL 15 nodes on loopback; a primary killed mid-storm, an unknown commit, a switchover, a start with only the replica (installs patroni, etcd-server, etcd-client when missing)
+	@missing=""; for p in $(HA_PACKAGES); do command -v "$${p%%:*}" >/dev/null 2>&1 || missing="$$missing $${p#*:}"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "test-ha: installing$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null || exit 1; \
+	fi
+	$(GO) vet -tags ha ./internal/hatest/...
+	@dir=$$(mktemp -d /tmp/orderservice-ha-XXXXXX); \
+	trap 'sh internal/hatest/leftovers.sh "$$dir"' EXIT INT TERM; \
+	HA_DIR=$$dir $(GO) test -race -tags ha -count=1 -timeout 4m -v ./internal/hatest/...
+
 # The demo talks to a running service: `make run` (or `docker compose up`)
 # first. Override e.g. `make demo DEMO_BASE_URL=http://host:8080`.
 DEMO_BASE_URL    ?= http://localhost:8080

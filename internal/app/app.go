@@ -138,17 +138,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Main, error) 
 
 func (m *Main) start(ctx context.Context) error {
 	cfg := m.Config
-	db, err := database.Open(ctx, cfg.DatabaseURL, database.Options{
-		MaxConns: cfg.DBMaxConns, StatementTimeout: cfg.DBStatementTimeout, LockTimeout: cfg.DBLockTimeout})
-	if err != nil {
-		return err
-	}
-	m.DB = db
-	version, err := database.Migrate(cfg.DatabaseURL)
-	if err != nil {
-		return err
-	}
-
+	var err error
 	channelURL := cfg.PaymentChannelURL
 	if channelURL == "" {
 		// The channel's ledger is its own database, so a restart of the
@@ -166,6 +156,23 @@ func (m *Main) start(ctx context.Context) error {
 		m.serve(ln, m.Channel.Handler())
 		channelURL = "http://" + m.ChannelAddr
 	}
+
+	// The API listens before the database is there: /healthz and /readyz
+	// answer (200, 503) while a failover or a booting database is awaited,
+	// and nothing touches a database that is not a writable primary.
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("listen on HTTP_ADDR %s: %w", cfg.HTTPAddr, err)
+	}
+	m.Addr = ln.Addr().String()
+	gate := &startingGate{}
+	m.serve(ln, gate)
+
+	version, err := m.openDatabase(ctx)
+	if err != nil {
+		return err
+	}
+	db := m.DB
 
 	embedded, nc, natsURL, err := connectNATS(cfg, true)
 	if err != nil {
@@ -197,13 +204,7 @@ func (m *Main) start(ctx context.Context) error {
 		Tenants: httpapi.NewTenants(cfg.APIKeys), Policy: policy, Metrics: m.Metrics,
 		WindowSources: sources, OutboxRetention: outboxRetention(policy),
 		Waiter: waiter, MaxWait: cfg.MaxWait, Stopping: stopping}
-
-	ln, err := net.Listen("tcp", cfg.HTTPAddr)
-	if err != nil {
-		return fmt.Errorf("listen on HTTP_ADDR %s: %w", cfg.HTTPAddr, err)
-	}
-	m.Addr = ln.Addr().String()
-	m.serve(ln, api.Handler())
+	gate.open(api.Handler())
 
 	workCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	m.stop = stop

@@ -45,6 +45,7 @@ func TestBadConfigurationStopsTheStart(t *testing.T) {
 		"a NATS URL of another kind":                      {"NATS_URL": "http://nats:4222"},
 		"no delivery of a command at all":                 {"COMMAND_MAX_DELIVER": "0"},
 		"a backoff cap below its first step":              {"COMMAND_BACKOFF": "10s", "COMMAND_BACKOFF_MAX": "1s"},
+		"a database URL with a bad port":                  {"DATABASE_URL": "postgres://u@h1:5432,h2:port/db"},
 	} {
 		t.Run(name+" is refused in one line", func(t *testing.T) {
 			var out bytes.Buffer
@@ -312,4 +313,14 @@ func TestShutdownIsBoundedBySHUTDOWN_TIMEOUTWithTheSweeperMidBatch(t *testing.T)
 		t.Errorf("pay records = %d (%d finished), want 8 unfinished, left to leases and the sweeper", all, finished)
 	}
 	check.DB.Exec("DELETE FROM idempotency_records WHERE tenant_id = 'bounded'")
+}
+
+func TestAMultiHostDatabaseURLIsAccepted(t *testing.T) {
+	cfg, err := app.LoadConfig(map[string]string{"DATABASE_URL": "postgres://u@h1:5432,h2:5432/db?target_session_attrs=read-write"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.DBConnMaxLifetime <= 0 || cfg.DBStartTimeout <= 0 {
+		t.Errorf("defaults: DB_CONN_MAX_LIFETIME %s, DB_START_TIMEOUT %s", cfg.DBConnMaxLifetime, cfg.DBStartTimeout)
+	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/caarlos0/env/v11"
 
+	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
 )
@@ -36,6 +37,13 @@ type Config struct {
 	DBMaxConns         int           `env:"DB_MAX_CONNS" envDefault:"20"`
 	DBStatementTimeout time.Duration `env:"DB_STATEMENT_TIMEOUT" envDefault:"5s"`
 	DBLockTimeout      time.Duration `env:"DB_LOCK_TIMEOUT" envDefault:"3s"`
+	// DBConnMaxLifetime bounds a pooled connection's life: after a failover
+	// the pool is on the new primary within this long even where nothing
+	// broke the old connections.
+	DBConnMaxLifetime time.Duration `env:"DB_CONN_MAX_LIFETIME" envDefault:"2m"`
+	// DBStartTimeout is how long the start waits for a read-write database
+	// (a failover under way, a database still booting) before giving up.
+	DBStartTimeout time.Duration `env:"DB_START_TIMEOUT" envDefault:"60s"`
 
 	Lease          time.Duration `env:"IDEMPOTENCY_LEASE" envDefault:"30s"`
 	ChannelTimeout time.Duration `env:"PAYMENT_CHANNEL_TIMEOUT" envDefault:"10s"`
@@ -122,10 +130,15 @@ func withDatabase(dbURL, name string) string {
 }
 
 func (c Config) validate() error {
-	if _, err := url.Parse(c.DatabaseURL); err != nil || !strings.HasPrefix(c.DatabaseURL, "postgres") {
+	// pgx's parser, not url.Parse: it knows libpq's multi-host form
+	// (postgres://u@h1:5432,h2:5432/db?target_session_attrs=read-write).
+	if !strings.HasPrefix(c.DatabaseURL, "postgres://") && !strings.HasPrefix(c.DatabaseURL, "postgresql://") {
 		return fmt.Errorf("DATABASE_URL must be a postgres:// URL")
 	}
-	if _, err := url.Parse(c.ChannelDatabaseURL); err != nil || !strings.HasPrefix(c.ChannelDatabaseURL, "postgres") {
+	if err := database.CheckURL(c.DatabaseURL); err != nil {
+		return fmt.Errorf("DATABASE_URL is not a valid postgres:// URL (one or more host:port, comma separated): %s", oneLine(err))
+	}
+	if err := database.CheckURL(c.ChannelDatabaseURL); err != nil || !strings.HasPrefix(c.ChannelDatabaseURL, "postgres") {
 		return fmt.Errorf("CHANNEL_DATABASE_URL must be a postgres:// URL")
 	}
 	if len(c.APIKeys) == 0 {
@@ -151,6 +164,7 @@ func (c Config) validate() error {
 	}
 	for name, d := range map[string]time.Duration{
 		"DB_STATEMENT_TIMEOUT": c.DBStatementTimeout, "DB_LOCK_TIMEOUT": c.DBLockTimeout,
+		"DB_CONN_MAX_LIFETIME": c.DBConnMaxLifetime, "DB_START_TIMEOUT": c.DBStartTimeout,
 		"IDEMPOTENCY_LEASE": c.Lease, "PAYMENT_CHANNEL_TIMEOUT": c.ChannelTimeout, "PAYMENT_RETRY_AFTER": c.RetryAfter,
 		"SWEEP_INTERVAL": c.SweepInterval, "SHUTDOWN_TIMEOUT": c.ShutdownTimeout, "CLEANUP_INTERVAL": c.CleanupInterval,
 		"COMMAND_ACK_WAIT": c.CommandAckWait, "COMMAND_BACKOFF": c.CommandBackoff, "COMMAND_BACKOFF_MAX": c.CommandBackoffMax,
@@ -219,3 +233,6 @@ func (c Config) slogLevel() (slog.Level, error) {
 	}
 	return l, nil
 }
+
+// oneLine keeps an error's message on one line, as a refused start prints it.
+func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", "; ") }

@@ -10,7 +10,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 	"time"
 
@@ -31,24 +30,49 @@ type Options struct {
 	LockTimeout time.Duration
 	// ApplicationName labels the connections in pg_stat_activity; empty is "orderservice".
 	ApplicationName string
+	// ConnMaxLifetime bounds how long a pooled connection lives. A
+	// multi-host URL picks its server only when a connection is made, so
+	// this bounds how long the pool can stay on a server the URL would no
+	// longer choose (behind a proxy or a moved address). Zero means
+	// DefaultConnMaxLifetime.
+	ConnMaxLifetime time.Duration
 }
+
+// DefaultConnMaxLifetime is the ConnMaxLifetime of a zero Options field.
+const DefaultConnMaxLifetime = 2 * time.Minute
+
+// defaultConnectTimeout bounds one connection attempt when the URL does not
+// (connect_timeout): a host that swallows packets must not hold a request.
+const defaultConnectTimeout = 5 * time.Second
 
 // Open connects to url, creating the database first if it does not exist.
 func Open(ctx context.Context, url string, opts Options) (*gorm.DB, error) {
 	db, err := open(ctx, url, opts)
-	if err != nil && SQLState(err) == "3D000" { // invalid_catalog_name: the database is missing
-		if cerr := createDatabase(ctx, url); cerr != nil {
-			return nil, cerr
-		}
-		db, err = open(ctx, url, opts)
+	if err == nil || SQLState(err) != "3D000" { // invalid_catalog_name: the database is missing
+		return db, err
 	}
-	return db, err
+	if cerr := createDatabase(ctx, url); cerr != nil {
+		return nil, cerr
+	}
+	// pgx stops at the first host that lacks the database; with several
+	// hosts that may be a replica that has not replayed CREATE DATABASE yet.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		db, err = open(ctx, url, opts)
+		if err == nil || SQLState(err) != "3D000" || time.Now().After(deadline) {
+			return db, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 func open(ctx context.Context, url string, opts Options) (*gorm.DB, error) {
-	cfg, err := pgx.ParseConfig(url)
+	cfg, err := connConfig(url)
 	if err != nil {
-		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
+		return nil, err
 	}
 	cfg.RuntimeParams["statement_timeout"] = ms(opts.StatementTimeout)
 	cfg.RuntimeParams["lock_timeout"] = ms(opts.LockTimeout)
@@ -59,8 +83,12 @@ func open(ctx context.Context, url string, opts Options) (*gorm.DB, error) {
 	sqlDB := stdlib.OpenDB(*cfg)
 	sqlDB.SetMaxOpenConns(opts.MaxConns)
 	sqlDB.SetMaxIdleConns(opts.MaxConns)
-	sqlDB.SetConnMaxLifetime(30 * time.Minute)
-	sqlDB.SetConnMaxIdleTime(5 * time.Minute)
+	lifetime := opts.ConnMaxLifetime
+	if lifetime <= 0 {
+		lifetime = DefaultConnMaxLifetime
+	}
+	sqlDB.SetConnMaxLifetime(lifetime)
+	sqlDB.SetConnMaxIdleTime(min(lifetime, 5*time.Minute))
 
 	pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -85,15 +113,17 @@ func open(ctx context.Context, url string, opts Options) (*gorm.DB, error) {
 func ms(d time.Duration) string { return fmt.Sprint(d.Milliseconds()) }
 
 // createDatabase connects to the server's maintenance database and creates
-// the database that url names. A concurrent creator is not an error.
+// the database that url names. A concurrent creator is not an error. With a
+// multi-host URL it connects as the pool would (target_session_attrs
+// included), so it creates the database on the primary.
 func createDatabase(ctx context.Context, rawURL string) error {
-	u, err := url.Parse(rawURL)
+	cfg, err := connConfig(rawURL)
 	if err != nil {
-		return fmt.Errorf("parse DATABASE_URL: %w", err)
+		return err
 	}
-	name := strings.TrimPrefix(u.Path, "/")
-	u.Path = "/postgres"
-	conn, err := pgx.Connect(ctx, u.String())
+	name := cfg.Database
+	cfg.Database = "postgres"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("connect to create database %q: %w", name, err)
 	}
@@ -103,6 +133,37 @@ func createDatabase(ctx context.Context, rawURL string) error {
 		return fmt.Errorf("create database %q: %w", name, err)
 	}
 	return nil
+}
+
+// connConfig parses url (single or multi-host, libpq rules) into the
+// connection settings every connection of the service uses.
+func connConfig(url string) (*pgx.ConnConfig, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
+	}
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = defaultConnectTimeout
+	}
+	// A server that answers a write with "read-only transaction" is a
+	// replica (a demoted primary, or a proxy that moved): close that
+	// connection, so the pool connects again and finds the primary.
+	// FATAL errors (57P01 admin shutdown among them) close it already.
+	next := cfg.OnPgError
+	cfg.OnPgError = func(c *pgconn.PgConn, pgErr *pgconn.PgError) bool {
+		if pgErr.Code == readOnlyTransaction {
+			return false
+		}
+		return next == nil || next(c, pgErr)
+	}
+	return cfg, nil
+}
+
+// CheckURL reports whether url is a PostgreSQL URL the pool can use: one or
+// several hosts, libpq parameters such as target_session_attrs.
+func CheckURL(url string) error {
+	_, err := pgx.ParseConfig(url)
+	return err
 }
 
 // Close closes the pool behind db.
@@ -123,6 +184,23 @@ func Ping(ctx context.Context, db *gorm.DB) error {
 	return sqlDB.PingContext(ctx)
 }
 
+// ErrReadOnly means the server the pool reached accepts no writes: a
+// replica, or a primary being demoted.
+var ErrReadOnly = errors.New("the database server is read-only")
+
+// CheckWritable reports whether the server behind db answers within ctx and
+// accepts writes; a replica answers ErrReadOnly.
+func CheckWritable(ctx context.Context, db *gorm.DB) error {
+	var readOnly string
+	if err := db.WithContext(ctx).Raw("SELECT current_setting('transaction_read_only')").Row().Scan(&readOnly); err != nil {
+		return err
+	}
+	if readOnly != "off" {
+		return ErrReadOnly
+	}
+	return nil
+}
+
 // SQLState returns the PostgreSQL error code in err's chain, or "".
 func SQLState(err error) string {
 	var pgErr *pgconn.PgError
@@ -132,8 +210,13 @@ func SQLState(err error) string {
 	return ""
 }
 
-// IsUnavailable reports whether err means the database could not be reached
-// or dropped the connection: a transient failure worth a 503 and a retry.
+// readOnlyTransaction is SQLSTATE 25006: a write sent to a server that is
+// (now) a replica.
+const readOnlyTransaction = "25006"
+
+// IsUnavailable reports whether err means the database could not be reached,
+// dropped the connection or is not (or no longer) the primary: a transient
+// failure worth a 503 and a retry.
 func IsUnavailable(err error) bool {
 	if err == nil {
 		return false
@@ -141,7 +224,8 @@ func IsUnavailable(err error) bool {
 	code := SQLState(err)
 	switch {
 	case strings.HasPrefix(code, "08"), // connection exception
-		strings.HasPrefix(code, "57P"), // operator intervention: shutdown, crash recovery
+		strings.HasPrefix(code, "57P"), // operator intervention: 57P01 admin shutdown (a switchover), crash recovery
+		code == readOnlyTransaction,    // a replica (a demoted primary): the pool reconnects to the primary
 		code == "53300",                // too many connections
 		code == "57014":                // query canceled (statement_timeout)
 		return true
@@ -152,7 +236,8 @@ func IsUnavailable(err error) bool {
 	// A connection that dropped mid-statement (even mid-COMMIT, where the
 	// outcome is unknown) is transient too: the client retries with the same
 	// key, and the record decides whether anything happened.
-	return errors.As(err, &connErr) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
+	return errors.As(err, &connErr) || errors.Is(err, pgconn.ErrReadOnlyConnection) || errors.Is(err, ErrReadOnly) ||
+		pgconn.SafeToRetry(err) || pgconn.Timeout(err) ||
 		errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, driver.ErrBadConn) ||
 		errors.Is(err, sql.ErrConnDone) || errors.Is(err, context.DeadlineExceeded) ||
 		isNetError(err)

@@ -5,12 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/url"
-	"strings"
 
 	"github.com/golang-migrate/migrate/v4"
-	_ "github.com/golang-migrate/migrate/v4/database/pgx/v5" // registers the pgx5:// driver
+	pgxmigrate "github.com/golang-migrate/migrate/v4/database/pgx/v5"
 	"github.com/golang-migrate/migrate/v4/source/iofs"
+	"github.com/jackc/pgx/v5/stdlib"
 	"gorm.io/gorm"
 
 	"github.com/orderservice/orderservice/migrations"
@@ -51,34 +50,34 @@ func MigrateSet(url string, set MigrationSet) (version uint, err error) {
 	return v, err
 }
 
+// newMigrator connects the way the pool does (pgx's parser: several hosts
+// and target_session_attrs=read-write find the primary) rather than through
+// golang-migrate's own URL handling.
 func newMigrator(dbURL string, set MigrationSet) (*migrate.Migrate, error) {
 	src, err := iofs.New(set.FS, set.Dir)
 	if err != nil {
 		return nil, err
 	}
-	target := pgxURL(dbURL)
-	if set.Table != "" {
-		sep := "?"
-		if strings.Contains(target, "?") {
-			sep = "&"
-		}
-		target += sep + "x-migrations-table=" + url.QueryEscape(set.Table)
-	}
-	m, err := migrate.NewWithSourceInstance("iofs", src, target)
+	cfg, err := connConfig(dbURL)
 	if err != nil {
+		return nil, err
+	}
+	cfg.RuntimeParams["application_name"] = "orderservice-migrate"
+	sqlDB := stdlib.OpenDB(*cfg)
+	// The database name is part of golang-migrate's advisory lock id: "/name"
+	// is what its URL driver used, so instances of older and newer builds
+	// starting together still take the same lock.
+	driver, err := pgxmigrate.WithInstance(sqlDB, &pgxmigrate.Config{DatabaseName: "/" + cfg.Database, MigrationsTable: set.Table})
+	if err != nil {
+		sqlDB.Close()
+		return nil, fmt.Errorf("open migrator: %w", err)
+	}
+	m, err := migrate.NewWithInstance("iofs", src, "pgx5", driver)
+	if err != nil {
+		driver.Close()
 		return nil, fmt.Errorf("open migrator: %w", err)
 	}
 	return m, nil
-}
-
-// pgxURL rewrites a postgres:// URL to the scheme of golang-migrate's pgx/v5 driver.
-func pgxURL(url string) string {
-	for _, scheme := range []string{"postgres://", "postgresql://"} {
-		if rest, ok := strings.CutPrefix(url, scheme); ok {
-			return "pgx5://" + rest
-		}
-	}
-	return url
 }
 
 // LatestVersion is the highest migration version embedded in the binary.

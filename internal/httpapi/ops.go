@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"time"
 
@@ -16,16 +17,20 @@ func (s *Server) healthz(c echo.Context) error {
 	return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
 }
 
-// readyz is ready when the database answers and its schema is the one this
-// binary was built for.
+// readyz is ready when the database answers, accepts writes (a replica, or
+// no primary at all, is not ready: a failover is under way) and its schema
+// is the one this binary was built for.
 func (s *Server) readyz(c echo.Context) error {
 	ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Second)
 	defer cancel()
 	unavailable := func(detail string) error {
 		return &problem.Error{Code: problem.ServiceUnavailable, Detail: detail, RetryAfter: time.Second}
 	}
-	if err := database.Ping(ctx, s.DB); err != nil {
-		return unavailable("The database is unreachable.")
+	switch err := database.CheckWritable(ctx, s.DB); {
+	case errors.Is(err, database.ErrReadOnly):
+		return unavailable("The database is read-only (a replica): waiting for a primary.")
+	case err != nil:
+		return unavailable("No read-write database is reachable.")
 	}
 	latest, err := database.LatestVersion()
 	if err != nil {
