@@ -3,6 +3,10 @@
 -- domain code, and the body a replay sends again. The HTTP status, Location
 -- and problem+json document are rendered from these by internal/httpapi,
 -- the same way for the first answer and for every replay.
+--
+-- The UPDATEs below rewrite every finished record once; on a large table
+-- run it in a quiet hour (the service refuses traffic until migrations are
+-- applied, see /readyz).
 ALTER TABLE idempotency_records
     ADD COLUMN outcome text CHECK (outcome IN ('created', 'done', 'failed')),
     ADD COLUMN result_code text;
