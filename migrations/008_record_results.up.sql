@@ -5,8 +5,8 @@
 -- the same way for the first answer and for every replay.
 --
 -- The UPDATEs below rewrite every finished record once; on a large table
--- run it in a quiet hour (the service refuses traffic until migrations are
--- applied, see /readyz).
+-- run it in a quiet hour (/readyz answers 503 until every migration is
+-- applied).
 ALTER TABLE idempotency_records
     ADD COLUMN outcome text CHECK (outcome IN ('created', 'done', 'failed')),
     ADD COLUMN result_code text;
