@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/orderservice/orderservice/internal/app"
 	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
@@ -183,31 +184,64 @@ func TestARefusedRefundPutsTheOrderBackToPaid(t *testing.T) {
 	}
 }
 
-func TestADatabaseFailureAfterTheChannelAnsweredLeavesTheIntentRetryableAtOnce(t *testing.T) {
-	m, c := startMoney(t, map[string]string{"SWEEP_INTERVAL": "1h", "IDEMPOTENCY_LEASE": "30s"})
-	id := createOrder(t, c, moneyKey("create"))
-	key := moneyKey("R2-phase3")
-	var once sync.Once
+// cutPhase3 makes the database drop phase 3's connection before it commits,
+// as a failover or a restart would, for as long as cut holds.
+func cutPhase3(t *testing.T, m *app.Main, cut *atomic.Bool) {
 	m.Orders.Hooks.BeforeSettleCommit = func() error {
-		// The database drops phase 3's connection before it commits, as a
-		// failover or a restart would.
-		once.Do(func() {
+		if cut.Load() {
 			if err := moneyDB(t).Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 				WHERE datname = current_database() AND state = 'idle in transaction' AND application_name = 'orderservice'`).Error; err != nil {
 				t.Errorf("terminate phase 3's backend: %v", err)
 			}
-		})
+		}
 		return nil
 	}
+}
+
+func TestADatabaseBlipAfterTheChannelAnsweredIsRidenOutByPhase3(t *testing.T) {
+	m, c := startMoney(t, map[string]string{"SWEEP_INTERVAL": "1h", "IDEMPOTENCY_LEASE": "30s"})
+	id := createOrder(t, c, moneyKey("create"))
+	var cut atomic.Bool
+	cut.Store(true)
+	cutPhase3(t, m, &cut)
+	m.Orders.Hooks.AfterChannelCall = func() error { return nil }
+	var attempts atomic.Int32
+	m.Orders.Hooks.BeforeSettleCommit = func(next func() error) func() error {
+		return func() error {
+			if attempts.Add(1) > 1 {
+				cut.Store(false) // the new primary is up: the next try commits
+			}
+			return next()
+		}
+	}(m.Orders.Hooks.BeforeSettleCommit)
+
+	r := moneyPay(t, c, id, moneyKey("R2-blip"), "pm_ok")
+	if r.Status != http.StatusOK || moneyDecodeOrder(t, r.Body).Status != "PAID" {
+		t.Fatalf("pay through a dropped phase-3 connection = %d %s, want 200 PAID without a client retry", r.Status, r.Body)
+	}
+	if n := attempts.Load(); n < 2 {
+		t.Errorf("phase 3 ran %d times, want a second try after the dropped connection", n)
+	}
+	moneyCheckStats(t, m.Channel.Stats(), moneyStats{charges: 1, declined: 0, refunds: 0, requests: 1, lookups: 0, duplicates: 0})
+}
+
+func TestADatabaseFailureAfterTheChannelAnsweredLeavesTheIntentRetryableAtOnce(t *testing.T) {
+	m, c := startMoney(t, map[string]string{"SWEEP_INTERVAL": "1h", "IDEMPOTENCY_LEASE": "30s"})
+	id := createOrder(t, c, moneyKey("create"))
+	key := moneyKey("R2-phase3")
+	var cut atomic.Bool
+	cut.Store(true) // for longer than phase 3's patience (a channel timeout)
+	cutPhase3(t, m, &cut)
 
 	first := moneyPay(t, c, id, key, "pm_ok")
-	moneyWantAnswer(t, "pay whose phase 3 lost its connection", first, http.StatusServiceUnavailable, "service_unavailable")
+	moneyWantAnswer(t, "pay whose phase 3 kept losing its connection", first, http.StatusServiceUnavailable, "service_unavailable")
 	if first.Header.Get("Retry-After") == "" {
 		t.Error("503 without Retry-After")
 	}
 	if rec := moneyRecord(t, m, order.OpPay, key); rec.State != idempotency.FailedRetryable {
 		t.Fatalf("record = %s, want FAILED_RETRYABLE (not PROCESSING under a 30s lease)", rec.State)
 	}
+	cut.Store(false)
 	again := moneyPay(t, c, id, key, "pm_ok")
 	if again.Status != http.StatusOK || moneyDecodeOrder(t, again.Body).Status != "PAID" {
 		t.Fatalf("the retry = %d %s, want 200 PAID at once", again.Status, again.Body)

@@ -276,17 +276,43 @@ func (s *Service) settle(ctx context.Context, rec idempotency.Record, p Payment,
 	if ans.answer == unknown {
 		return idempotency.Result{}, s.postpone(ctx, rec)
 	}
-	res, err := s.record(ctx, rec, p, ans)
+	res, err := s.recordPatiently(ctx, rec, p, ans)
 	switch {
 	case errors.Is(err, idempotency.ErrFenced):
 		return idempotency.Result{}, errSuperseded()
-	case database.IsUnavailable(err) || database.IsLockTimeout(err):
+	case transientStore(err):
 		// The channel answered but the answer could not be stored: the
 		// intent is resumable at once, and its retry sends the same key
 		// again, which the channel answers from its own record.
 		return idempotency.Result{}, s.postpone(ctx, rec)
 	}
 	return res, err
+}
+
+// transientStore reports a database failure worth trying again: the
+// server is unreachable, failing over, or a lock is held too long.
+func transientStore(err error) bool { return database.IsUnavailable(err) || database.IsLockTimeout(err) }
+
+// recordPatiently is phase 3, tried again for up to a channel timeout while
+// the database is briefly unavailable (a failover, a dropped connection):
+// the channel's answer is known and worth storing now rather than after a
+// retry or a lease. A commit whose outcome was lost and that did land is
+// fenced on the next try (the record is no longer PROCESSING), and the
+// client's retry gets it replayed.
+func (s *Service) recordPatiently(ctx context.Context, rec idempotency.Record, p Payment, ans channelResult) (idempotency.Result, error) {
+	deadline := time.Now().Add(s.Money.ChannelTimeout)
+	for pause := 50 * time.Millisecond; ; pause = min(2*pause, time.Second) {
+		res, err := s.record(ctx, rec, p, ans)
+		if !transientStore(err) || time.Now().Add(pause).After(deadline) {
+			return res, err
+		}
+		s.logger().WarnContext(ctx, "storing the channel's answer failed; trying again", "channel_key", p.ChannelKey, "err", err)
+		select {
+		case <-ctx.Done():
+			return res, err
+		case <-time.After(pause):
+		}
+	}
 }
 
 // answer is what the channel's reply means for one payment: the request
