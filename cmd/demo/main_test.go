@@ -34,11 +34,15 @@ func TestDemoPassesAgainstTheRealService(t *testing.T) {
 	play := func(t *testing.T) string {
 		t.Helper()
 		var stdout, stderr bytes.Buffer
-		args := []string{"-url", m.URL(), "-channel", "http://" + m.ChannelAddr, "-api-key", apptest.KeyAcme, "-sweep-wait", "15s"}
+		args := []string{"-url", m.URL(), "-channel", "http://" + m.ChannelAddr, "-api-key", apptest.KeyAcme, "-sweep-wait", "15s",
+			"-tenant", "acme", "-nats-url", m.NATSURL, "-nats-operator", "orderservice:" + m.Config.NATSServicePassword}
 		// NO_COLOR is unset: the output is plain because a buffer is no terminal.
 		err := run(ctx, args, func(string) string { return "" }, &stdout, &stderr)
 		if err != nil {
 			t.Errorf("the demo failed: %v\nstderr: %s\noutput:\n%s", err, stderr.String(), stdout.String())
+		}
+		if os.Getenv("DEMO_SHOW") != "" {
+			t.Log(stdout.String())
 		}
 		return stdout.String()
 	}

@@ -52,7 +52,9 @@ func TestEveryLessonTellsAWellFormedStory(t *testing.T) {
 	defer cancel()
 	var got events
 	s := NewSession(Config{BaseURL: m.URL(), ChannelURL: "http://" + m.ChannelAddr, APIKey: apptest.KeyAcme,
+		Tenant: "acme", NATSURL: m.NATSURL, NATSOperator: "orderservice:" + m.Config.NATSServicePassword,
 		SweepWait: 15 * time.Second, Observe: true}, got.sink)
+	defer s.Close()
 	if err := s.Preflight(ctx); err != nil {
 		t.Fatal(err)
 	}
