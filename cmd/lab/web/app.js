@@ -134,6 +134,9 @@ function onEvent(e) {
     case "answer":
       if (e.answer.order_id) state.lastOrder = e.answer.order_id;
       break;
+    case "message":
+      if (e.message.order_id) state.lastOrder = e.message.order_id;
+      break;
     case "why":
       $("why").textContent = e.text;
       $("outcome").hidden = false;
@@ -252,6 +255,8 @@ async function main() {
   const info = await api("/api/lessons");
   $("service").textContent = info.service;
   $("channel").textContent = info.channel;
+  $("broker").textContent = info.broker;
+  $("tenant").textContent = info.tenant;
   $("run-id").textContent = info.run_id;
   state.lessons = info.lessons.map((l) => ({ ...l, status: l.passed === undefined ? "" : l.passed ? "passed" : "failed" }));
   state.running = !!info.running;
