@@ -72,6 +72,7 @@ type page struct {
 	Orders   []string    `json:"orders"`
 	Tables   int         `json:"tables"`
 	Charts   int         `json:"charts"`
+	Waits    int         `json:"waits"`
 }
 
 const readPage = `(() => {
@@ -91,6 +92,7 @@ const readPage = `(() => {
       msgId: li.dataset.msgId, deliveries: +li.dataset.deliveries })),
     orders: q('#rows li[data-kind="ord"]').map((li) => li.dataset.order),
     tables: q('#rows li[data-kind="tbl"]').length,
+    waits: q("#rows li.wait").length,
     charts: q("#metrics .chart").length,
   };
 })()`
@@ -281,6 +283,16 @@ func TestLabInABrowser(t *testing.T) {
 				sameKey(t, p, "order.create", 1)
 				count(t, "create requests", len(p.Requests), 2)
 				count(t, "orders on the order lane", len(unique(p.Orders)), 2)
+			} else if l.Number == 9 {
+				// Stepped too: each command waits for n like a request.
+				p = play(t, 9, chromedp.KeyEvent("9"), chromedp.KeyEvent("s"),
+					waitVisible(`#rows li.wait`), chromedp.KeyEvent("n"),
+					waitVisible(`#rows li[data-msg-kind="result"]`),
+					waitVisible(`#rows li.wait`), chromedp.KeyEvent("n"))
+				if n := len(p.Requests); n != 0 {
+					t.Errorf("%d HTTP requests in a lesson of messages", n)
+				}
+				count(t, "steps still waiting once the lesson is done", p.Waits, 0)
 			} else {
 				p = play(t, l.Number)
 			}

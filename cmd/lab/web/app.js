@@ -136,6 +136,12 @@ function onEvent(e) {
       break;
     case "message":
       if (e.message.order_id) state.lastOrder = e.message.order_id;
+      // A command, a replay or a republish that waited for its step (the
+      // broker's steps have no request id) has now gone.
+      if (["command", "replay", "republish"].includes(e.message.kind) && document.querySelector('li.wait[data-request="0"]')) {
+        state.waiting = Math.max(0, state.waiting - 1);
+        renderState();
+      }
       break;
     case "why":
       $("why").textContent = e.text;

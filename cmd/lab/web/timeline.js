@@ -119,6 +119,7 @@ export function draw(e, resend) {
     }
     case "message": {
       const m = e.message;
+      if (["command", "replay", "republish"].includes(m.kind)) document.querySelector('li.wait[data-request="0"]')?.remove();
       const name = m.subject.split(".").slice(-1)[0];
       let head, sub = [];
       switch (m.kind) {
