@@ -99,3 +99,26 @@ func TestColourOnlyOnATerminal(t *testing.T) {
 		})
 	}
 }
+
+// TestDefaultsMatchMakeRun pins the broker defaults to what `make run`
+// serves: its embedded NATS on 127.0.0.1:4223, tenant acme of the demo key,
+// and the service's NATS user with the default NATS_SERVICE_PASSWORD.
+func TestDefaultsMatchMakeRun(t *testing.T) {
+	var out bytes.Buffer
+	cfg, err := parseConfig(nil, func(string) string { return "" }, &out, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.APIKey != "demo-key-acme" || cfg.Tenant != "acme" || cfg.NATSURL != "nats://127.0.0.1:4223" ||
+		cfg.NATSOperator != "orderservice:orderservice-dev-secret" {
+		t.Errorf("defaults = key %q, tenant %q, NATS %q, operator %q", cfg.APIKey, cfg.Tenant, cfg.NATSURL, cfg.NATSOperator)
+	}
+	env := map[string]string{"DEMO_TENANT": "globex", "DEMO_NATS_URL": "nats://nats:4222", "DEMO_NATS_OPERATOR": "u:p"}
+	cfg, err = parseConfig([]string{"-nats-operator", ""}, func(k string) string { return env[k] }, &out, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Tenant != "globex" || cfg.NATSURL != "nats://nats:4222" || cfg.NATSOperator != "" {
+		t.Errorf("from the environment, the operator emptied by a flag: %+v", cfg.Config)
+	}
+}
