@@ -46,10 +46,17 @@ test-ha: ## HA suite: etcd and two Patroni-managed PostgreSQL 15 nodes on loopba
 DEMO_BASE_URL    ?= http://localhost:8080
 DEMO_CHANNEL_URL ?= http://localhost:8081
 DEMO_API_KEY     ?= demo-key-acme
+# The broker lessons (9-12) connect as the tenant's NATS user (user = tenant,
+# password = its API key) to `make run`'s embedded NATS, and as the service's
+# own NATS user for the operator's steps (a DLQ replay, a republished event).
+DEMO_TENANT        ?= acme
+DEMO_NATS_URL      ?= nats://127.0.0.1:4223
+DEMO_NATS_OPERATOR ?= orderservice:orderservice-dev-secret
 
 .PHONY: demo
 demo: ## narrated scenarios of every lesson against the running service
-	$(GO) run ./cmd/demo -url $(DEMO_BASE_URL) -channel $(DEMO_CHANNEL_URL) -api-key $(DEMO_API_KEY)
+	$(GO) run ./cmd/demo -url $(DEMO_BASE_URL) -channel $(DEMO_CHANNEL_URL) -api-key $(DEMO_API_KEY) \
+		-tenant $(DEMO_TENANT) -nats-url $(DEMO_NATS_URL) -nats-operator '$(DEMO_NATS_OPERATOR)'
 
 # The lab, like the demo, talks to a running service: `make run` first, then
 # open http://localhost:8090. Override e.g. `make lab LAB_SERVICE_URL=http://host:8080`.
@@ -57,10 +64,14 @@ LAB_ADDR        ?= localhost:8090
 LAB_SERVICE_URL ?= $(DEMO_BASE_URL)
 LAB_CHANNEL_URL ?= http://127.0.0.1:8081
 LAB_API_KEY     ?= $(DEMO_API_KEY)
+LAB_TENANT        ?= $(DEMO_TENANT)
+LAB_NATS_URL      ?= $(DEMO_NATS_URL)
+LAB_NATS_OPERATOR ?= $(DEMO_NATS_OPERATOR)
 
 .PHONY: lab
 lab: ## the lessons in a browser on http://localhost:8090, against the running service
-	$(GO) run ./cmd/lab -listen $(LAB_ADDR) -url $(LAB_SERVICE_URL) -channel $(LAB_CHANNEL_URL) -api-key $(LAB_API_KEY)
+	$(GO) run ./cmd/lab -listen $(LAB_ADDR) -url $(LAB_SERVICE_URL) -channel $(LAB_CHANNEL_URL) -api-key $(LAB_API_KEY) \
+		-tenant $(LAB_TENANT) -nats-url $(LAB_NATS_URL) -nats-operator '$(LAB_NATS_OPERATOR)'
 
 .PHONY: lab-screenshot
 lab-screenshot: ## run the lab's browser test and refresh docs/lab.png, the README's picture

@@ -22,7 +22,8 @@ type terminal struct {
 // error naming the lessons whose checks failed.
 func (t *terminal) play(ctx context.Context, s *lessons.Session, cfg config, list []lessons.Lesson) error {
 	t.printf("%s\n", t.paint(bold, "Request idempotency, lesson by lesson"))
-	t.printf("service %s · channel %s · run id %s (every key below starts with it)\n", cfg.BaseURL, cfg.ChannelURL, s.RunID())
+	t.printf("service %s · channel %s · broker %s as %s · run id %s (every key below starts with it)\n",
+		cfg.BaseURL, cfg.ChannelURL, cfg.NATSURL, cfg.Tenant, s.RunID())
 
 	var passed, failed []string
 	for _, l := range list {

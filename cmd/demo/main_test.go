@@ -34,11 +34,15 @@ func TestDemoPassesAgainstTheRealService(t *testing.T) {
 	play := func(t *testing.T) string {
 		t.Helper()
 		var stdout, stderr bytes.Buffer
-		args := []string{"-url", m.URL(), "-channel", "http://" + m.ChannelAddr, "-api-key", apptest.KeyAcme, "-sweep-wait", "15s"}
+		args := []string{"-url", m.URL(), "-channel", "http://" + m.ChannelAddr, "-api-key", apptest.KeyAcme, "-sweep-wait", "15s",
+			"-tenant", "acme", "-nats-url", m.NATSURL, "-nats-operator", "orderservice:" + m.Config.NATSServicePassword}
 		// NO_COLOR is unset: the output is plain because a buffer is no terminal.
 		err := run(ctx, args, func(string) string { return "" }, &stdout, &stderr)
 		if err != nil {
 			t.Errorf("the demo failed: %v\nstderr: %s\noutput:\n%s", err, stderr.String(), stdout.String())
+		}
+		if os.Getenv("DEMO_SHOW") != "" {
+			t.Log(stdout.String())
 		}
 		return stdout.String()
 	}
@@ -93,5 +97,28 @@ func TestColourOnlyOnATerminal(t *testing.T) {
 				t.Errorf("color = %v, want %v", cfg.color, c.want)
 			}
 		})
+	}
+}
+
+// TestDefaultsMatchMakeRun pins the broker defaults to what `make run`
+// serves: its embedded NATS on 127.0.0.1:4223, tenant acme of the demo key,
+// and the service's NATS user with the default NATS_SERVICE_PASSWORD.
+func TestDefaultsMatchMakeRun(t *testing.T) {
+	var out bytes.Buffer
+	cfg, err := parseConfig(nil, func(string) string { return "" }, &out, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.APIKey != "demo-key-acme" || cfg.Tenant != "acme" || cfg.NATSURL != "nats://127.0.0.1:4223" ||
+		cfg.NATSOperator != "orderservice:orderservice-dev-secret" {
+		t.Errorf("defaults = key %q, tenant %q, NATS %q, operator %q", cfg.APIKey, cfg.Tenant, cfg.NATSURL, cfg.NATSOperator)
+	}
+	env := map[string]string{"DEMO_TENANT": "globex", "DEMO_NATS_URL": "nats://nats:4222", "DEMO_NATS_OPERATOR": "u:p"}
+	cfg, err = parseConfig([]string{"-nats-operator", ""}, func(k string) string { return env[k] }, &out, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Tenant != "globex" || cfg.NATSURL != "nats://nats:4222" || cfg.NATSOperator != "" {
+		t.Errorf("from the environment, the operator emptied by a flag: %+v", cfg.Config)
 	}
 }

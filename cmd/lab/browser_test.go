@@ -28,6 +28,18 @@ func TestMain(m *testing.M) {
 // screenshot is where the README's picture of the lab is written.
 const screenshot = "../../docs/lab.png"
 
+// brokerRow is a row of the broker lane.
+type brokerRow struct {
+	Kind       string `json:"kind"`
+	Subject    string `json:"subject"`
+	Key        string `json:"key"`
+	Status     int    `json:"status"`
+	Replayed   bool   `json:"replayed"`
+	Duplicate  bool   `json:"duplicate"`
+	MsgID      string `json:"msgId"`
+	Deliveries int    `json:"deliveries"`
+}
+
 // page is what the browser shows after a lesson, read from the DOM.
 type page struct {
 	Status string `json:"status"`
@@ -56,9 +68,11 @@ type page struct {
 		ID       string `json:"id"`
 		Requests int    `json:"requests"`
 	} `json:"charges"`
-	Orders []string `json:"orders"`
-	Tables int      `json:"tables"`
-	Charts int      `json:"charts"`
+	Messages []brokerRow `json:"messages"`
+	Orders   []string    `json:"orders"`
+	Tables   int         `json:"tables"`
+	Charts   int         `json:"charts"`
+	Waits    int         `json:"waits"`
 }
 
 const readPage = `(() => {
@@ -73,8 +87,12 @@ const readPage = `(() => {
       replayed: li.dataset.replayed === "true", retry: !!li.querySelector(".badge.retry") })),
     records: q('#rows li[data-kind="rec"]').map((li) => ({ state: li.dataset.state, token: +li.dataset.leaseToken })),
     charges: q('#rows li[data-kind="chg"]').map((li) => ({ id: li.dataset.charge, requests: +li.dataset.requests })),
+    messages: q('#rows li[data-kind="msg"]').map((li) => ({ kind: li.dataset.msgKind, subject: li.dataset.subject, key: li.dataset.key,
+      status: +li.dataset.status, replayed: li.dataset.replayed === "true", duplicate: li.dataset.duplicate === "true",
+      msgId: li.dataset.msgId, deliveries: +li.dataset.deliveries })),
     orders: q('#rows li[data-kind="ord"]').map((li) => li.dataset.order),
     tables: q('#rows li[data-kind="tbl"]').length,
+    waits: q("#rows li.wait").length,
     charts: q("#metrics .chart").length,
   };
 })()`
@@ -91,7 +109,8 @@ func TestLabInABrowser(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	srv, err := start(ctx, config{listen: "127.0.0.1:0", Config: lessons.Config{
-		BaseURL: m.URL(), ChannelURL: channelURL, APIKey: apptest.KeyAcme, SweepWait: 15 * time.Second, Observe: true}})
+		BaseURL: m.URL(), ChannelURL: channelURL, APIKey: apptest.KeyAcme, SweepWait: 15 * time.Second, Observe: true,
+		Tenant: "acme", NATSURL: m.NATSURL, NATSOperator: "orderservice:" + m.Config.NATSServicePassword}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,9 +204,69 @@ func TestLabInABrowser(t *testing.T) {
 			maxToken(t, p, 2)
 		},
 		9: func(t *testing.T, p page) {
-			count(t, "tables", p.Tables, 2)
+			commands, results := messages(p, "command"), messages(p, "result")
+			count(t, "commands on the broker lane", len(commands), 2)
+			count(t, "results on the broker lane", len(results), 2)
+			if len(commands) == 2 && commands[0].Key != commands[1].Key {
+				t.Errorf("the redelivered command has another key: %+v", commands)
+			}
+			if len(results) == 2 && (results[0].Status != http.StatusCreated || results[0].Replayed ||
+				results[1].Status != http.StatusCreated || !results[1].Replayed) {
+				t.Errorf("results = %+v, want 201 then 201 replayed", results)
+			}
+			count(t, "orders on the order lane", len(unique(p.Orders)), 1)
 		},
 		10: func(t *testing.T, p page) {
+			count(t, "commands on the broker lane", len(messages(p, "command")), 2)
+			var replayed, fresh int
+			for _, r := range messages(p, "result") {
+				if r.Status == http.StatusCreated && r.Replayed {
+					replayed++
+				} else if r.Status == http.StatusCreated {
+					fresh++
+				}
+			}
+			count(t, "results replaying an HTTP create", replayed, 1)
+			count(t, "results of a create by message first", fresh, 1)
+			// Over HTTP: R1 first (executed), then R2 after its message (replayed).
+			if a := p.Answers; len(a) != 2 || a[0].Status != http.StatusCreated || a[0].Replayed ||
+				a[1].Status != http.StatusCreated || !a[1].Replayed {
+				t.Errorf("HTTP answers = %+v, want 201, then 201 replayed", a)
+			}
+			count(t, "orders on the order lane", len(unique(p.Orders)), 2)
+		},
+		11: func(t *testing.T, p page) {
+			dead := messages(p, "dead_letter")
+			count(t, "dead letters on the broker lane", len(dead), 1)
+			if len(dead) == 1 && dead[0].Deliveries != 5 {
+				t.Errorf("the dead letter shows %d deliveries, want COMMAND_MAX_DELIVER = 5", dead[0].Deliveries)
+			}
+			count(t, "operator replays", len(messages(p, "replay")), 1)
+			results := messages(p, "result")
+			count(t, "results", len(results), 1)
+			if len(results) == 1 && results[0].Status != http.StatusOK {
+				t.Errorf("the replay's result has Status %d, want 200", results[0].Status)
+			}
+			count(t, "charges", len(unique(chargeIDs(p))), 1)
+			states(t, p, "FAILED_RETRYABLE", "SUCCEEDED")
+		},
+		12: func(t *testing.T, p page) {
+			events := messages(p, "event")
+			count(t, "events heard (three, and the republished copy)", len(events), 4)
+			ids := map[string]bool{}
+			for _, e := range events {
+				ids[e.MsgID] = true
+			}
+			count(t, "distinct Nats-Msg-Ids", len(ids), 3)
+			again := messages(p, "republish")
+			if len(again) != 1 || !again[0].Duplicate {
+				t.Errorf("republished = %+v, want one, dropped as a duplicate", again)
+			}
+		},
+		13: func(t *testing.T, p page) {
+			count(t, "tables", p.Tables, 2)
+		},
+		14: func(t *testing.T, p page) {
 			count(t, "charts", p.Charts, 6)
 		},
 	}
@@ -204,6 +283,16 @@ func TestLabInABrowser(t *testing.T) {
 				sameKey(t, p, "order.create", 1)
 				count(t, "create requests", len(p.Requests), 2)
 				count(t, "orders on the order lane", len(unique(p.Orders)), 2)
+			} else if l.Number == 9 {
+				// Stepped too: each command waits for n like a request.
+				p = play(t, 9, chromedp.KeyEvent("9"), chromedp.KeyEvent("s"),
+					waitVisible(`#rows li.wait`), chromedp.KeyEvent("n"),
+					waitVisible(`#rows li[data-msg-kind="result"]`),
+					waitVisible(`#rows li.wait`), chromedp.KeyEvent("n"))
+				if n := len(p.Requests); n != 0 {
+					t.Errorf("%d HTTP requests in a lesson of messages", n)
+				}
+				count(t, "steps still waiting once the lesson is done", p.Waits, 0)
 			} else {
 				p = play(t, l.Number)
 			}
@@ -466,6 +555,16 @@ func replayedAfterFirst(t *testing.T, p page) {
 		}
 	}
 	t.Errorf("no answer marked replayed after a first one under the same key: %+v", p.Answers)
+}
+
+// messages are the broker lane's rows of one kind.
+func messages(p page, kind string) (out []brokerRow) {
+	for _, m := range p.Messages {
+		if m.Kind == kind {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 func hasStatus(p page, status int) bool {

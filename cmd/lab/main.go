@@ -4,12 +4,13 @@
 // the payment channel, the lesson's checks and its "why", fault toggles at
 // the channel, and re-sends of any request with the same key or a new one.
 //
-//	make run    # in one terminal: the service and its embedded payment channel
+//	make run    # in one terminal: the service, its embedded payment channel and NATS
 //	make lab    # in another, then open http://localhost:8090
 //
 // The lessons are the ones `make demo` narrates (internal/lessons); the lab
-// talks to the service only through its public API and to the channel
-// through its admin API, as any client would.
+// talks to the service only through its public API, to the channel through
+// its admin API and to the broker as the tenant's NATS user (the operator's
+// for a DLQ replay), as any client would.
 package main
 
 import (
@@ -77,6 +78,10 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.StringVar(&cfg.BaseURL, "url", orDefault("LAB_SERVICE_URL", "http://localhost:8080"), "base URL of the order service (env LAB_SERVICE_URL)")
 	fs.StringVar(&cfg.ChannelURL, "channel", orDefault("LAB_CHANNEL_URL", "http://127.0.0.1:8081"), "base URL of the payment channel's admin API (env LAB_CHANNEL_URL)")
 	fs.StringVar(&cfg.APIKey, "api-key", orDefault("LAB_API_KEY", "demo-key-acme"), "API key of the tenant to play as (env LAB_API_KEY)")
+	fs.StringVar(&cfg.Tenant, "tenant", orDefault("LAB_TENANT", "acme"), "the tenant the API key belongs to: its NATS user (env LAB_TENANT)")
+	fs.StringVar(&cfg.NATSURL, "nats-url", orDefault("LAB_NATS_URL", "nats://127.0.0.1:4223"), "the service's NATS server; `make run` embeds one on 127.0.0.1:4223 (env LAB_NATS_URL)")
+	fs.StringVar(&cfg.NATSOperator, "nats-operator", orDefault("LAB_NATS_OPERATOR", "orderservice:orderservice-dev-secret"),
+		"user:password of the service's NATS user, for the operator's steps (DLQ replay, an event republished); empty shows them instead (env LAB_NATS_OPERATOR)")
 	fs.DurationVar(&cfg.SweepWait, "sweep-wait", 45*time.Second, "how long lesson 8 waits for the service's sweeper")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err

@@ -45,7 +45,9 @@ func start(ctx context.Context, cfg config) (*server, error) {
 // close stops the lessons and the pages' event streams, then the server.
 func (s *server) close(ctx context.Context) error {
 	s.stop()
-	return s.http.Shutdown(ctx)
+	err := s.http.Shutdown(ctx)
+	s.lab.session.Close()
+	return err
 }
 
 // routes is every route of the lab, in one place.
@@ -106,7 +108,8 @@ func (l *lab) handleLessons(w http.ResponseWriter, r *http.Request) {
 	running, stepping := l.running, l.stepping
 	l.mu.Unlock()
 	writeJSON(w, http.StatusOK, map[string]any{"lessons": list, "run_id": l.session.RunID(),
-		"service": cfg.BaseURL, "channel": cfg.ChannelURL, "running": running, "stepping": stepping})
+		"service": cfg.BaseURL, "channel": cfg.ChannelURL, "broker": cfg.NATSURL, "tenant": cfg.Tenant,
+		"running": running, "stepping": stepping})
 }
 
 // handleEvents streams the session's events as Server-Sent Events: first

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/orderservice/orderservice/internal/app"
+	"github.com/orderservice/orderservice/internal/lessons"
 	"github.com/orderservice/orderservice/internal/testdb"
 	"github.com/orderservice/orderservice/internal/testproc"
 )
@@ -154,8 +155,8 @@ func TestBinariesWithComposeConfiguration(t *testing.T) {
 			Service string `json:"service"`
 		}
 		call(t, http.MethodGet, labURL+"/api/lessons", "", "", "").expect(t, http.StatusOK, &list)
-		if len(list.Lessons) != 10 || list.Service != ordersURL {
-			t.Errorf("lab lists %d lessons against %q, want 10 against %s", len(list.Lessons), list.Service, ordersURL)
+		if want := len(lessons.All()); len(list.Lessons) != want || list.Service != ordersURL {
+			t.Errorf("lab lists %d lessons against %q, want %d against %s", len(list.Lessons), list.Service, want, ordersURL)
 		}
 		var faults map[string]float64
 		call(t, http.MethodGet, labURL+"/api/faults", "", "", "").expect(t, http.StatusOK, &faults)

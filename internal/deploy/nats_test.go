@@ -115,6 +115,22 @@ func TestNATSConfiguration(t *testing.T) {
 		}
 	})
 
+	t.Run("the lab plays the broker lessons on the nats service, as its tenant's user and as the operator", func(t *testing.T) {
+		lab := service(t, p, svcLab)
+		expectDependsOnHealthy(t, lab, svcNATS)
+		env := environment(t, lab)
+		if u, err := url.Parse(env["LAB_NATS_URL"]); err != nil || u.Scheme != "nats" || u.Host != svcNATS+":4222" || u.User != nil {
+			t.Errorf("LAB_NATS_URL = %q, want nats://%s:4222 without credentials", env["LAB_NATS_URL"], svcNATS)
+		}
+		if u := users[env["LAB_TENANT"]]; u == nil || u.Password != env["LAB_API_KEY"] || u.Password != cfg.APIKeys[env["LAB_TENANT"]] {
+			t.Errorf("LAB_TENANT %q with LAB_API_KEY as password is not a tenant user of nats.conf", env["LAB_TENANT"])
+		}
+		user, pass, _ := strings.Cut(env["LAB_NATS_OPERATOR"], ":")
+		if svc := users[user]; svc == nil || svc.Password != pass || svc.Permissions != nil {
+			t.Errorf("LAB_NATS_OPERATOR's user %q is not the unrestricted service user of nats.conf", user)
+		}
+	})
+
 	t.Run("a server run from the file refuses a tenant another tenant's prefix", func(t *testing.T) {
 		srv := startNATSFromConf(t)
 		nc, err := nats.Connect(loopbackNATSURL(t, cfg.NATSURL, srv))

@@ -25,6 +25,10 @@ const (
 	// KindCharge is a charge at the payment channel that is new or got
 	// more requests since it was last seen: Charge.
 	KindCharge Kind = "charge"
+	// KindMessage is a message on the broker: a command the client
+	// published, a result or an event it received, a dead letter or an
+	// operator's replay: Message.
+	KindMessage Kind = "message"
 	// KindWhy is the lesson's "why" paragraph: Text.
 	KindWhy Kind = "why"
 	// KindCheck is one verified claim: OK and Text.
@@ -60,6 +64,7 @@ type Event struct {
 	Record  *Record    `json:"record,omitempty"`
 	Order   *Order     `json:"order,omitempty"`
 	Charge  *Charge    `json:"charge,omitempty"`
+	Message *Message   `json:"message,omitempty"`
 	Signals []Signal   `json:"signals,omitempty"`
 }
 
@@ -125,6 +130,41 @@ type Charge struct {
 	// Requests counts the POSTs that arrived under its key; every one
 	// after the first was a duplicate the channel absorbed.
 	Requests int `json:"requests"`
+}
+
+// What a Message on the broker lane is.
+const (
+	MessageCommand    = "command"     // the client published a command
+	MessageResult     = "result"      // a result arrived on orders.results.<tenant>.<op>
+	MessageEvent      = "event"       // an order event arrived on orders.events.<tenant>.<event>
+	MessageDeadLetter = "dead_letter" // a command lies in ORDER_COMMANDS_DLQ
+	MessageReplay     = "replay"      // an operator republished a dead letter
+	MessageRepublish  = "republish"   // an event published again, as a relay would after a crash
+)
+
+// Message is one message on the broker a lesson published or saw.
+type Message struct {
+	// Kind is one of the Message* constants.
+	Kind    string `json:"kind"`
+	Subject string `json:"subject"`
+	Key     string `json:"key,omitempty"`
+	// Status and Replayed are a result's headers (Status, Idempotent-Replayed).
+	Status   int    `json:"status,omitempty"`
+	Replayed bool   `json:"replayed,omitempty"`
+	Code     string `json:"code,omitempty"`
+	// MsgID is an event's Nats-Msg-Id, its event id.
+	MsgID       string `json:"msg_id,omitempty"`
+	Event       string `json:"event,omitempty"`
+	OrderID     string `json:"order_id,omitempty"`
+	OrderStatus string `json:"order_status,omitempty"`
+	// Seq is the message's sequence in its stream, when known.
+	Seq uint64 `json:"seq,omitempty"`
+	// Duplicate is true when JetStream dropped a publish as a copy of a
+	// Nats-Msg-Id it already holds.
+	Duplicate bool `json:"duplicate,omitempty"`
+	// Deliveries and Reason describe a dead letter.
+	Deliveries int    `json:"deliveries,omitempty"`
+	Reason     string `json:"reason,omitempty"`
 }
 
 // Signal is one of the seed's monitoring signals, read from /metrics

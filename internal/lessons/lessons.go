@@ -93,6 +93,42 @@ func All() []Lesson {
 			run: takeover,
 		},
 		{
+			Title: "A create command redelivered after a crash between commit and ack: one order, the first result replayed",
+			Why: "The broker is a replay source too. JetStream delivers a command until it is acknowledged, and the service " +
+				"acknowledges only after the outcome is committed: if it dies in between, the same command under the same R1 " +
+				"arrives again, on any instance, for as long as the stream keeps it. It is the lost response again, with the " +
+				"broker as the client: the record that bound R1 to O9 in the order's own transaction finds the first result, " +
+				"and the redelivery gets O9 back on the results subject, the first result byte for byte, never a new O10.",
+			run: redelivered,
+		},
+		{
+			Title: "An HTTP request and a message with one key are one intent, whichever door came first",
+			Why: "A key's scope is the caller, the operation and the key (tenant + operation + request id, one unique index), " +
+				"not the door the request came in by. A checkout that sends R1 over HTTP and again through the broker, or the " +
+				"other way round, expresses one intent: both doors call the same use case through the same records, so the " +
+				"second gets the first one's real, stored result, not a second order.",
+			run: twoDoors,
+		},
+		{
+			Title: "A dead-lettered command replayed by an operator: the records absorb what had run, one charge",
+			Why: "Manual compensation is the longest replay source: the seed reckons with 30 days. A command that keeps failing " +
+				"transiently is not dropped: after COMMAND_MAX_DELIVER deliveries it is parked, unchanged, in a dead-letter " +
+				"stream, and an operator sends it again once the cause is fixed, maybe days later. Whatever had already run by " +
+				"then, the replay finds the intent's record and replays or resumes it under the same stable channel key, so " +
+				"money moves once; this is why the records must outlive the DLQ's window too.",
+			run: deadLetterReplayed,
+		},
+		{
+			Title: "The outbox survives a relay crash: each event once, in order, Nats-Msg-Id = its event id",
+			Why: "The business write and what it tells others belong in one transaction, or a crash between them leaves a gap, " +
+				"as between a record and its order. Every transition writes its event into an outbox in the order's " +
+				"transaction; a relay publishes it with Nats-Msg-Id = the event id and then marks it. A relay that dies in " +
+				"between publishes again: at least once, never lost, and JetStream's duplicate window drops the copy. That " +
+				"window is short and a subscriber may still hear a copy, so a consumer that must apply each event once keeps " +
+				"its own inbox of event ids: the consumer's idempotency record.",
+			run: outboxRelayCrash,
+		},
+		{
 			Title: "Retention follows the longest replay window; one day is unsafe",
 			Why: "Once a record is deleted, an old request that arrives again runs again, with its side effects. If clients " +
 				"retry for up to 24 hours, the broker keeps messages for 7 days and manual compensation may replay for 30, " +

@@ -124,6 +124,10 @@ func metricsMoved(ctx context.Context, s *Session) error {
 		{7, "downstream duplicates absorbed by the channel", "orderservice_payment_channel_duplicates_absorbed_total", nil},
 		{7, "takeovers by a retry", "orderservice_idempotency_takeovers_total", []string{`by="retry"`}},
 		{8, "takeovers by the sweeper", "orderservice_idempotency_takeovers_total", []string{`by="sweeper"`}},
+		{9, "commands answered from the records (Idempotent-Replayed)", "orderservice_messages_replayed_total", nil},
+		{11, "command redeliveries", "orderservice_messages_redelivered_total", nil},
+		{11, "commands dead-lettered", "orderservice_messages_dead_lettered_total", nil},
+		{12, "outbox events the relay published", "orderservice_outbox_relay_publishes_total", []string{`result="published"`}},
 	}
 	checked := false
 	for _, e := range expected {

@@ -52,7 +52,9 @@ func TestEveryLessonTellsAWellFormedStory(t *testing.T) {
 	defer cancel()
 	var got events
 	s := NewSession(Config{BaseURL: m.URL(), ChannelURL: "http://" + m.ChannelAddr, APIKey: apptest.KeyAcme,
+		Tenant: "acme", NATSURL: m.NATSURL, NATSOperator: "orderservice:" + m.Config.NATSServicePassword,
 		SweepWait: 15 * time.Second, Observe: true}, got.sink)
+	defer s.Close()
 	if err := s.Preflight(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -184,5 +186,54 @@ func TestOperationOfNamesTheRecordsOperation(t *testing.T) {
 		if got := operationOf(method, path); got != want {
 			t.Errorf("operationOf(%s) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// TestBrokerLessonsWithoutTheOperator plays the lessons that need the
+// operator's NATS user with none: the DLQ replay is shown as the command to
+// run and stood in for by the client's own copy of the command, the relay's
+// republish is told, and both still pass on what a tenant can see.
+func TestBrokerLessonsWithoutTheOperator(t *testing.T) {
+	m := apptest.Start(t, dbURL, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var got events
+	s := NewSession(Config{BaseURL: m.URL(), ChannelURL: "http://" + m.ChannelAddr, APIKey: apptest.KeyAcme,
+		Tenant: "acme", NATSURL: m.NATSURL}, got.sink)
+	defer s.Close()
+	for _, n := range []int{11, 12} {
+		l, _ := ByNumber(n)
+		if out := s.Play(ctx, l, nil); !out.Passed {
+			t.Errorf("lesson %d without the operator did not pass: %v", n, out.Err)
+		}
+		var said []string
+		for _, e := range got.of(n) {
+			if e.Kind == KindSay {
+				said = append(said, e.Text)
+			}
+			if e.Kind == KindCheck && !e.OK {
+				t.Errorf("lesson %d: red check %q", n, e.Text)
+			}
+		}
+		if text := strings.Join(said, "\n"); !strings.Contains(text, "no operator NATS credentials") {
+			t.Errorf("lesson %d does not say it runs without the operator:\n%s", n, text)
+		}
+	}
+}
+
+// TestBrokerLessonsSayWhenTheBrokerRefusesTheTenant: a wrong API key for
+// the tenant's NATS user stops the lesson with the broker's refusal and a
+// hint, not a hang.
+func TestBrokerLessonsSayWhenTheBrokerRefusesTheTenant(t *testing.T) {
+	m := apptest.Start(t, dbURL, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s := NewSession(Config{BaseURL: m.URL(), ChannelURL: "http://" + m.ChannelAddr, APIKey: apptest.KeyAcme,
+		Tenant: "globex", NATSURL: m.NATSURL}, nil)
+	defer s.Close()
+	l, _ := ByNumber(9)
+	out := s.Play(ctx, l, nil)
+	if out.Passed || out.Err == nil || !strings.Contains(out.Err.Error(), "the broker refuses tenant globex") {
+		t.Errorf("lesson 9 as globex with acme's key: %+v, want the broker's refusal", out)
 	}
 }

@@ -11,6 +11,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/orderservice/orderservice/client"
 )
 
@@ -22,6 +25,16 @@ type Config struct {
 	ChannelURL string
 	// APIKey is the key of the tenant the session plays as.
 	APIKey string
+	// Tenant is the tenant APIKey belongs to: its NATS user name.
+	Tenant string
+	// NATSURL is the broker the service uses (nats://127.0.0.1:4223 for
+	// `make run`'s embedded server); the session connects as the tenant,
+	// with its API key as the password.
+	NATSURL string
+	// NATSOperator is "user:password" of the service's own NATS user, for
+	// what only an operator does: replay the DLQ, republish an event as
+	// the relay would. Empty: those steps are shown, not done.
+	NATSOperator string
 	// SweepWait bounds how long lesson 8 waits for the service's sweeper.
 	SweepWait time.Duration
 	// Observe makes the session read the record, the order and the
@@ -58,6 +71,12 @@ type Session struct {
 	look *http.Client
 	// view is the Go client over look, for reads that check a story.
 	view *client.Client
+
+	natsMu     sync.Mutex // guards the broker connections, made on first use
+	tenantNC   *nats.Conn
+	tenantJS   jetstream.JetStream
+	operatorNC *nats.Conn
+	operatorJS jetstream.JetStream
 
 	mu     sync.Mutex // guards what follows and serialises emit
 	sink   Sink

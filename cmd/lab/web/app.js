@@ -134,6 +134,15 @@ function onEvent(e) {
     case "answer":
       if (e.answer.order_id) state.lastOrder = e.answer.order_id;
       break;
+    case "message":
+      if (e.message.order_id) state.lastOrder = e.message.order_id;
+      // A command, a replay or a republish that waited for its step (the
+      // broker's steps have no request id) has now gone.
+      if (["command", "replay", "republish"].includes(e.message.kind) && document.querySelector('li.wait[data-request="0"]')) {
+        state.waiting = Math.max(0, state.waiting - 1);
+        renderState();
+      }
+      break;
     case "why":
       $("why").textContent = e.text;
       $("outcome").hidden = false;
@@ -252,6 +261,8 @@ async function main() {
   const info = await api("/api/lessons");
   $("service").textContent = info.service;
   $("channel").textContent = info.channel;
+  $("broker").textContent = info.broker;
+  $("tenant").textContent = info.tenant;
   $("run-id").textContent = info.run_id;
   state.lessons = info.lessons.map((l) => ({ ...l, status: l.passed === undefined ? "" : l.passed ? "passed" : "failed" }));
   state.running = !!info.running;

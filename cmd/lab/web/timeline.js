@@ -1,5 +1,6 @@
 // The swimlane timeline: one row per event of the lesson on screen, placed
-// in the lane it happened in (client, instance, record, order, channel).
+// in the lane it happened in (client, instance, record, order, channel,
+// broker).
 
 const rows = () => document.getElementById("rows");
 
@@ -114,6 +115,51 @@ export function draw(e, resend) {
         el("span", { class: "sub" }, `${(c.amount / 100).toFixed(2)} · ${c.requests} request${c.requests === 1 ? "" : "s"}${absorbed}`)));
       li.dataset.charge = c.id;
       li.dataset.requests = String(c.requests);
+      break;
+    }
+    case "message": {
+      const m = e.message;
+      if (["command", "replay", "republish"].includes(m.kind)) document.querySelector('li.wait[data-request="0"]')?.remove();
+      const name = m.subject.split(".").slice(-1)[0];
+      let head, sub = [];
+      switch (m.kind) {
+        case "command":
+          head = `⇢ command ${name}`;
+          if (m.seq) sub.push(`ORDER_COMMANDS #${m.seq}`);
+          break;
+        case "result":
+          head = `⇠ result ${name} · Status ${m.status}`;
+          if (m.code) sub.push(m.code);
+          if (m.order_id) sub.push(`order ${short(m.order_id)} ${m.order_status}`);
+          break;
+        case "event":
+          head = `✉ event ${m.event}`;
+          sub.push("Nats-Msg-Id " + short(m.msg_id));
+          break;
+        case "dead_letter":
+          head = `☠ dead letter ${name}`;
+          sub.push(`ORDER_COMMANDS_DLQ #${m.seq} · ${m.deliveries} deliveries`, m.reason);
+          break;
+        case "replay":
+          head = `↺ dlq replay #${m.seq}`;
+          sub.push("to " + m.subject);
+          break;
+        case "republish":
+          head = `↺ event ${m.event} published again`;
+          sub.push("Nats-Msg-Id " + short(m.msg_id) + ` · ORDER_EVENTS #${m.seq}`);
+          break;
+        default:
+          head = m.kind;
+      }
+      if (m.key) sub.push("key " + shortKey(m.key));
+      const li = row("msg " + m.kind, e, el("div", { class: "pill", title: m.subject },
+        el("b", {}, head),
+        m.replayed ? badge("Idempotent-Replayed: true", "replayed") : null,
+        m.duplicate ? badge("duplicate: dropped", "retry") : null,
+        el("span", { class: "sub" }, sub.join(" · "))));
+      Object.assign(li.dataset, { msgKind: m.kind, subject: m.subject, key: m.key || "", status: String(m.status || 0),
+        replayed: String(!!m.replayed), duplicate: String(!!m.duplicate), msgId: m.msg_id || "",
+        deliveries: String(m.deliveries || 0), order: m.order_id || "" });
       break;
     }
     case "say":
