@@ -291,7 +291,9 @@ func (s *Service) settle(ctx context.Context, rec idempotency.Record, p Payment,
 
 // transientStore reports a database failure worth trying again: the
 // server is unreachable, failing over, or a lock is held too long.
-func transientStore(err error) bool { return database.IsUnavailable(err) || database.IsLockTimeout(err) }
+func transientStore(err error) bool {
+	return database.IsUnavailable(err) || database.IsLockTimeout(err)
+}
 
 // recordPatiently is phase 3, tried again for up to a channel timeout while
 // the database is briefly unavailable (a failover, a dropped connection):
