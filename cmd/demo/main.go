@@ -21,7 +21,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/orderservice/orderservice/internal/lessons"
 )
@@ -70,16 +69,9 @@ func parseConfig(args []string, getenv func(string) string, stdout, stderr io.Wr
 	}
 	var cfg config
 	var color, only string
-	fs.StringVar(&cfg.BaseURL, "url", orDefault("DEMO_BASE_URL", "http://localhost:8080"), "base URL of the order service (env DEMO_BASE_URL)")
-	fs.StringVar(&cfg.ChannelURL, "channel", orDefault("DEMO_CHANNEL_URL", "http://localhost:8081"), "base URL of the payment channel's admin API (env DEMO_CHANNEL_URL)")
-	fs.StringVar(&cfg.APIKey, "api-key", orDefault("DEMO_API_KEY", "demo-key-acme"), "API key of the tenant to play as (env DEMO_API_KEY)")
-	fs.StringVar(&cfg.Tenant, "tenant", orDefault("DEMO_TENANT", "acme"), "the tenant the API key belongs to: its NATS user (env DEMO_TENANT)")
-	fs.StringVar(&cfg.NATSURL, "nats-url", orDefault("DEMO_NATS_URL", "nats://127.0.0.1:4223"), "the service's NATS server; `make run` embeds one on 127.0.0.1:4223 (env DEMO_NATS_URL)")
-	fs.StringVar(&cfg.NATSOperator, "nats-operator", orDefault("DEMO_NATS_OPERATOR", "orderservice:orderservice-dev-secret"),
-		"user:password of the service's NATS user, for the operator's steps (DLQ replay, an event republished); empty shows them instead (env DEMO_NATS_OPERATOR)")
+	cfg.RegisterFlags(fs, "DEMO_", getenv)
 	fs.StringVar(&color, "color", orDefault("DEMO_COLOR", "auto"), "auto (when stdout is a terminal and NO_COLOR is unset), always or never")
 	fs.StringVar(&only, "only", "", "comma-separated scenario numbers to run, e.g. 4,7 (default all)")
-	fs.DurationVar(&cfg.SweepWait, "sweep-wait", 45*time.Second, "how long to wait for the service's sweeper in scenario 8")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}

@@ -67,22 +67,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
 	fs := flag.NewFlagSet("lab", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	orDefault := func(env, def string) string {
-		if v := getenv(env); v != "" {
-			return v
-		}
-		return def
-	}
 	cfg := config{Config: lessons.Config{Observe: true}}
-	fs.StringVar(&cfg.listen, "listen", orDefault("LAB_ADDR", "localhost:8090"), "address the lab serves on (env LAB_ADDR)")
-	fs.StringVar(&cfg.BaseURL, "url", orDefault("LAB_SERVICE_URL", "http://localhost:8080"), "base URL of the order service (env LAB_SERVICE_URL)")
-	fs.StringVar(&cfg.ChannelURL, "channel", orDefault("LAB_CHANNEL_URL", "http://127.0.0.1:8081"), "base URL of the payment channel's admin API (env LAB_CHANNEL_URL)")
-	fs.StringVar(&cfg.APIKey, "api-key", orDefault("LAB_API_KEY", "demo-key-acme"), "API key of the tenant to play as (env LAB_API_KEY)")
-	fs.StringVar(&cfg.Tenant, "tenant", orDefault("LAB_TENANT", "acme"), "the tenant the API key belongs to: its NATS user (env LAB_TENANT)")
-	fs.StringVar(&cfg.NATSURL, "nats-url", orDefault("LAB_NATS_URL", "nats://127.0.0.1:4223"), "the service's NATS server; `make run` embeds one on 127.0.0.1:4223 (env LAB_NATS_URL)")
-	fs.StringVar(&cfg.NATSOperator, "nats-operator", orDefault("LAB_NATS_OPERATOR", "orderservice:orderservice-dev-secret"),
-		"user:password of the service's NATS user, for the operator's steps (DLQ replay, an event republished); empty shows them instead (env LAB_NATS_OPERATOR)")
-	fs.DurationVar(&cfg.SweepWait, "sweep-wait", 45*time.Second, "how long lesson 8 waits for the service's sweeper")
+	cfg.RegisterFlags(fs, "LAB_", getenv)
+	listen := getenv("LAB_ADDR")
+	if listen == "" {
+		listen = "localhost:8090"
+	}
+	fs.StringVar(&cfg.listen, "listen", listen, "address the lab serves on (env LAB_ADDR)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
