@@ -54,8 +54,11 @@ type options struct {
 	Rate         int
 	RateDuration time.Duration
 	Commands     int
-	Quick        bool
-	CPUProfile   string
+	// WaitDuplicates is how many copies of one slow pay wait at once in
+	// scenario 10.
+	WaitDuplicates int
+	Quick          bool
+	CPUProfile     string
 	// outboxInterval and outboxBatch are the service's relay settings, for the report.
 	outboxInterval time.Duration
 	outboxBatch    int
@@ -87,15 +90,16 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs.IntVar(&o.Rate, "rate", 100, "requests per second of the constant-rate latency scenario")
 	fs.DurationVar(&o.RateDuration, "rate-duration", 10*time.Second, "length of the constant-rate latency scenario")
 	fs.IntVar(&o.Commands, "commands", 10000, "create commands sent through JetStream in scenario 7")
+	fs.IntVar(&o.WaitDuplicates, "wait-duplicates", 1000, "copies of one slow pay that wait for it at once in scenario 10")
 	fs.BoolVar(&o.Quick, "quick", false, "a smoke-test run: short points, concurrencies 1 and 4, a storm of 50, 16 pays in flight")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run (service and load) to this file")
 	var only intList
-	fs.Var(&only, "only", "run only these scenarios, comma-separated (1-7; 1 and 2 run together)")
+	fs.Var(&only, "only", "run only these scenarios, comma-separated (1-7 and 10; 1 and 2 run together)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	for _, n := range only {
-		if n > 7 {
+		if n < 1 || n > 7 && n != 10 {
 			return o, fmt.Errorf("-only: there is no scenario %d", n)
 		}
 		if o.Only == nil {
@@ -110,13 +114,14 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		quick := map[string]func(){
-			"duration":      func() { o.Duration = 400 * time.Millisecond },
-			"warmup":        func() { o.Warmup = 100 * time.Millisecond },
-			"c":             func() { o.Concurrency = []int{1, 4} },
-			"storm":         func() { o.Storm = 50 },
-			"pay-c":         func() { o.PayConc = 16 },
-			"rate-duration": func() { o.RateDuration = time.Second },
-			"commands":      func() { o.Commands = 200 },
+			"duration":        func() { o.Duration = 400 * time.Millisecond },
+			"warmup":          func() { o.Warmup = 100 * time.Millisecond },
+			"c":               func() { o.Concurrency = []int{1, 4} },
+			"storm":           func() { o.Storm = 50 },
+			"pay-c":           func() { o.PayConc = 16 },
+			"rate-duration":   func() { o.RateDuration = time.Second },
+			"commands":        func() { o.Commands = 200 },
+			"wait-duplicates": func() { o.WaitDuplicates = 100 },
 		}
 		for name, apply := range quick {
 			if !set[name] {
@@ -129,8 +134,8 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 		return o, errors.New("-duration and -rate-duration must be positive, -warmup not negative")
 	case len(o.Concurrency) == 0:
 		return o, errors.New("-c needs at least one concurrency")
-	case o.Pool < 1 || o.PayPool < 1 || o.ReplayConc < 1 || o.PayConc < 1 || o.Storm < 1 || o.Rate < 1 || o.Commands < 1:
-		return o, errors.New("-pool, -pay-pool, -replay-c, -pay-c, -storm, -rate and -commands must be at least 1")
+	case o.Pool < 1 || o.PayPool < 1 || o.ReplayConc < 1 || o.PayConc < 1 || o.Storm < 1 || o.Rate < 1 || o.Commands < 1 || o.WaitDuplicates < 1:
+		return o, errors.New("-pool, -pay-pool, -replay-c, -pay-c, -storm, -rate, -commands and -wait-duplicates must be at least 1")
 	case o.PayLatency <= 0:
 		return o, errors.New("-pay-latency must be positive")
 	}

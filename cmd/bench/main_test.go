@@ -30,7 +30,7 @@ func TestQuickRun(t *testing.T) {
 	report := stdout.String()
 
 	t.Run("reports every scenario", func(t *testing.T) {
-		for _, title := range []string{title1, title2, title3, title4, title5, title6, title7} {
+		for _, title := range []string{title1, title2, title3, title4, title5, title6, title7, titleWait} {
 			if !strings.Contains(report, title+"\n") {
 				t.Errorf("the report has no section %q", title)
 			}

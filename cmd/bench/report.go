@@ -173,6 +173,7 @@ func render(res *results, chartFile string) string {
 		{5, title5, (*report).pay},
 		{6, title6, (*report).steady},
 		{7, title7, (*report).messages},
+		{10, titleWait, (*report).wait},
 	}
 	for _, s := range sections {
 		r.p(s.title)

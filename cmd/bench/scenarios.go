@@ -86,6 +86,9 @@ func (b *bench) startService(ctx context.Context, pool int) (*app.Main, error) {
 		"LOG_LEVEL":            "error",
 		"API_KEYS":             benchTenant + "=" + benchAPIKey,
 		"DB_MAX_CONNS":         strconv.Itoa(pool),
+		// Only scenario 10 pays with pm_slow: long enough for a thousand
+		// copies to be waiting before it finishes.
+		"PAYMENT_SLOW_DELAY": "6s",
 		// An embedded NATS server of its own, on a free port.
 		"NATS_EMBEDDED_ADDR": "127.0.0.1:0",
 		"NATS_STORE_DIR":     filepath.Join(os.TempDir(), "orderservice-bench-nats"),
@@ -176,6 +179,7 @@ type results struct {
 	Pay           payResult
 	Steady        point
 	Messages      messageResult
+	Wait          waitResult
 	Took          time.Duration
 	// Problems are failed assertions: the run reports them and fails.
 	Problems []string
@@ -291,6 +295,7 @@ func (b *bench) runAll(ctx context.Context) (*results, error) {
 		{4, "4 duplicate storm", b.storm},
 		{6, "6 constant-rate create", b.steady},
 		{7, "7 creates as JetStream commands vs HTTP, and the outbox's lag", b.messages},
+		{10, "10 duplicates waiting for one slow pay", b.waitScenario},
 		{5, "5 pay with a slow channel", b.pay},
 	}
 	for _, s := range steps {

@@ -158,14 +158,22 @@ func (w *Waiter) Await(ctx context.Context, db *gorm.DB, scope Scope) bool {
 	defer unregister()
 	// Flag the record after registering, so no announcement can slip
 	// between the two; the UPDATE waits for an owner's uncommitted move.
-	res := db.WithContext(ctx).Exec(`
-		UPDATE idempotency_records SET waiting = true
-		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ? AND state = 'PROCESSING'`,
-		scope.TenantID, scope.Operation, scope.Key)
+	// Only the first of many waiters writes: once the flag is set, the
+	// others find it set and take no row lock.
+	var inFlight bool
+	err := db.WithContext(ctx).Raw(`
+		WITH flagged AS (
+			UPDATE idempotency_records SET waiting = true
+			WHERE tenant_id = ? AND operation = ? AND idempotency_key = ? AND state = 'PROCESSING' AND NOT waiting
+			RETURNING 1)
+		SELECT EXISTS (SELECT 1 FROM flagged) OR EXISTS (
+			SELECT 1 FROM idempotency_records
+			WHERE tenant_id = ? AND operation = ? AND idempotency_key = ? AND state = 'PROCESSING' AND waiting)`,
+		scope.TenantID, scope.Operation, scope.Key, scope.TenantID, scope.Operation, scope.Key).Scan(&inFlight).Error
 	switch {
 	case ctx.Err() != nil:
 		return false
-	case res.Error == nil && res.RowsAffected == 0: // it moved on already
+	case err == nil && !inFlight: // it moved on already
 		return true
 	}
 	poll := w.Poll
@@ -184,7 +192,7 @@ func (w *Waiter) Await(ctx context.Context, db *gorm.DB, scope Scope) bool {
 			w.mu.Lock()
 			listening := w.listening
 			w.mu.Unlock()
-			if !listening || res.Error != nil {
+			if !listening || err != nil {
 				return true // no word can reach us: look for ourselves
 			}
 		}

@@ -1,0 +1,204 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// titleWait heads the waiting-duplicates scenario's section.
+const titleWait = "## 10. Duplicates waiting for the first result (Prefer: wait)"
+
+// waitResult is the waiting-duplicates scenario: one slow pay, and
+// Duplicates copies of it sent with Prefer: wait=10 while it runs.
+type waitResult struct {
+	Duplicates int
+	SlowDelay  time.Duration
+	// FirstTook is the first pay's own time, its channel call included.
+	FirstTook time.Duration
+	// AfterFirst are the duplicates' answer times measured from the
+	// moment the first pay's answer arrived (negative: before it).
+	P50, P99, Last time.Duration
+	// Replayed counts 200 answers marked Idempotent-Replayed.
+	Replayed int
+	Other    map[string]int // every other answer, by status
+	// BusyPeak is the most sessions of the service doing work or holding a
+	// transaction, sampled while every duplicate was waiting.
+	BusyPeak int64
+	// AllWaiting is false when the first pay finished before every copy
+	// was waiting (BusyPeak was then not sampled).
+	AllWaiting bool
+	Pool       int
+	Charges    int64
+}
+
+// waitScenario pays one order with pm_slow and sends Duplicates copies of
+// the pay under the same key with Prefer: wait=10 once it holds the record,
+// on connections of their own.
+func (b *bench) waitScenario(ctx context.Context, res *results) error {
+	o := b.opts
+	if err := b.reset(ctx); err != nil {
+		return err
+	}
+	ids, err := b.prepareOrders(ctx, 1)
+	if err != nil {
+		return err
+	}
+	url, key, body := b.svc.URL()+"/v1/orders/"+ids[0]+"/pay", "bench-wait-"+ids[0], []byte(`{"payment_method":"pm_slow"}`)
+	before := b.svc.Channel.Stats()
+	hc := &http.Client{Timeout: time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: o.WaitDuplicates + 8}}
+	defer hc.CloseIdleConnections()
+	post := func(prefer bool) (int, http.Header, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+		if err != nil {
+			return 0, nil, err
+		}
+		req.Header.Set("Authorization", "Bearer "+benchAPIKey)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", key)
+		if prefer {
+			req.Header.Set("Prefer", "wait=10")
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			return 0, nil, err
+		}
+		defer resp.Body.Close()
+		_, err = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode, resp.Header, err
+	}
+
+	firstDone := make(chan time.Time, 1)
+	start := time.Now()
+	var firstStatus int
+	go func() {
+		firstStatus, _, _ = post(false)
+		firstDone <- time.Now()
+	}()
+	if err := b.waitFor(ctx, `SELECT count(*) FROM idempotency_records WHERE idempotency_key = $1 AND state = 'PROCESSING'`, key); err != nil {
+		return err
+	}
+	answers := make([]time.Time, o.WaitDuplicates)
+	statuses := make([]string, o.WaitDuplicates)
+	var wg sync.WaitGroup
+	for i := range answers {
+		wg.Go(func() {
+			status, h, err := post(true)
+			answers[i] = time.Now()
+			switch {
+			case err != nil:
+				statuses[i] = "error"
+			case status == http.StatusOK && h.Get("Idempotent-Replayed") == "true":
+				statuses[i] = "replayed"
+			default:
+				statuses[i] = fmt.Sprint(status)
+			}
+		})
+	}
+	// Once every copy waits (the service runs in this process, so its
+	// goroutines are countable), sample the busy sessions until the first
+	// pay is done.
+	var busy int64
+	var firstAt time.Time
+	for firstAt.IsZero() && waiting() < o.WaitDuplicates {
+		select {
+		case firstAt = <-firstDone:
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	res.Wait.AllWaiting = firstAt.IsZero()
+	for firstAt.IsZero() {
+		n, err := b.count(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND application_name = 'orderservice' AND state IN ('active', 'idle in transaction')`)
+		if err != nil {
+			return err
+		}
+		busy = max(busy, n)
+		select {
+		case firstAt = <-firstDone:
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	wg.Wait()
+	after := b.svc.Channel.Stats()
+
+	allWaiting := res.Wait.AllWaiting
+	w := waitResult{AllWaiting: allWaiting, Duplicates: o.WaitDuplicates, SlowDelay: b.svc.Config.ChannelSlowDelay, FirstTook: firstAt.Sub(start),
+		BusyPeak: busy, Pool: b.svc.Config.DBMaxConns, Charges: after.Charges - before.Charges, Other: map[string]int{}}
+	lags := make([]time.Duration, len(answers))
+	for i, at := range answers {
+		lags[i] = at.Sub(firstAt)
+		if statuses[i] == "replayed" {
+			w.Replayed++
+		} else {
+			w.Other[statuses[i]]++
+		}
+	}
+	sort.Slice(lags, func(i, j int) bool { return lags[i] < lags[j] })
+	w.P50, w.P99, w.Last = quantile(lags, 0.5), quantile(lags, 0.99), lags[len(lags)-1]
+	res.Wait = w
+	if firstStatus != http.StatusOK {
+		res.fail("wait: the first pay answered %d", firstStatus)
+	}
+	if w.Replayed != w.Duplicates {
+		res.fail("wait: %d of %d duplicates got the first result replayed (others: %v)", w.Replayed, w.Duplicates, w.Other)
+	}
+	if !w.AllWaiting {
+		res.fail("wait: the first pay finished before all %d copies were waiting; raise PAYMENT_SLOW_DELAY", w.Duplicates)
+	}
+	if w.Charges != 1 {
+		res.fail("wait: the channel made %d charges for one intent, want 1", w.Charges)
+	}
+	b.progress("  %d duplicates waiting: last answer %s after the first's, p50 %s; busy sessions at most %d (pool %d); %d charge",
+		w.Duplicates, ms(w.Last), ms(w.P50), w.BusyPeak, w.Pool, w.Charges)
+	return nil
+}
+
+// waitFor polls query (a count with one argument) until it is at least 1.
+func (b *bench) waitFor(ctx context.Context, query string, arg any) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n, err := b.count(ctx, query, arg)
+		if err != nil || n > 0 {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("waited 10s for %s", strings.Fields(query)[0])
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (r *report) wait(res *results) {
+	w := res.Wait
+	r.p("One pay with `pm_slow` (the embedded channel answers after %s); once it holds its record, %d copies", w.SlowDelay, w.Duplicates)
+	r.p("of it (same key, same body) are sent at once with `Prefer: wait=10`, each on its own connection.")
+	r.p("Each copy finds the intent PROCESSING, flags the record and waits for a NOTIFY without a database")
+	r.p("connection; the first pay's phase 3 notifies from its commit. Times are from the first pay's answer")
+	r.p("to each copy's answer (the commit comes just before the first's answer, so they may be negative).")
+	r.p("Busy sessions are the service's sessions that are active or in a transaction, sampled every 20 ms")
+	r.p("from the moment every copy was waiting (counted in the service's goroutines) to the first's answer.")
+	r.p("")
+	r.p("| duplicates | first pay | p50 after the first | p99 | last | replayed | other answers | busy sessions (peak) | pool | charges |")
+	r.p("|--:|--:|--:|--:|--:|--:|---|--:|--:|--:|")
+	other := "none"
+	if len(w.Other) > 0 {
+		other = fmt.Sprint(w.Other)
+	}
+	r.p("| %d | %s | %s | %s | %s | %d | %s | %d | %d | %d |", w.Duplicates, ms(w.FirstTook), ms(w.P50), ms(w.P99), ms(w.Last),
+		w.Replayed, other, w.BusyPeak, w.Pool, w.Charges)
+}
+
+// waiting counts the goroutines of this process that wait for a first
+// result (idempotency.Waiter.Await): the service under test runs here.
+func waiting() int {
+	buf := make([]byte, 64<<20)
+	return strings.Count(string(buf[:runtime.Stack(buf, true)]), "idempotency.(*Waiter).Await(")
+}
