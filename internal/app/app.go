@@ -138,8 +138,9 @@ func (m *Main) start(ctx context.Context) error {
 	}
 
 	policy := cfg.Policy()
-	m.Metrics = metrics.New(db, m.Logger, order.Operations, order.MoneyOperations)
 	records := &idempotency.Store{Lease: cfg.Lease, Policy: policy}
+	m.Metrics = metrics.New(func(ctx context.Context) (idempotency.Gauges, error) { return records.Gauges(db.WithContext(ctx)) },
+		m.Logger, order.Operations, order.MoneyOperations)
 	lifetime, kill := context.WithCancel(context.WithoutCancel(ctx))
 	m.kill = kill
 	m.Orders = &order.Service{

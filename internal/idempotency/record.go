@@ -45,6 +45,12 @@ type Intent struct {
 	Scope
 	Fingerprint string
 	ResourceID  string
+	// OneTransaction says the caller claims, executes and completes the
+	// intent in one transaction, so nobody else ever sees it unfinished:
+	// the sweeper never needs to find it, and its completion can be a HOT
+	// update (see migrations/010_hot_completion.up.sql). An intent that
+	// commits while unfinished (a payment) leaves it false.
+	OneTransaction bool
 }
 
 // Response is the outcome a client receives, stored so that a replay is the
@@ -79,6 +85,8 @@ type Record struct {
 	UpdatedAt           time.Time
 	CompletedAt         *time.Time
 	ExpiresAt           *time.Time
+	// Resumable is false for a OneTransaction intent.
+	Resumable bool
 }
 
 // TableName tells GORM the table the migration created.
@@ -91,6 +99,24 @@ func (r *Record) Scope() Scope {
 
 // Resource is the bound resource id, or "".
 func (r *Record) Resource() string { return deref(r.ResourceID) }
+
+// Lease is when the current owner's lease ends, or nil once the outcome is
+// definitive (a one-transaction record keeps its stale lease in the row).
+func (r *Record) Lease() *time.Time {
+	if r.State.Definitive() {
+		return nil
+	}
+	return r.LeaseExpiresAt
+}
+
+// Expiry is when a finished record may be removed, or nil while it is
+// unfinished (the claim already wrote a provisional expires_at).
+func (r *Record) Expiry() *time.Time {
+	if !r.State.Definitive() {
+		return nil
+	}
+	return r.ExpiresAt
+}
 
 // Response returns the stored outcome of a definitive record.
 func (r *Record) Response() Response {

@@ -129,6 +129,7 @@ type outcome struct {
 
 // once runs a single-transaction operation exactly once per intent:
 //
+//  0. replay a stored outcome found by a plain read, if there is one;
 //  1. claim the intent, or replay its stored outcome;
 //  2. execute the business write;
 //  3. store the outcome on the record,
@@ -139,6 +140,14 @@ type outcome struct {
 // writes anything. Any other error rolls everything back and records
 // nothing, so the same key may simply be sent again.
 func (s *Service) once(ctx context.Context, in idempotency.Intent, exec func(tx *gorm.DB) (outcome, error)) (idempotency.Response, error) {
+	in.OneTransaction = true
+	// A replay is answered from one read, without a write transaction.
+	if replay, err := s.Records.Replay(s.DB.WithContext(ctx), in); err != nil || replay != nil {
+		if err != nil {
+			return idempotency.Response{}, err
+		}
+		return *replay, nil
+	}
 	var resp idempotency.Response
 	err := database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
 		claim, err := s.Records.ClaimOrReplay(tx, in)

@@ -1,0 +1,8 @@
+ALTER TABLE idempotency_records RESET (fillfactor);
+DROP INDEX IF EXISTS idempotency_records_expires;
+DROP INDEX IF EXISTS idempotency_records_due;
+CREATE INDEX idempotency_records_expiry ON idempotency_records (expires_at)
+    WHERE state IN ('SUCCEEDED', 'FAILED_FINAL');
+CREATE INDEX idempotency_records_resumable ON idempotency_records (lease_expires_at)
+    WHERE state IN ('PROCESSING', 'FAILED_RETRYABLE');
+ALTER TABLE idempotency_records DROP COLUMN resumable;
