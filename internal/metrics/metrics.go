@@ -12,11 +12,12 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/orderservice/orderservice/internal/idempotency"
-	"github.com/orderservice/orderservice/internal/payment"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/payment"
 )
 
 // Metrics is the registry and every collector of the service.
