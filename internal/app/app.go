@@ -150,7 +150,8 @@ func (m *Main) start(ctx context.Context) error {
 		Money: order.MoneyConfig{ChannelTimeout: cfg.ChannelTimeout, RetryAfter: cfg.RetryAfter},
 	}
 	api := &httpapi.Server{Orders: m.Orders, Records: records, DB: db, Logger: m.Logger,
-		Tenants: httpapi.NewTenants(cfg.APIKeys), Policy: policy, Metrics: m.Metrics}
+		Tenants: httpapi.NewTenants(cfg.APIKeys), Policy: policy, Metrics: m.Metrics,
+		Admission: httpapi.NewAdmission(cfg.HTTPMaxInFlight, cfg.HTTPMaxQueue, cfg.HTTPQueueTimeout)}
 
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {

@@ -28,6 +28,11 @@ type Config struct {
 	LogLevel          string            `env:"LOG_LEVEL" envDefault:"info"`
 
 	DBMaxConns         int           `env:"DB_MAX_CONNS" envDefault:"20"`
+
+	// Admission control (load shedding) on /v1; HTTPMaxInFlight 0 turns it off.
+	HTTPMaxInFlight  int           `env:"HTTP_MAX_IN_FLIGHT" envDefault:"64"`
+	HTTPMaxQueue     int           `env:"HTTP_MAX_QUEUE" envDefault:"1024"`
+	HTTPQueueTimeout time.Duration `env:"HTTP_QUEUE_TIMEOUT" envDefault:"100ms"`
 	DBStatementTimeout time.Duration `env:"DB_STATEMENT_TIMEOUT" envDefault:"5s"`
 	DBLockTimeout      time.Duration `env:"DB_LOCK_TIMEOUT" envDefault:"3s"`
 
@@ -101,6 +106,9 @@ func (c Config) validate() error {
 	}
 	if c.CleanupPause < 0 {
 		return fmt.Errorf("CLEANUP_PAUSE must not be negative")
+	}
+	if c.HTTPMaxInFlight < 0 || c.HTTPMaxQueue < 0 || c.HTTPQueueTimeout <= 0 {
+		return fmt.Errorf("HTTP_MAX_IN_FLIGHT and HTTP_MAX_QUEUE must not be negative, HTTP_QUEUE_TIMEOUT must be positive")
 	}
 	// A duplicate waiting on the first request's lock must give up (409)
 	// before its statement is cancelled (which would read as an outage, 503).

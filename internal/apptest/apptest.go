@@ -41,6 +41,9 @@ func Config(t testing.TB, dbURL string, env map[string]string) app.Config {
 		"SHUTDOWN_TIMEOUT":        "10s",
 		"LOG_LEVEL":               "warn",
 		"DB_MAX_CONNS":            "10",
+		// Storms in tests prove exactly-once, not load shedding, on machines
+		// of any speed: queue rather than refuse (admission_test sets its own).
+		"HTTP_QUEUE_TIMEOUT": "30s",
 	}
 	for k, v := range env {
 		base[k] = v

@@ -156,6 +156,9 @@ func serviceEnv(dbURL, addr, channelURL string, extra ...string) []string {
 		"DB_MAX_CONNS=10",
 		"SHUTDOWN_TIMEOUT=5s",
 		"LOG_LEVEL=warn",
+		// The suite's storms prove exactly-once, not load shedding (which
+		// internal/httpapi and make bench cover): queue rather than refuse.
+		"HTTP_QUEUE_TIMEOUT=30s",
 	}
 	return append(env, extra...)
 }

@@ -12,7 +12,7 @@ func (s *Server) routes(e *echo.Echo) {
 	e.GET("/readyz", s.readyz)
 	e.GET("/metrics", echo.WrapHandler(s.Metrics.Handler()))
 
-	v1 := e.Group("/v1", s.authenticate)
+	v1 := e.Group("/v1", s.Admission.admit, s.authenticate)
 	v1.POST("/orders", idempotent(s, order.OpCreate, s.Orders.Create))
 	v1.GET("/orders", s.listOrders)
 	v1.GET("/orders/:id", s.getOrder)
@@ -23,5 +23,4 @@ func (s *Server) routes(e *echo.Echo) {
 	v1.POST("/orders/:id/deliver", idempotentOn(s, order.OpDeliver, s.Orders.Deliver))
 	v1.GET("/idempotency-records", s.idempotencyRecords)
 	v1.GET("/idempotency-policy", s.idempotencyPolicy)
-	s.benchRoutes(v1)
 }

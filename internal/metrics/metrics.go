@@ -30,6 +30,7 @@ type Metrics struct {
 	duplicates *prometheus.CounterVec
 	http       *prometheus.HistogramVec
 	cleaned    *prometheus.CounterVec
+	shed       prometheus.Counter
 }
 
 // Outcomes are what the idempotency layer can do with a request, the values
@@ -73,8 +74,12 @@ func New(gauges GaugeReader, logger *slog.Logger, operations, moneyOperations []
 			Name: "orderservice_idempotency_records_cleaned_total",
 			Help: "Expired records removed by the cleanup job; action is deleted or archived (copied to the archive, then deleted).",
 		}, []string{"action"}),
+		shed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "orderservice_http_requests_shed_total",
+			Help: "Requests refused with 503 by the admission limit (HTTP_MAX_IN_FLIGHT, HTTP_MAX_QUEUE, HTTP_QUEUE_TIMEOUT) before anything was recorded.",
+		}),
 	}
-	m.registry.MustRegister(m.requests, m.conflicts, m.takeovers, m.channel, m.duplicates, m.http, m.cleaned,
+	m.registry.MustRegister(m.requests, m.conflicts, m.takeovers, m.channel, m.duplicates, m.http, m.cleaned, m.shed,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&recordCollector{gauges: gauges, logger: logger})
 	m.zero(operations, moneyOperations)
@@ -153,6 +158,14 @@ func (m *Metrics) Takeover(operation, by string) {
 		return
 	}
 	m.takeovers.WithLabelValues(operation, by).Inc()
+}
+
+// Shed counts one request refused by the admission limit.
+func (m *Metrics) Shed() {
+	if m == nil {
+		return
+	}
+	m.shed.Inc()
 }
 
 // Cleaned counts records the cleanup job removed.
