@@ -36,7 +36,7 @@ demo: ## narrated scenarios of every lesson against the running service
 	$(GO) run ./cmd/demo -url $(DEMO_BASE_URL) -channel $(DEMO_CHANNEL_URL) -api-key $(DEMO_API_KEY)
 
 bench: ## load benchmarks against the real service and PostgreSQL; writes docs/benchmarks/ (BENCHFLAGS=-quick for a short run)
-	$(GO) run -tags bench ./cmd/bench $(BENCHFLAGS)
+	$(GO) run ./cmd/bench $(BENCHFLAGS)
 
 lint-openapi: ## lint api/openapi.yaml with Redocly
 	npm ci --prefix tools/openapi-lint --no-audit --no-fund
