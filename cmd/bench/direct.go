@@ -167,11 +167,11 @@ func (d *directCreate) create(ctx context.Context, key, fingerprint string, in c
 			INSERT INTO idempotency_records
 				(tenant_id, operation, idempotency_key, fingerprint, state, resource_id, lease_token, lease_expires_at, attempts,
 				 expires_at, resumable)
-			VALUES ($1, $2, $3, $4, 'PROCESSING', NULLIF($5, ''), 1, now() + make_interval(secs => $6), 1,
-				now() + make_interval(secs => $7), $8)
+			VALUES ($1, $2, $3, $4, 'PROCESSING', NULLIF($5, ''), 1, CASE WHEN $6 THEN now() + make_interval(secs => $7) END, 1,
+				now() + make_interval(secs => $8), $9)
 			ON CONFLICT DO NOTHING
 			RETURNING lease_token`,
-			benchTenant, "order.create", key, fingerprint, "", d.lease.Seconds(), d.retention.Seconds(), false).Scan(&token)
+			benchTenant, "order.create", key, fingerprint, "", false, d.lease.Seconds(), d.retention.Seconds(), false).Scan(&token)
 	case before05:
 		err = tx.QueryRow(ctx, `
 			INSERT INTO idempotency_records
@@ -235,18 +235,12 @@ func (d *directCreate) create(ctx context.Context, key, fingerprint string, in c
 	if d.mode == withoutRecord {
 		return body, location, tx.Commit(ctx)
 	}
-	// Migration 010's completion keeps a one-transaction record's lease; up
-	// to 005 every completion dropped it.
-	lease := "CASE WHEN resumable THEN NULL ELSE lease_expires_at END"
-	if d.mode == before05 {
-		lease = "NULL"
-	}
 	tag, err := tx.Exec(ctx, `
 		UPDATE idempotency_records
 		SET state = $1, resource_id = COALESCE(NULLIF($2, ''), resource_id),
 		    response_status = $3, response_location = NULLIF($4, ''), response_content_type = $5, response_body = $6,
 		    completed_at = now(), expires_at = now() + make_interval(secs => $7),
-		    lease_expires_at = `+lease+`, updated_at = now()
+		    lease_expires_at = NULL, updated_at = now()
 		WHERE tenant_id = $8 AND operation = $9 AND idempotency_key = $10
 		  AND lease_token = $11 AND state = 'PROCESSING'`,
 		"SUCCEEDED", id.String(), http.StatusCreated, location, "application/json", body, d.retention.Seconds(),

@@ -182,7 +182,7 @@ func genRecords(from, to int) string {
 			attempts, created_at, updated_at, completed_at, expires_at, resumable)
 		SELECT 'grow', CASE WHEN g %% 4 = 0 THEN 'order.pay' ELSE 'order.create' END, 'grow-' || g, lpad(to_hex(g), 64, '0'),
 		       'SUCCEEDED', NULL, 201, NULL, 'application/json', convert_to(repeat('x', 450), 'UTF8'), 1,
-		       CASE WHEN g %% 4 = 0 THEN NULL ELSE now() - interval '40 days' END, 1,
+		       NULL, 1,
 		       now() - interval '40 days', now() - interval '40 days', now() - interval '40 days',
 		       CASE WHEN g %% 10 = 0 THEN now() - interval '1 day' ELSE now() + interval '1 day' END, g %% 4 = 0
 		FROM generate_series(%d, %d) g`, from, to)

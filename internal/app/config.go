@@ -52,7 +52,7 @@ type Config struct {
 	Retention                time.Duration `env:"IDEMPOTENCY_RETENTION"`
 
 	CleanupInterval time.Duration `env:"CLEANUP_INTERVAL" envDefault:"1h"`
-	CleanupBatch    int           `env:"CLEANUP_BATCH" envDefault:"1000"`
+	CleanupBatch    int           `env:"CLEANUP_BATCH" envDefault:"5000"`
 	CleanupPause    time.Duration `env:"CLEANUP_PAUSE" envDefault:"50ms"`
 
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"8s"`

@@ -44,7 +44,7 @@ func (s *Store) Gauges(db *gorm.DB) (Gauges, error) {
 		WITH unfinished AS (
 			SELECT state, attempts, lease_expires_at
 			FROM idempotency_records
-			WHERE resumable AND lease_expires_at IS NOT NULL AND state IN ('PROCESSING', 'FAILED_RETRYABLE')
+			WHERE lease_expires_at IS NOT NULL AND state IN ('PROCESSING', 'FAILED_RETRYABLE')
 		)
 		SELECT
 			(SELECT count(*) FROM unfinished WHERE state = 'PROCESSING') AS processing,

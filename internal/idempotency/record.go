@@ -46,10 +46,10 @@ type Intent struct {
 	Fingerprint string
 	ResourceID  string
 	// OneTransaction says the caller claims, executes and completes the
-	// intent in one transaction, so nobody else ever sees it unfinished:
-	// the sweeper never needs to find it, and its completion can be a HOT
-	// update (see migrations/010_hot_completion.up.sql). An intent that
-	// commits while unfinished (a payment) leaves it false.
+	// intent in one transaction, so nobody else ever sees it unfinished: it
+	// needs no lease, the sweeper never needs to find it, and its completion
+	// can be a HOT update (see migrations/010_hot_completion.up.sql). An
+	// intent that commits while unfinished (a payment) leaves it false.
 	OneTransaction bool
 }
 
@@ -99,15 +99,6 @@ func (r *Record) Scope() Scope {
 
 // Resource is the bound resource id, or "".
 func (r *Record) Resource() string { return deref(r.ResourceID) }
-
-// Lease is when the current owner's lease ends, or nil once the outcome is
-// definitive (a one-transaction record keeps its stale lease in the row).
-func (r *Record) Lease() *time.Time {
-	if r.State.Definitive() {
-		return nil
-	}
-	return r.LeaseExpiresAt
-}
 
 // Expiry is when a finished record may be removed, or nil while it is
 // unfinished (the claim already wrote a provisional expires_at).

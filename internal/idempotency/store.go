@@ -67,11 +67,11 @@ func (s *Store) ClaimOrReplay(tx *gorm.DB, in Intent) (Claim, error) {
 		INSERT INTO idempotency_records
 			(tenant_id, operation, idempotency_key, fingerprint, state, resource_id, lease_token, lease_expires_at, attempts,
 			 expires_at, resumable)
-		VALUES (?, ?, ?, ?, 'PROCESSING', NULLIF(?, ''), 1, now() + make_interval(secs => ?), 1,
+		VALUES (?, ?, ?, ?, 'PROCESSING', NULLIF(?, ''), 1, CASE WHEN ? THEN now() + make_interval(secs => ?) END, 1,
 			now() + make_interval(secs => ?), ?)
 		ON CONFLICT DO NOTHING
 		RETURNING lease_token, lease_expires_at, created_at`,
-		in.TenantID, in.Operation, in.Key, in.Fingerprint, in.ResourceID, s.Lease.Seconds(),
+		in.TenantID, in.Operation, in.Key, in.Fingerprint, in.ResourceID, !in.OneTransaction, s.Lease.Seconds(),
 		s.Policy.RetentionFor(in.Operation).Seconds(), !in.OneTransaction).Scan(&rec)
 	if res.Error != nil {
 		return Claim{}, s.waitError(res.Error)
@@ -192,10 +192,9 @@ func (s *Store) takeOver(tx *gorm.DB, rec Record) (claim Claim, won bool, err er
 // caller's transaction must roll back so its business write is undone too.
 //
 // It changes no indexed column of a one-transaction intent: such a record
-// keeps its lease_expires_at (the API shows none once the outcome is
-// definitive), and expires_at gets the value the claim gave it, now() being
-// the transaction's start. So the update is HOT. A resumable intent leaves
-// the sweeper's index by dropping its lease.
+// never had a lease, and expires_at gets the value the claim gave it, now()
+// being the transaction's start. So the update is HOT. A resumable intent
+// leaves the sweeper's index by dropping its lease.
 func (s *Store) Complete(tx *gorm.DB, scope Scope, token int64, state State, resp Response, resourceID string) error {
 	if !state.Definitive() {
 		return errors.New("idempotency: Complete needs a definitive state")
@@ -206,7 +205,7 @@ func (s *Store) Complete(tx *gorm.DB, scope Scope, token int64, state State, res
 		SET state = ?, resource_id = COALESCE(NULLIF(?, ''), resource_id),
 		    response_status = ?, response_location = NULLIF(?, ''), response_content_type = ?, response_body = ?,
 		    completed_at = now(), expires_at = now() + make_interval(secs => ?),
-		    lease_expires_at = CASE WHEN resumable THEN NULL ELSE lease_expires_at END, updated_at = now()
+		    lease_expires_at = NULL, updated_at = now()
 		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?
 		  AND lease_token = ? AND state = 'PROCESSING'`,
 		state, resourceID, resp.Status, resp.Location, contentType, resp.Body,
@@ -271,7 +270,7 @@ func (s *Store) ClaimDue(tx *gorm.DB, operations []string, limit int) ([]Record,
 		WITH due AS (
 			SELECT tenant_id, operation, idempotency_key
 			FROM idempotency_records
-			WHERE resumable AND lease_expires_at IS NOT NULL AND lease_expires_at <= now()
+			WHERE lease_expires_at IS NOT NULL AND lease_expires_at <= now()
 			  AND state IN ('PROCESSING', 'FAILED_RETRYABLE') AND operation IN ?
 			ORDER BY lease_expires_at
 			LIMIT ?
