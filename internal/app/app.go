@@ -152,13 +152,16 @@ func (m *Main) start(ctx context.Context) error {
 	api := &httpapi.Server{Orders: m.Orders, Records: records, DB: db, Logger: m.Logger,
 		Tenants: httpapi.NewTenants(cfg.APIKeys), Policy: policy, Metrics: m.Metrics,
 		Admission: httpapi.NewAdmission(cfg.HTTPMaxInFlight, cfg.HTTPMaxQueue, cfg.HTTPQueueTimeout)}
+	if api.Admission != nil {
+		api.Admission.OnShed, api.Admission.Logger = m.Metrics.Shed, m.Logger
+	}
 
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("listen on HTTP_ADDR %s: %w", cfg.HTTPAddr, err)
 	}
 	m.Addr = ln.Addr().String()
-	m.serve(ln, api.Handler())
+	m.serve(ln, api.HTTPHandler())
 
 	workCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	m.stop = stop

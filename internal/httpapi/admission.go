@@ -2,26 +2,31 @@ package httpapi
 
 import (
 	"context"
+	"log/slog"
+	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
-	"github.com/labstack/echo/v4"
 	"golang.org/x/sync/semaphore"
 
 	"github.com/orderservice/orderservice/internal/problem"
 )
 
 // Admission is the service's load shedding: at most MaxInFlight requests
-// are served at once; a request that finds every slot taken waits in a
-// FIFO queue of at most MaxQueue, for at most QueueTimeout. A request that
-// cannot get a slot is refused with 503 service_unavailable and
-// Retry-After before anything is decoded or recorded, so its retry with the
-// same Idempotency-Key is a fresh attempt.
+// to /v1 are served at once; a request that finds every slot taken waits in
+// a FIFO queue of at most MaxQueue, for at most QueueTimeout. A request that
+// cannot get a slot is refused with 503 service_unavailable and Retry-After
+// before it reaches the router: nothing is authenticated, decoded or
+// recorded, so its retry with the same Idempotency-Key is a fresh attempt.
 //
-// A queue only helps with bursts. Once a waiter has timed out the service
+// A queue only helps with bursts. Once a request was refused the service
 // is overloaded, and queueing more would only make every answer late: for
 // congestedFor after the last refusal, a request that finds no free slot is
-// refused at once instead of waiting.
+// refused at once instead of waiting. A refusal costs a few microseconds
+// (no routing, no per-request log line: the refusals are counted, and
+// logged at most once a second), so the excess does not eat the capacity
+// the accepted requests need.
 type Admission struct {
 	slots        *semaphore.Weighted
 	maxQueue     int64
@@ -29,7 +34,13 @@ type Admission struct {
 	queued       atomic.Int64
 	// congestedUntil is a UnixNano time; before it, nobody queues.
 	congestedUntil atomic.Int64
-	now            func() time.Time
+
+	// OnShed, when set, is told of every refusal (for metrics).
+	OnShed func()
+	// Logger gets one line a second while requests are refused.
+	Logger   *slog.Logger
+	refused  atomic.Int64
+	reported atomic.Int64 // UnixNano of the last log line
 }
 
 // congestedFor is how long after a refusal a request that finds no free
@@ -38,62 +49,77 @@ const congestedFor = time.Second
 
 // NewAdmission limits the service to maxInFlight requests at once, with a
 // queue of maxQueue waiting at most queueTimeout. maxInFlight 0 admits
-// everything (no load shedding).
+// everything (no load shedding): it returns nil, which Wrap accepts.
 func NewAdmission(maxInFlight, maxQueue int, queueTimeout time.Duration) *Admission {
 	if maxInFlight <= 0 {
 		return nil
 	}
-	return &Admission{slots: semaphore.NewWeighted(int64(maxInFlight)), maxQueue: int64(maxQueue),
-		queueTimeout: queueTimeout, now: time.Now}
+	return &Admission{slots: semaphore.NewWeighted(int64(maxInFlight)), maxQueue: int64(maxQueue), queueTimeout: queueTimeout}
 }
 
-// errOverloaded is the refusal: 503 with Retry-After, nothing recorded.
-func errOverloaded() error {
-	return &problem.Error{Code: problem.ServiceUnavailable, RetryAfter: time.Second,
-		Detail: "The service is at capacity and did not start this request; nothing was recorded. Retry after the Retry-After interval with the same Idempotency-Key."}
-}
+// overloaded is the refusal's body, rendered once.
+var overloaded = func() []byte {
+	_, body := problem.Render(&problem.Error{Code: problem.ServiceUnavailable,
+		Detail: "The service is at capacity and did not start this request; nothing was recorded. Retry after the Retry-After interval with the same Idempotency-Key."})
+	return body
+}()
 
-// admit is the middleware. A nil *Admission admits everything.
-func (a *Admission) admit(next echo.HandlerFunc) echo.HandlerFunc {
+// Wrap sheds load on the /v1 routes of next; /healthz, /readyz and
+// /metrics are always served. A nil *Admission returns next.
+func (a *Admission) Wrap(next http.Handler) http.Handler {
 	if a == nil {
 		return next
 	}
-	return func(c echo.Context) error {
-		if err := a.acquire(c.Request().Context()); err != nil {
-			c.Set(ctxShed, true)
-			return err
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasPrefix(r.URL.Path, "/v1/") && r.URL.Path != "/v1" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if !a.acquire(r.Context()) {
+			a.refuse(w, r)
+			return
 		}
 		defer a.slots.Release(1)
-		return next(c)
-	}
+		next.ServeHTTP(w, r)
+	})
 }
 
-// acquire takes a slot, or says why not.
-func (a *Admission) acquire(ctx context.Context) error {
+// acquire takes a slot, or reports that the request is refused.
+func (a *Admission) acquire(ctx context.Context) bool {
 	if a.slots.TryAcquire(1) {
-		return nil
+		return true
 	}
-	if a.now().UnixNano() < a.congestedUntil.Load() {
-		return a.refuse()
+	if time.Now().UnixNano() < a.congestedUntil.Load() {
+		return false
 	}
 	if a.queued.Add(1) > a.maxQueue {
 		a.queued.Add(-1)
-		return a.refuse()
+		return false
 	}
 	wait, cancel := context.WithTimeout(ctx, a.queueTimeout)
 	err := a.slots.Acquire(wait, 1)
 	cancel()
 	a.queued.Add(-1)
-	switch {
-	case err == nil:
-		return nil
-	case ctx.Err() != nil: // the client gave up: no sign of overload
-		return ctx.Err()
-	}
-	return a.refuse()
+	return err == nil
 }
 
-func (a *Admission) refuse() error {
-	a.congestedUntil.Store(a.now().Add(congestedFor).UnixNano())
-	return errOverloaded()
+func (a *Admission) refuse(w http.ResponseWriter, r *http.Request) {
+	now := time.Now()
+	if r.Context().Err() == nil { // a client that gave up is no sign of overload
+		a.congestedUntil.Store(now.Add(congestedFor).UnixNano())
+	}
+	if a.OnShed != nil {
+		a.OnShed()
+	}
+	n := a.refused.Add(1)
+	if last := a.reported.Load(); a.Logger != nil && now.UnixNano()-last > int64(time.Second) && a.reported.CompareAndSwap(last, now.UnixNano()) {
+		a.Logger.Warn("load shedding: requests refused with 503 at the admission limit", "refused_total", n)
+	}
+	h := w.Header()
+	h.Set("Content-Type", problem.ContentType)
+	h.Set("Retry-After", "1")
+	w.WriteHeader(http.StatusServiceUnavailable)
+	if r.Method != http.MethodHead {
+		_, _ = w.Write(overloaded)
+	}
 }

@@ -19,7 +19,6 @@ const (
 	ctxOrderID   = "order_id"
 	ctxOutcome   = "outcome"
 	ctxCode      = "problem_code"
-	ctxShed      = "shed"
 )
 
 const outcomeReplayed = "replayed"
@@ -54,9 +53,6 @@ func (s *Server) logRequests(next echo.HandlerFunc) echo.HandlerFunc {
 		req, res := c.Request(), c.Response()
 		took, result := time.Since(start), outcome(c, res.Status)
 		s.Metrics.HTTP(req.Method, c.Path(), res.Status, took)
-		if c.Get(ctxShed) != nil {
-			s.Metrics.Shed()
-		}
 		s.Metrics.Request(stringOf(c.Get(ctxOperation)), result)
 		attrs := []slog.Attr{
 			slog.String("method", req.Method),

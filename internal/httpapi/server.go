@@ -33,9 +33,13 @@ type Server struct {
 	// Policy is the retention policy in force, shown read-only.
 	Policy  idempotency.Policy
 	Metrics *metrics.Metrics
-	// Admission sheds load on /v1; nil admits everything.
+	// Admission sheds load on /v1 (see HTTPHandler); nil admits everything.
 	Admission *Admission
 }
+
+// HTTPHandler is Handler behind the admission limit: what the service
+// serves.
+func (s *Server) HTTPHandler() http.Handler { return s.Admission.Wrap(s.Handler()) }
 
 // NewTenants builds the API-key table from tenant -> key pairs. Keys are
 // stored hashed, so a lookup does not compare secrets byte by byte.
@@ -70,7 +74,6 @@ func (s *Server) handleError(err error, c echo.Context) {
 	status, body := problem.Render(p)
 	c.Set(ctxCode, string(p.Code))
 	switch {
-	case c.Get(ctxShed) != nil: // load shedding: counted, and logged once per request below
 	case status == http.StatusServiceUnavailable: // transient, and the client was told to retry
 		s.Logger.WarnContext(c.Request().Context(), "request postponed", "err", err, "method", c.Request().Method, "path", c.Path())
 	case status >= http.StatusInternalServerError:
