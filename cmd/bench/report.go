@@ -264,7 +264,21 @@ func (r *report) overhead(res *results) {
 	r.p("")
 	r.p("Completions that were HOT updates (pg_stat_user_tables over scenario 2): %s of %d with migration 010,",
 		percentOf(res.HOT.HOT, res.HOT.Updates), res.HOT.Updates)
-	r.p("%s of %d with the 005 layout.", percentOf(res.HOTBefore.HOT, res.HOTBefore.Updates), res.HOTBefore.Updates)
+	r.p("%s of %d with the 005 layout. What one create left in the records table (its size right after the", percentOf(res.HOTBefore.HOT, res.HOTBefore.Updates), res.HOTBefore.Updates)
+	r.p("point, which started from an empty table, ÷ the point's creates):")
+	r.p("")
+	r.p("| c | 010: heap per create | indexes per create | 005 layout: heap per create | indexes per create |")
+	r.p("|--:|--:|--:|--:|--:|")
+	for _, l := range res.Levels {
+		per := func(n int64, p point) string {
+			if p.Requests == 0 {
+				return "n/a"
+			}
+			return fmt.Sprintf("%.0f B", float64(n)/float64(p.Requests))
+		}
+		r.p("| %d | %s | %s | %s | %s |", l.Concurrency, per(l.DirectSize.Heap, l.Direct), per(l.DirectSize.Indexes, l.Direct),
+			per(l.BeforeSize.Heap, l.Before), per(l.BeforeSize.Indexes, l.Before))
+	}
 }
 
 // pgPerRequest is the PostgreSQL CPU one request of p cost.

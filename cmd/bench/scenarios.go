@@ -214,6 +214,19 @@ type createLevel struct {
 	Direct      point // the same transaction over pgx, no HTTP
 	Plain       point // the same order rows over pgx, without a record
 	Before      point // Direct with the record as it was up to migration 005
+	// DirectSize and BeforeSize are the records table (heap, indexes)
+	// right after the Direct and Before points.
+	DirectSize, BeforeSize tableSize
+}
+
+// tableSize is a table's heap and index bytes.
+type tableSize struct{ Heap, Indexes int64 }
+
+// size reads table's heap and index bytes.
+func (b *bench) size(ctx context.Context, table string) (tableSize, error) {
+	var ts tableSize
+	err := b.admin.QueryRow(ctx, `SELECT pg_relation_size($1::regclass), pg_indexes_size($1::regclass)`, table).Scan(&ts.Heap, &ts.Indexes)
+	return ts, err
 }
 
 // hotStats is how many updates of a records table were HOT.
@@ -365,11 +378,13 @@ func (b *bench) createLevels(ctx context.Context, res *results) error {
 			client *http.Client
 			url    string
 			into   *point
+			table  string
+			size   *tableSize
 		}{
-			{"service", b.client, b.svc.URL() + "/v1/orders", &lvl.Service},
-			{"direct pgx", paths[withRecord], "http://direct.invalid/v1/orders", &lvl.Direct},
-			{"without a record", paths[withoutRecord], "http://direct.invalid/v1/orders", &lvl.Plain},
-			{"005 layout", paths[before05], "http://direct.invalid/v1/orders", &lvl.Before},
+			{"service", b.client, b.svc.URL() + "/v1/orders", &lvl.Service, "", nil},
+			{"direct pgx", paths[withRecord], "http://direct.invalid/v1/orders", &lvl.Direct, "public.idempotency_records", &lvl.DirectSize},
+			{"without a record", paths[withoutRecord], "http://direct.invalid/v1/orders", &lvl.Plain, "", nil},
+			{"005 layout", paths[before05], "http://direct.invalid/v1/orders", &lvl.Before, "before05.idempotency_records", &lvl.BeforeSize},
 		} {
 			p, err := b.measure(ctx, shot{name: x.name, client: x.client, workers: c,
 				targeter: freshCreates(x.url, &b.keys), duration: b.opts.Duration})
@@ -377,6 +392,11 @@ func (b *bench) createLevels(ctx context.Context, res *results) error {
 				return err
 			}
 			*x.into = p
+			if x.size != nil {
+				if *x.size, err = b.size(ctx, x.table); err != nil {
+					return err
+				}
+			}
 			b.progress("  c=%-3d %-18s %8.0f req/s  p50 %-8s p99 %s", c, x.name, p.Throughput, ms(p.P50), ms(p.P99))
 		}
 		res.Levels = append(res.Levels, lvl)

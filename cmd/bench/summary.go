@@ -58,9 +58,14 @@ func (r *report) summary(res *results) {
 	r.p("| change | pair (same run) | before | after |")
 	r.p("|---|---|---|---|")
 	if l, ok := level(res, res.Opts.ReplayConc); ok {
-		r.p("| completion as a HOT update (migration 010: no indexed column changes, fillfactor 80) | the create transaction over pgx at c=%d, 005 layout → 010 | %s, %s PostgreSQL CPU per create, %s of completions HOT | %s, %s, %s HOT |",
+		perCreate := func(n int64, p point) string {
+			return fmt.Sprintf("%.0f B", float64(n)/float64(max(p.Requests, 1)))
+		}
+		r.p("| completion as a HOT update (migration 010: no indexed column changes, fillfactor 80) | the create transaction over pgx at c=%d, 005 layout → 010 | %s, %s PostgreSQL CPU per create, %s of completions HOT, %s of index and %s of heap per create | %s, %s, %s HOT, %s of index, %s of heap |",
 			l.Concurrency, perSecond(l.Before.Throughput), micros(pgPerRequest(l.Before)), percentOf(res.HOTBefore.HOT, res.HOTBefore.Updates),
-			perSecond(l.Direct.Throughput), micros(pgPerRequest(l.Direct)), percentOf(res.HOT.HOT, res.HOT.Updates))
+			perCreate(l.BeforeSize.Indexes, l.Before), perCreate(l.BeforeSize.Heap, l.Before),
+			perSecond(l.Direct.Throughput), micros(pgPerRequest(l.Direct)), percentOf(res.HOT.HOT, res.HOT.Updates),
+			perCreate(l.DirectSize.Indexes, l.Direct), perCreate(l.DirectSize.Heap, l.Direct))
 	}
 	r.p("| a replay answered by one read (`Store.Replay`) | one key replayed over pgx at c=%d: write transaction → one SELECT | %s, %s PostgreSQL CPU each | %s, %s |",
 		res.Opts.ReplayConc, perSecond(res.DirectReplayTx.Throughput), micros(pgPerRequest(res.DirectReplayTx)),

@@ -15,8 +15,11 @@ import (
 // stored, and that its retry with the same key, once the slot is free, is a
 // fresh first execution.
 func TestARequestRefusedByTheAdmissionLimitRecordsNothing(t *testing.T) {
-	m := apptest.Start(t, dbURL, map[string]string{"HTTP_MAX_IN_FLIGHT": "1", "HTTP_MAX_QUEUE": "0"})
-	c := apptest.NewClient(m, apptest.KeyAcme)
+	// A tenant of its own: the package's database is shared, and the
+	// isolation test counts every order of acme and globex.
+	const key = "test-key-shed-0123"
+	m := apptest.Start(t, dbURL, map[string]string{"HTTP_MAX_IN_FLIGHT": "1", "HTTP_MAX_QUEUE": "0", "API_KEYS": "shed=" + key})
+	c := apptest.NewClient(m, key)
 	inside, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	m.Orders.Hooks.AfterOrderInsert = func() error {
