@@ -27,14 +27,14 @@ type Config struct {
 	ChannelAddr       string            `env:"CHANNEL_ADDR" envDefault:"127.0.0.1:8081"`
 	LogLevel          string            `env:"LOG_LEVEL" envDefault:"info"`
 
-	DBMaxConns int `env:"DB_MAX_CONNS" envDefault:"20"`
-
-	// Admission control (load shedding) on /v1; HTTPMaxInFlight 0 turns it off.
-	HTTPMaxInFlight    int           `env:"HTTP_MAX_IN_FLIGHT" envDefault:"64"`
-	HTTPMaxQueue       int           `env:"HTTP_MAX_QUEUE" envDefault:"1024"`
-	HTTPQueueTimeout   time.Duration `env:"HTTP_QUEUE_TIMEOUT" envDefault:"100ms"`
+	DBMaxConns         int           `env:"DB_MAX_CONNS" envDefault:"20"`
 	DBStatementTimeout time.Duration `env:"DB_STATEMENT_TIMEOUT" envDefault:"5s"`
 	DBLockTimeout      time.Duration `env:"DB_LOCK_TIMEOUT" envDefault:"3s"`
+
+	// Admission control (load shedding) on /v1; HTTPMaxInFlight 0 turns it off.
+	HTTPMaxInFlight  int           `env:"HTTP_MAX_IN_FLIGHT" envDefault:"64"`
+	HTTPMaxQueue     int           `env:"HTTP_MAX_QUEUE" envDefault:"1024"`
+	HTTPQueueTimeout time.Duration `env:"HTTP_QUEUE_TIMEOUT" envDefault:"100ms"`
 
 	Lease          time.Duration `env:"IDEMPOTENCY_LEASE" envDefault:"30s"`
 	ChannelTimeout time.Duration `env:"PAYMENT_CHANNEL_TIMEOUT" envDefault:"10s"`

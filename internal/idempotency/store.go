@@ -96,7 +96,7 @@ func (s *Store) ClaimOrReplay(tx *gorm.DB, in Intent) (Claim, error) {
 
 // Replay is the read-only first look of a request: when the intent already
 // has a definitive outcome, it returns that outcome to replay (or refuses a
-// different fingerprint with 422), in one autocommit SELECT by primary key,
+// different fingerprint as idempotency_key_reused), in one autocommit SELECT by primary key,
 // with no transaction and no write. When it returns nil, nil the caller
 // goes on to ClaimOrReplay, whose unique insert still decides every
 // execution: Replay only ever answers from an outcome already committed.
