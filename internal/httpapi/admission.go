@@ -20,10 +20,12 @@ import (
 // before it reaches the router: nothing is authenticated, decoded or
 // recorded, so its retry with the same Idempotency-Key is a fresh attempt.
 //
-// A queue only helps with bursts. Once a request was refused the service
-// is overloaded, and queueing more would only make every answer late: for
-// congestedFor after the last refusal, a request that finds no free slot is
-// refused at once instead of waiting. A refusal costs a few microseconds
+// A queue only helps with bursts. A queue that has not emptied for a
+// quarter of QueueTimeout is not a burst but overload (CoDel's "standing
+// queue"), and so is a refusal: from then on, and for congestedFor after the
+// last refusal, a request that finds no free slot is refused at once instead
+// of waiting, so the refusals are fast and the waiters already queued are
+// served rather than timed out. A refusal costs a few microseconds
 // (no routing, no per-request log line: the refusals are counted, and
 // logged at most once a second), so the excess does not eat the capacity
 // the accepted requests need.
@@ -34,6 +36,9 @@ type Admission struct {
 	queued       atomic.Int64
 	// congestedUntil is a UnixNano time; before it, nobody queues.
 	congestedUntil atomic.Int64
+	// queueSince is the UnixNano time the queue last went from empty to
+	// not empty (0 while empty).
+	queueSince atomic.Int64
 
 	// OnShed, when set, is told of every refusal (for metrics).
 	OnShed func()
@@ -89,18 +94,34 @@ func (a *Admission) acquire(ctx context.Context) bool {
 	if a.slots.TryAcquire(1) {
 		return true
 	}
-	if time.Now().UnixNano() < a.congestedUntil.Load() {
+	now := time.Now().UnixNano()
+	if now < a.congestedUntil.Load() {
 		return false
 	}
-	if a.queued.Add(1) > a.maxQueue {
-		a.queued.Add(-1)
+	if since := a.queueSince.Load(); since != 0 && time.Duration(now-since) > a.queueTimeout/4 {
+		return false // a standing queue: overload
+	}
+	n := a.queued.Add(1)
+	if n > a.maxQueue {
+		a.leave()
 		return false
+	}
+	if n == 1 {
+		a.queueSince.CompareAndSwap(0, now)
 	}
 	wait, cancel := context.WithTimeout(ctx, a.queueTimeout)
 	err := a.slots.Acquire(wait, 1)
 	cancel()
-	a.queued.Add(-1)
+	a.leave()
 	return err == nil
+}
+
+// leave takes a waiter off the queue count; the last one out marks the
+// queue empty.
+func (a *Admission) leave() {
+	if a.queued.Add(-1) == 0 {
+		a.queueSince.Store(0)
+	}
 }
 
 func (a *Admission) refuse(w http.ResponseWriter, r *http.Request) {
