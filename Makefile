@@ -78,7 +78,7 @@ lab-screenshot: ## run the lab's browser test and refresh docs/lab.png, the READ
 	LAB_SCREENSHOT=update $(GO) test -count=1 -run TestLabInABrowser ./cmd/lab/
 
 bench: ## load benchmarks against the real service and PostgreSQL; writes docs/benchmarks/ (BENCHFLAGS=-quick for a short run)
-	$(GO) run -tags bench ./cmd/bench $(BENCHFLAGS)
+	$(GO) run ./cmd/bench $(BENCHFLAGS)
 
 lint-openapi: ## lint api/openapi.yaml with Redocly
 	npm ci --prefix tools/openapi-lint --no-audit --no-fund

@@ -51,13 +51,11 @@ func chart(res *results) []byte {
 		{name: "direct p50", color: colorDirect, values: pick(func(l createLevel) float64 { return millis(l.Direct.P50) })},
 		{name: "direct p99", color: colorDirect, dashed: true, values: pick(func(l createLevel) float64 { return millis(l.Direct.P99) })},
 	}
-	if withoutIdempotencyRoute {
-		throughput = append(throughput, series{name: "without idempotency", color: colorPlain,
-			values: pick(func(l createLevel) float64 { return l.Plain.Throughput })})
-		latency = append(latency,
-			series{name: "without idem. p50", color: colorPlain, values: pick(func(l createLevel) float64 { return millis(l.Plain.P50) })},
-			series{name: "without idem. p99", color: colorPlain, dashed: true, values: pick(func(l createLevel) float64 { return millis(l.Plain.P99) })})
-	}
+	throughput = append(throughput, series{name: "without a record (pgx)", color: colorPlain,
+		values: pick(func(l createLevel) float64 { return l.Plain.Throughput })})
+	latency = append(latency,
+		series{name: "no record p50", color: colorPlain, values: pick(func(l createLevel) float64 { return millis(l.Plain.P50) })},
+		series{name: "no record p99", color: colorPlain, dashed: true, values: pick(func(l createLevel) float64 { return millis(l.Plain.P99) })})
 
 	const width, height = 1000, 430
 	var b bytes.Buffer

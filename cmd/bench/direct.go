@@ -19,32 +19,53 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// directCreate is the baseline of scenario 1: an http.RoundTripper that,
-// instead of sending the request anywhere, runs the service's create
-// transaction itself over pgx and answers a synthetic 201. Given to vegeta
-// as its client's Transport, it is measured by the same load generator as
-// the service, with no HTTP server, router, GORM or idempotency package in
-// the way: what is left is the database's own limit for this transaction.
+// directCreate is the SQL baseline: an http.RoundTripper that, instead of
+// sending the request anywhere, runs a create transaction itself over pgx
+// and answers a synthetic 201. Given to vegeta as its client's Transport, it
+// is measured by the same load generator as the service, with no HTTP
+// server, router, GORM or idempotency package in the way: what is left is
+// the database's own cost of the transaction.
 //
 // The statements mirror internal/order and internal/idempotency one for
-// one, each its own round trip as there (no pipelining):
+// one, each its own round trip as there (no pipelining). With a record
+// (the default):
 //
 //	BEGIN
-//	INSERT INTO idempotency_records … 'PROCESSING' … ON CONFLICT DO NOTHING RETURNING *
+//	INSERT INTO idempotency_records … 'PROCESSING' … ON CONFLICT DO NOTHING RETURNING lease_token …
 //	INSERT INTO orders …
 //	INSERT INTO order_items … (all lines in one statement)
 //	INSERT INTO order_events … RETURNING id
 //	UPDATE idempotency_records SET state = 'SUCCEEDED', result_body = … WHERE … AND lease_token = …
 //	COMMIT
+//
+// withoutRecord writes the same order rows and nothing else: the layer's
+// cost is the difference. before05 writes the record as the service did
+// up to migration 005, into a copy of the table with that migration's
+// indexes (schema before05): the before half of "what the HOT completion
+// bought". replayRead and replayTx answer a key that already succeeded, by
+// one SELECT or by the transaction the service used to run for a replay.
 type directCreate struct {
 	pool      *pgxpool.Pool
 	lease     time.Duration
 	retention time.Duration
+	mode      directMode
 }
 
+// directMode is what a directCreate runs.
+type directMode int
+
+const (
+	withRecord directMode = iota
+	withoutRecord
+	before05
+	replayRead
+	replayTx
+)
+
 // newDirectCreate opens a pgx pool of maxConns connections with the
-// session settings the service gives its own.
-func newDirectCreate(ctx context.Context, dbURL string, maxConns int, lease, retention, statementTimeout, lockTimeout time.Duration) (*directCreate, error) {
+// session settings the service gives its own; before05 reads and writes
+// the record table of schema before05.
+func newDirectCreate(ctx context.Context, dbURL string, mode directMode, maxConns int, lease, retention, statementTimeout, lockTimeout time.Duration) (*directCreate, error) {
 	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		return nil, err
@@ -55,11 +76,14 @@ func newDirectCreate(ctx context.Context, dbURL string, maxConns int, lease, ret
 	rp["lock_timeout"] = strconv.FormatInt(lockTimeout.Milliseconds(), 10)
 	rp["idle_in_transaction_session_timeout"] = "60000"
 	rp["application_name"] = "bench-direct"
+	if mode == before05 {
+		rp["search_path"] = "before05, public"
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &directCreate{pool: pool, lease: lease, retention: retention}, nil
+	return &directCreate{pool: pool, lease: lease, retention: retention, mode: mode}, nil
 }
 
 func (d *directCreate) Close() { d.pool.Close() }
@@ -81,7 +105,17 @@ func (d *directCreate) RoundTrip(req *http.Request) (*http.Response, error) {
 	// The service hashes a canonical form of the fields; the raw body is an
 	// equally long input, and the column only needs 64 hex digits.
 	sum := sha256.Sum256(raw)
-	body, location, err := d.create(req.Context(), req.Header.Get("Idempotency-Key"), hex.EncodeToString(sum[:]), in)
+	key, fingerprint := req.Header.Get("Idempotency-Key"), hex.EncodeToString(sum[:])
+	var body []byte
+	var location string
+	switch d.mode {
+	case replayRead:
+		body, location, err = d.replayByRead(req.Context(), key, fingerprint)
+	case replayTx:
+		body, location, err = d.replayInTx(req.Context(), key, fingerprint)
+	default:
+		body, location, err = d.create(req.Context(), key, fingerprint, in)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -126,21 +160,33 @@ func (d *directCreate) create(ctx context.Context, key, fingerprint string, in c
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 
-	rows, _ := tx.Query(ctx, `
-		INSERT INTO idempotency_records
-			(tenant_id, operation, idempotency_key, fingerprint, state, resource_id, lease_token, lease_expires_at, attempts)
-		VALUES ($1, $2, $3, $4, 'PROCESSING', NULL, 1, now() + make_interval(secs => $5), 1)
-		ON CONFLICT DO NOTHING
-		RETURNING *`,
-		benchTenant, "order.create", key, fingerprint, d.lease.Seconds())
-	rec, err := pgx.CollectExactlyOneRow(rows, pgx.RowToMap)
+	var token int64
+	switch d.mode {
+	case withRecord:
+		err = tx.QueryRow(ctx, `
+			INSERT INTO idempotency_records
+				(tenant_id, operation, idempotency_key, fingerprint, state, resource_id, lease_token, lease_expires_at, attempts,
+				 expires_at, resumable)
+			VALUES ($1, $2, $3, $4, 'PROCESSING', NULLIF($5, ''), 1, CASE WHEN $6 THEN now() + make_interval(secs => $7) END, 1,
+				now() + make_interval(secs => $8), $9)
+			ON CONFLICT DO NOTHING
+			RETURNING lease_token`,
+			benchTenant, "order.create", key, fingerprint, "", false, d.lease.Seconds(), d.retention.Seconds(), false).Scan(&token)
+	case before05:
+		err = tx.QueryRow(ctx, `
+			INSERT INTO idempotency_records
+				(tenant_id, operation, idempotency_key, fingerprint, state, resource_id, lease_token, lease_expires_at, attempts)
+			VALUES ($1, $2, $3, $4, 'PROCESSING', NULLIF($5, ''), 1, now() + make_interval(secs => $6), 1)
+			ON CONFLICT DO NOTHING
+			RETURNING lease_token`,
+			benchTenant, "order.create", key, fingerprint, "", d.lease.Seconds()).Scan(&token)
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, "", errDirectDuplicate
 	}
 	if err != nil {
 		return nil, "", err
 	}
-	token, _ := rec["lease_token"].(int64)
 
 	id, err := uuid.NewV7()
 	if err != nil {
@@ -186,6 +232,9 @@ func (d *directCreate) create(ctx context.Context, key, fingerprint string, in c
 		return nil, "", err
 	}
 	location = "/v1/orders/" + id.String()
+	if d.mode == withoutRecord {
+		return body, location, tx.Commit(ctx)
+	}
 	tag, err := tx.Exec(ctx, `
 		UPDATE idempotency_records
 		SET state = $1, resource_id = COALESCE(NULLIF($2, ''), resource_id),
@@ -203,4 +252,58 @@ func (d *directCreate) create(ctx context.Context, key, fingerprint string, in c
 		return nil, "", errors.New("direct create: the record was not PROCESSING under our token")
 	}
 	return body, location, tx.Commit(ctx)
+}
+
+var errDirectNoOutcome = errors.New("direct replay: the key has no stored outcome")
+
+// replayByRead is the replay as Store.Replay does it: one autocommit
+// SELECT by primary key.
+func (d *directCreate) replayByRead(ctx context.Context, key, fingerprint string) ([]byte, string, error) {
+	var fp, resource string
+	var body []byte
+	err := d.pool.QueryRow(ctx, `
+		SELECT fingerprint, state, resource_id, outcome, result_code, result_body
+		FROM idempotency_records
+		WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND state IN ('SUCCEEDED', 'FAILED_FINAL')`,
+		benchTenant, "order.create", key).Scan(&fp, nil, &resource, nil, nil, &body)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, "", errDirectNoOutcome
+	}
+	return body, "/v1/orders/" + resource, err
+}
+
+// replayInTx is the replay as the service ran it before Store.Replay: a
+// write transaction whose claim finds the key taken, then reads the row.
+func (d *directCreate) replayInTx(ctx context.Context, key, fingerprint string) ([]byte, string, error) {
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+	var token int64
+	err = tx.QueryRow(ctx, `
+		INSERT INTO idempotency_records
+			(tenant_id, operation, idempotency_key, fingerprint, state, resource_id, lease_token, lease_expires_at, attempts)
+		VALUES ($1, $2, $3, $4, 'PROCESSING', NULL, 1, now() + make_interval(secs => $5), 1)
+		ON CONFLICT DO NOTHING
+		RETURNING lease_token`,
+		benchTenant, "order.create", key, fingerprint, d.lease.Seconds()).Scan(&token)
+	if err == nil {
+		return nil, "", errors.New("direct replay: the key was free")
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return nil, "", err
+	}
+	rows, _ := tx.Query(ctx, `
+		SELECT *, COALESCE(EXTRACT(EPOCH FROM lease_expires_at - now()), 0)::float8 AS lease_seconds_left
+		FROM idempotency_records
+		WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3`,
+		benchTenant, "order.create", key)
+	rec, err := pgx.CollectExactlyOneRow(rows, pgx.RowToMap)
+	if err != nil {
+		return nil, "", err
+	}
+	body, _ := rec["result_body"].([]byte)
+	resource, _ := rec["resource_id"].(string)
+	return body, "/v1/orders/" + resource, tx.Commit(ctx)
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	vegeta "github.com/tsenart/vegeta/v12/lib"
@@ -28,6 +29,8 @@ type shot struct {
 	hits int
 	// keepBody keeps response bodies, to check that replays are identical.
 	keepBody bool
+	// keepSamples keeps every request's time, latency and status.
+	keepSamples bool
 	// backends lists the PostgreSQL backends whose CPU time is measured.
 	backends func() []int
 }
@@ -47,6 +50,18 @@ type point struct {
 	Replayed   int              // answers carrying Idempotent-Replayed: true
 	Bodies     map[[32]byte]int // SHA-256 of each distinct 2xx body (keepBody only)
 	CPU        cpuUse
+	Samples    []sample // keepSamples only, in the order the answers came
+}
+
+// sample is one request of a shot: when it was sent, how long it took,
+// and its status (0: no answer, Timeout when the client gave up).
+type sample struct {
+	At      time.Time
+	Latency time.Duration
+	Code    uint16
+	Timeout bool
+	// RetryAfter is true when the answer carried a Retry-After header.
+	RetryAfter bool
 }
 
 // ok counts the answers with status code.
@@ -96,6 +111,11 @@ func (s shot) fire(ctx context.Context) point {
 		}
 		if s.keepBody && r.Code >= 200 && r.Code < 300 {
 			p.Bodies[sha256.Sum256(r.Body)]++
+		}
+		if s.keepSamples {
+			p.Samples = append(p.Samples, sample{At: r.Timestamp, Latency: r.Latency, Code: r.Code,
+				Timeout:    r.Code == 0 && strings.Contains(r.Error, "Client.Timeout"),
+				RetryAfter: r.Headers.Get("Retry-After") != ""})
 		}
 	}
 	if s.backends != nil {

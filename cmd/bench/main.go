@@ -1,8 +1,11 @@
 // Command bench measures the order service under load, in one run on one
 // machine: create throughput and latency against the same SQL transaction
-// run directly over pgx, the cost of the idempotency layer, the replay path,
-// a duplicate storm, pay with a slow payment channel, and create latency at
-// a constant rate. `make bench` runs it and writes docs/benchmarks/.
+// run directly over pgx, the cost of the idempotency layer (the same rows
+// written over pgx with and without a record), the replay path, a
+// duplicate storm, pay with a slow payment channel, create latency at a
+// constant rate, creates, metrics and cleanup on big tables generated in
+// SQL, and an overload at three times capacity. `make bench` runs it and
+// writes docs/benchmarks/.
 //
 // Everything runs in this process: a fresh database, the real service
 // (app.Start on 127.0.0.1:0 with its embedded payment channel) and vegeta
@@ -57,6 +60,9 @@ type options struct {
 	// WaitDuplicates is how many copies of one slow pay wait at once in
 	// scenario 10.
 	WaitDuplicates int
+	BigRecords     int
+	BigOrders      int
+	OverloadFor    time.Duration
 	Quick          bool
 	CPUProfile     string
 	// outboxInterval and outboxBatch are the service's relay settings, for the report.
@@ -65,7 +71,7 @@ type options struct {
 	// viaMake is true when `make bench` started the run.
 	viaMake bool
 	// Only, when set, names the scenarios to run (a partial report, for
-	// investigating one of them); by default all seven run.
+	// investigating one of them); by default all run.
 	Only map[int]bool
 	args []string
 }
@@ -89,17 +95,20 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs.DurationVar(&o.PayLatency, "pay-latency", 50*time.Millisecond, "latency the payment channel adds in the pay scenario")
 	fs.IntVar(&o.Rate, "rate", 100, "requests per second of the constant-rate latency scenario")
 	fs.DurationVar(&o.RateDuration, "rate-duration", 10*time.Second, "length of the constant-rate latency scenario")
-	fs.IntVar(&o.Commands, "commands", 10000, "create commands sent through JetStream in scenario 7")
+	fs.IntVar(&o.Commands, "commands", 10000, "create commands sent through JetStream in scenario 9")
 	fs.IntVar(&o.WaitDuplicates, "wait-duplicates", 1000, "copies of one slow pay that wait for it at once in scenario 10")
-	fs.BoolVar(&o.Quick, "quick", false, "a smoke-test run: short points, concurrencies 1 and 4, a storm of 50, 16 pays in flight")
+	fs.IntVar(&o.BigRecords, "records", 10_000_000, "idempotency records generated for the big-table scenario")
+	fs.IntVar(&o.BigOrders, "orders", 2_000_000, "orders (two items and an event each) generated for the big-table scenario")
+	fs.DurationVar(&o.OverloadFor, "overload-duration", 20*time.Second, "length of the overload at three times capacity")
+	fs.BoolVar(&o.Quick, "quick", false, "a smoke-test run: short points, concurrencies 1 and 4, a storm of 50, 16 pays in flight, 20 000 records")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run (service and load) to this file")
 	var only intList
-	fs.Var(&only, "only", "run only these scenarios, comma-separated (1-7 and 10; 1 and 2 run together)")
+	fs.Var(&only, "only", "run only these scenarios, comma-separated (1-10; 1 and 2 run together)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	for _, n := range only {
-		if n < 1 || n > 7 && n != 10 {
+		if n < 1 || n > 10 {
 			return o, fmt.Errorf("-only: there is no scenario %d", n)
 		}
 		if o.Only == nil {
@@ -114,14 +123,17 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		quick := map[string]func(){
-			"duration":        func() { o.Duration = 400 * time.Millisecond },
-			"warmup":          func() { o.Warmup = 100 * time.Millisecond },
-			"c":               func() { o.Concurrency = []int{1, 4} },
-			"storm":           func() { o.Storm = 50 },
-			"pay-c":           func() { o.PayConc = 16 },
-			"rate-duration":   func() { o.RateDuration = time.Second },
-			"commands":        func() { o.Commands = 200 },
-			"wait-duplicates": func() { o.WaitDuplicates = 100 },
+			"duration":          func() { o.Duration = 400 * time.Millisecond },
+			"warmup":            func() { o.Warmup = 100 * time.Millisecond },
+			"c":                 func() { o.Concurrency = []int{1, 4} },
+			"storm":             func() { o.Storm = 50 },
+			"pay-c":             func() { o.PayConc = 16 },
+			"rate-duration":     func() { o.RateDuration = time.Second },
+			"records":           func() { o.BigRecords = 20_000 },
+			"orders":            func() { o.BigOrders = 4_000 },
+			"overload-duration": func() { o.OverloadFor = time.Second },
+			"commands":          func() { o.Commands = 200 },
+			"wait-duplicates":   func() { o.WaitDuplicates = 100 },
 		}
 		for name, apply := range quick {
 			if !set[name] {
@@ -130,8 +142,10 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 		}
 	}
 	switch {
-	case o.Duration <= 0 || o.Warmup < 0 || o.RateDuration <= 0:
-		return o, errors.New("-duration and -rate-duration must be positive, -warmup not negative")
+	case o.Duration <= 0 || o.Warmup < 0 || o.RateDuration <= 0 || o.OverloadFor <= 0:
+		return o, errors.New("-duration, -rate-duration and -overload-duration must be positive, -warmup not negative")
+	case o.BigRecords < 10 || o.BigOrders < 1:
+		return o, errors.New("-records must be at least 10, -orders at least 1")
 	case len(o.Concurrency) == 0:
 		return o, errors.New("-c needs at least one concurrency")
 	case o.Pool < 1 || o.PayPool < 1 || o.ReplayConc < 1 || o.PayConc < 1 || o.Storm < 1 || o.Rate < 1 || o.Commands < 1 || o.WaitDuplicates < 1:
@@ -145,9 +159,6 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 // command is the command line that reproduces this run.
 func (o options) command() string {
 	cmd := "go run ./cmd/bench"
-	if withoutIdempotencyRoute {
-		cmd = "go run -tags bench ./cmd/bench"
-	}
 	if len(o.args) > 0 {
 		cmd += " " + strings.Join(o.args, " ")
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/orderservice/orderservice/internal/order"
 )
 
-// messageResult is scenario 7: creates as commands through JetStream
+// messageResult is scenario 9: creates as commands through JetStream
 // against the same creates over HTTP, at the consumer's concurrency, and
 // the outbox's lag from a transition to its event's arrival.
 type messageResult struct {
@@ -41,7 +41,7 @@ func (m messageResult) Throughput() float64 {
 	return float64(m.Results) / m.Drain.Seconds()
 }
 
-// messages is scenario 7.
+// messages is scenario 9.
 func (b *bench) messages(ctx context.Context, res *results) error {
 	workers := b.svc.Config.CommandWorkers
 	res.Opts.outboxInterval, res.Opts.outboxBatch = b.svc.Config.OutboxInterval, b.svc.Config.OutboxBatch

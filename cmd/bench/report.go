@@ -19,11 +19,10 @@ const (
 	title4 = "## 4. Duplicate storm"
 	title5 = "## 5. Pay with a slow payment channel"
 	title6 = "## 6. Create latency at a constant rate"
-	title7 = "## 7. Creates as JetStream commands vs HTTP, and the outbox's lag"
+	title7 = "## 7. Big tables"
+	title8 = "## 8. Overload at three times capacity"
+	title9 = "## 9. Creates as JetStream commands vs HTTP, and the outbox's lag"
 )
-
-// skipped2 is scenario 2's row in a build without -tags bench.
-const skipped2 = "skipped: build with -tags bench"
 
 func rate(perSecond int) vegeta.Rate { return vegeta.Rate{Freq: perSecond, Per: time.Second} }
 
@@ -100,13 +99,13 @@ func noisyPoints(res *results) []string {
 	}
 	var all []named
 	for _, l := range res.Levels {
-		all = append(all, named{fmt.Sprintf("c=%d service", l.Concurrency), l.Service}, named{fmt.Sprintf("c=%d direct", l.Concurrency), l.Direct})
-		if withoutIdempotencyRoute {
-			all = append(all, named{fmt.Sprintf("c=%d without idempotency", l.Concurrency), l.Plain})
-		}
+		all = append(all, named{fmt.Sprintf("c=%d service", l.Concurrency), l.Service}, named{fmt.Sprintf("c=%d direct", l.Concurrency), l.Direct},
+			named{fmt.Sprintf("c=%d without a record", l.Concurrency), l.Plain}, named{fmt.Sprintf("c=%d 005 layout", l.Concurrency), l.Before})
 	}
 	all = append(all, named{"first execution", res.First}, named{"replay", res.Replay}, named{"storm", res.Storm.Point},
-		named{"pay", res.Pay.Point}, named{"constant rate", res.Steady})
+		named{"pay", res.Pay.Point}, named{"constant rate", res.Steady}, named{"empty tables", res.Growth.Empty},
+		named{"big tables", res.Growth.Big}, named{"during cleanup", res.Growth.DuringCleanup},
+		named{"overload", res.Overload.Shed.Point}, named{"overload without admission", res.Overload.Unshed.Point})
 	var out []string
 	for _, n := range all {
 		u := n.pt.CPU
@@ -154,6 +153,9 @@ func render(res *results, chartFile string) string {
 	r.p("to the last answer received; latencies are exact quantiles of every request of the point. Every")
 	r.p("create has its own Idempotency-Key and body, except in scenarios 3 and 4.")
 	r.p("")
+	if len(o.Only) == 0 {
+		r.summary(res)
+	}
 
 	if noisy := noisyPoints(res); len(noisy) > 0 {
 		r.p("**The machine was not quiet**: something outside this run kept more than %.2f cores busy during", noisyCores)
@@ -172,7 +174,9 @@ func render(res *results, chartFile string) string {
 		{4, title4, (*report).storm},
 		{5, title5, (*report).pay},
 		{6, title6, (*report).steady},
-		{7, title7, (*report).messages},
+		{7, title7, (*report).growth},
+		{8, title8, (*report).overload},
+		{9, title9, (*report).messages},
 		{10, titleWait, (*report).wait},
 	}
 	for _, s := range sections {
@@ -212,11 +216,7 @@ func (r *report) create(res *results, chartFile string) {
 		pt   point
 	}
 	paths := func(l createLevel) []path {
-		ps := []path{{"service", l.Service}, {"direct pgx", l.Direct}}
-		if withoutIdempotencyRoute {
-			ps = append(ps, path{"without idempotency", l.Plain})
-		}
-		return ps
+		return []path{{"service", l.Service}, {"direct pgx", l.Direct}, {"without a record (pgx)", l.Plain}, {"005 layout (pgx)", l.Before}}
 	}
 	notes := 0
 	for _, l := range res.Levels {
@@ -250,14 +250,53 @@ func (r *report) create(res *results, chartFile string) {
 }
 
 func (r *report) overhead(res *results) {
-	if !withoutIdempotencyRoute {
-		r.p("%s (the route `POST /v1/bench/orders-without-idempotency` exists only in such builds).", skipped2)
-		return
-	}
-	r.p("Closed loop, `POST /v1/orders` against `POST /v1/bench/orders-without-idempotency`: the same")
-	r.p("handler, validation, rows and response with no record claimed or stored. Target: < 15 %% loss.")
+	r.p("Closed loop over pgx, as in scenario 1: the create transaction with its record against *without a")
+	r.p("record*, the same transaction with the claim and the completion left out (the same order, items and")
+	r.p("event rows, the same JSON rendered). The difference is what the idempotency layer costs the database;")
+	r.p("what the service adds on top of either is scenario 1's. Target: < 15 %% loss, PostgreSQL CPU ≤ 1.25×.")
+	r.p("*005 layout* is the record as migrations 001-005 kept it (partial indexes on `state`, a completion")
+	r.p("that drops the lease, default fillfactor), in a copy of the table in schema `before05`.")
 	r.p("")
-	r.compare(res, "idempotent", "without idempotency", "throughput loss", func(l createLevel) point { return l.Plain }, loss)
+	r.p("| c | with a record | p99 | without a record | p99 | throughput loss | PostgreSQL CPU per create, with ÷ without | 005 layout | its loss |")
+	r.p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+	for _, l := range res.Levels {
+		r.p("| %d | %s | %s | %s | %s | %s | %s | %s | %s |", l.Concurrency, perSecond(l.Direct.Throughput), ms(l.Direct.P99),
+			perSecond(l.Plain.Throughput), ms(l.Plain.P99), loss(l.Direct.Throughput, l.Plain.Throughput),
+			ratio(pgPerRequest(l.Direct), pgPerRequest(l.Plain)), perSecond(l.Before.Throughput), loss(l.Before.Throughput, l.Plain.Throughput))
+	}
+	r.p("")
+	r.p("Completions that were HOT updates (pg_stat_user_tables over scenario 2): %s of %d with migration 010,",
+		percentOf(res.HOT.HOT, res.HOT.Updates), res.HOT.Updates)
+	r.p("%s of %d with the 005 layout. What one create left in the records table (its size right after the", percentOf(res.HOTBefore.HOT, res.HOTBefore.Updates), res.HOTBefore.Updates)
+	r.p("point, which started from an empty table, ÷ the point's creates):")
+	r.p("")
+	r.p("| c | 010: heap per create | indexes per create | 005 layout: heap per create | indexes per create |")
+	r.p("|--:|--:|--:|--:|--:|")
+	for _, l := range res.Levels {
+		per := func(n int64, p point) string {
+			if p.Requests == 0 {
+				return "n/a"
+			}
+			return fmt.Sprintf("%.0f B", float64(n)/float64(p.Requests))
+		}
+		r.p("| %d | %s | %s | %s | %s |", l.Concurrency, per(l.DirectSize.Heap, l.Direct), per(l.DirectSize.Indexes, l.Direct),
+			per(l.BeforeSize.Heap, l.Before), per(l.BeforeSize.Indexes, l.Before))
+	}
+}
+
+// pgPerRequest is the PostgreSQL CPU one request of p cost.
+func pgPerRequest(p point) float64 {
+	if !p.CPU.OK || p.Requests == 0 {
+		return 0
+	}
+	return float64(p.CPU.Postgres) / float64(p.Requests)
+}
+
+func percentOf(a, b int64) string {
+	if b == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.0f %%", 100*float64(a)/float64(b))
 }
 
 func (r *report) replay(res *results) {
@@ -272,6 +311,20 @@ func (r *report) replay(res *results) {
 	r.p("")
 	r.p("Replay / first execution: %s the throughput, %s the p50 latency.",
 		ratio(res.Replay.Throughput, res.First.Throughput), ratio(float64(res.Replay.P50), float64(res.First.P50)))
+	r.p("")
+	r.p("The same replay over pgx, the same key and concurrency: the one autocommit SELECT by primary key the")
+	r.p("service now answers it with (`Store.Replay`), and the write transaction it ran before (BEGIN, the claim's")
+	r.p("INSERT … ON CONFLICT DO NOTHING, SELECT the record, COMMIT).")
+	r.p("")
+	r.p("| replay over pgx | throughput | p50 | p99 | PostgreSQL CPU per replay |")
+	r.p("|---|--:|--:|--:|--:|")
+	for _, x := range []struct {
+		name string
+		p    point
+	}{{"one SELECT", res.DirectReplayRead}, {"write transaction", res.DirectReplayTx}} {
+		_, pg, _ := cpuPerRequest(x.p)
+		r.p("| %s | %s | %s | %s | %s |", x.name, perSecond(x.p.Throughput), ms(x.p.P50), ms(x.p.P99), pg)
+	}
 }
 
 func (r *report) storm(res *results) {
@@ -385,4 +438,75 @@ func ratio(a, b float64) string {
 		return "n/a"
 	}
 	return fmt.Sprintf("%.2f×", a/b)
+}
+
+func (r *report) growth(res *results) {
+	g := res.Growth
+	r.p("Generated in SQL (`generate_series`, three statements on three connections, then ANALYZE and a")
+	r.p("CHECKPOINT), in this run's database: %s finished records (a quarter `order.pay`, a tenth expired,", count(g.Records))
+	r.p("each with a 450-byte response) and %s orders with two items and a create event each, under another", count(g.Orders))
+	r.p("tenant than the load's. That took **%s**; the records table is %d MB with its indexes.", g.Generated.Round(time.Second), g.TableBytes>>20)
+	r.p("")
+	r.p("| tables | creates (closed loop, c=%d) | p50 | p99 | GET /metrics (median of %d) |", res.Opts.ReplayConc, g.Scrapes)
+	r.p("|---|--:|--:|--:|--:|")
+	r.p("| empty | %s | %s | %s | %s |", perSecond(g.Empty.Throughput), ms(g.Empty.P50), ms(g.Empty.P99), ms(g.ScrapeEmpty))
+	r.p("| %s records, %s orders | %s | %s | %s | %s |", count(g.Records), count(g.Orders), perSecond(g.Big.Throughput), ms(g.Big.P50), ms(g.Big.P99), ms(g.ScrapeBig))
+	r.p("")
+	r.p("Big ÷ empty: %s the create throughput. The five statements the metrics ran at every scrape before", ratio(g.Big.Throughput, g.Empty.Throughput))
+	r.p("(`count(*)` by state and two more scans) took **%s** once on the big table; their collector gave up", ms(g.OldGauges))
+	r.p("after 2 s. `Store.Gauges` counts the unfinished records through the sweeper's index and estimates")
+	r.p("the finished ones from PostgreSQL's statistics.")
+	r.p("")
+	r.p("Cleanup: the service's own job (`idempotency.Cleaner`, CLEANUP_BATCH=%d, CLEANUP_PAUSE=%s, on the", g.Batch, g.Pause)
+	r.p("service's pool) ran for %s against the %s expired records while creates came at a constant %d/s", g.CleanupFor, count(g.Expired), g.CleanupRate)
+	r.p("(half the big-table throughput), compared with the same creates just before without it.")
+	r.p("")
+	r.p("| creates at %d/s | p50 | p99 | answers | records removed | of them archived | removed per second |", g.CleanupRate)
+	r.p("|---|--:|--:|---|--:|--:|--:|")
+	r.p("| without cleanup | %s | %s | %s | | | |", ms(g.Quiet.P50), ms(g.Quiet.P99), statuses(g.Quiet))
+	r.p("| during cleanup | %s | %s | %s | %d | %d | %.0f/s |", ms(g.DuringCleanup.P50), ms(g.DuringCleanup.P99), statuses(g.DuringCleanup),
+		g.Cleaned.Deleted, g.Cleaned.Archived, g.CleanedPerSecond())
+	r.p("")
+	r.p("Create p99 during cleanup ÷ without: %s.", ratio(float64(g.DuringCleanup.P99), float64(g.Quiet.P99)))
+}
+
+func (r *report) overload(res *results) {
+	ov := res.Overload
+	r.p("Open loop (vegeta sends whatever the answers take) at %d× the capacity scenario 1 measured at its", ov.Factor)
+	r.p("highest concurrency (%s): %d creates/s for %s, fresh keys, a client timeout of %s. Right when", perSecond(ov.Capacity), ov.Rate, ov.For, ov.ClientTimeout)
+	r.p("the overload stops sending, a normal load of %d/s (half the capacity) starts; *back to normal* is", ov.NormalRate)
+	r.p("the end of the last %s of it (by send time) with an answer other than 201 or a p90 above twice the", recoveryBucket)
+	r.p("p99 of the same load before any overload (%s). *Goodput* is accepted answers per second from the first", ms(ov.Normal.P99))
+	r.p("request sent to the last answer received. Once with the service's admission defaults (%s),", ov.Limits)
+	r.p("once restarted with HTTP_MAX_IN_FLIGHT=0 (no admission control, as before).")
+	r.p("")
+	r.p("| service | accepted (201) | p50 | p99 | refused (503) | refused p50 | p99 | max | client timeouts | other | goodput ÷ capacity | back to normal |")
+	r.p("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+	for _, x := range []struct {
+		name string
+		run  overloadRun
+	}{{"admission limit (defaults)", ov.Shed}, {"no admission control", ov.Unshed}} {
+		back := x.run.BackToNormal.String()
+		if !x.run.Recovered {
+			back = "> " + back
+		}
+		r.p("| %s | %d | %s | %s | %d | %s | %s | %s | %d (%s) | %d | %s | %s |", x.name, x.run.Accepted, ms(x.run.AcceptedP50), ms(x.run.AcceptedP99),
+			x.run.Refused, ms(x.run.RefusedP50), ms(x.run.RefusedP99), ms(x.run.RefusedMax), x.run.Timeout,
+			percentOf(int64(x.run.Timeout), int64(len(x.run.Point.Samples))), x.run.Other, percent(x.run.Goodput, ov.Capacity), back)
+	}
+	r.p("")
+	if ov.Shed.NoRetryAfter == 0 {
+		r.p("Every 503 carried Retry-After.")
+	} else {
+		r.p("%d refusals came without Retry-After.", ov.Shed.NoRetryAfter)
+	}
+}
+
+// count writes n with thin spaces between thousands (10 000 000).
+func count(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + " " + s[i:]
+	}
+	return s
 }

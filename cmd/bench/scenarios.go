@@ -51,12 +51,29 @@ func newBench(ctx context.Context, opts options, dbURL string, log io.Writer) (*
 	// One connection per storm copy may be open at once.
 	transport := &http.Transport{MaxIdleConns: 0, MaxIdleConnsPerHost: max(opts.Storm, 256), IdleConnTimeout: time.Minute}
 	b.client = &http.Client{Timeout: 30 * time.Second, Transport: transport}
-	if b.svc, err = b.startService(ctx, opts.Pool); err != nil {
+	if b.svc, err = b.startService(ctx, opts.Pool, nil); err != nil {
 		b.close()
 		return nil, err
 	}
+	if _, err := b.admin.Exec(ctx, before05Schema); err != nil {
+		b.close()
+		return nil, fmt.Errorf("create schema before05: %w", err)
+	}
 	return b, nil
 }
+
+// before05Schema is the records table as migrations 001-005 left it (no
+// resumable column, the partial indexes on state, the default fillfactor),
+// for the before half of the HOT completion's pair. The order tables stay
+// the service's own: the direct pgx path that uses this schema finds them
+// through its search_path.
+const before05Schema = `
+	CREATE SCHEMA before05;
+	CREATE TABLE before05.idempotency_records (LIKE public.idempotency_records INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+	ALTER TABLE before05.idempotency_records DROP COLUMN resumable;
+	ALTER TABLE before05.idempotency_records ADD PRIMARY KEY (tenant_id, operation, idempotency_key);
+	CREATE INDEX ON before05.idempotency_records (lease_expires_at) WHERE state IN ('PROCESSING', 'FAILED_RETRYABLE');
+	CREATE INDEX ON before05.idempotency_records (expires_at) WHERE state IN ('SUCCEEDED', 'FAILED_FINAL');`
 
 func (b *bench) close() {
 	if b.svc != nil {
@@ -76,9 +93,9 @@ func (b *bench) close() {
 }
 
 // startService boots the real service in this process, as its tests do,
-// with DB_MAX_CONNS pool.
-func (b *bench) startService(ctx context.Context, pool int) (*app.Main, error) {
-	cfg, err := app.LoadConfig(map[string]string{
+// with DB_MAX_CONNS pool and its defaults for everything else but extra.
+func (b *bench) startService(ctx context.Context, pool int, extra map[string]string) (*app.Main, error) {
+	env := map[string]string{
 		"DATABASE_URL":         b.dbURL,
 		"CHANNEL_DATABASE_URL": b.channelURL,
 		"HTTP_ADDR":            "127.0.0.1:0",
@@ -92,7 +109,11 @@ func (b *bench) startService(ctx context.Context, pool int) (*app.Main, error) {
 		// An embedded NATS server of its own, on a free port.
 		"NATS_EMBEDDED_ADDR": "127.0.0.1:0",
 		"NATS_STORE_DIR":     filepath.Join(os.TempDir(), "orderservice-bench-nats"),
-	})
+	}
+	for k, v := range extra {
+		env[k] = v
+	}
+	cfg, err := app.LoadConfig(env)
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +129,7 @@ func (b *bench) progress(format string, args ...any) {
 // table sizes, and checkpoints, so no checkpoint left over from the last
 // measurement lands in the next one.
 func (b *bench) reset(ctx context.Context) error {
-	if _, err := b.admin.Exec(ctx, `TRUNCATE idempotency_records, idempotency_archive, orders, order_items, order_events, order_outbox, payments`); err != nil {
+	if _, err := b.admin.Exec(ctx, `TRUNCATE idempotency_records, before05.idempotency_records, idempotency_archive, orders, order_items, order_events, order_outbox, payments`); err != nil {
 		return fmt.Errorf("reset tables: %w", err)
 	}
 	if b.opts.Quick { // a smoke test has no figures worth a checkpoint's wait
@@ -141,6 +162,9 @@ func (b *bench) backendPIDs() []int {
 	}
 	return out
 }
+
+// connect opens one more connection to the benchmark's database.
+func (b *bench) connect(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, b.dbURL) }
 
 func (b *bench) count(ctx context.Context, query string, args ...any) (int64, error) {
 	var n int64
@@ -176,11 +200,18 @@ type results struct {
 	// Scenario 3 at ReplayConc.
 	First, Replay point
 	Storm         stormResult
-	Pay           payResult
-	Steady        point
-	Messages      messageResult
-	Wait          waitResult
-	Took          time.Duration
+	// DirectReplayRead and DirectReplayTx are the replay over pgx: one
+	// SELECT, or the write transaction the service used to run.
+	DirectReplayRead, DirectReplayTx point
+	// HOT counts the completions of scenario 2 by layout.
+	HOT, HOTBefore hotStats
+	Pay            payResult
+	Steady         point
+	Growth         growthResult
+	Overload       overloadResult
+	Messages       messageResult
+	Wait           waitResult
+	Took           time.Duration
 	// Problems are failed assertions: the run reports them and fails.
 	Problems []string
 }
@@ -201,7 +232,31 @@ type createLevel struct {
 	Concurrency int
 	Service     point // POST /v1/orders
 	Direct      point // the same transaction over pgx, no HTTP
-	Plain       point // POST /v1/bench/orders-without-idempotency (-tags bench)
+	Plain       point // the same order rows over pgx, without a record
+	Before      point // Direct with the record as it was up to migration 005
+	// DirectSize and BeforeSize are the records table (heap, indexes)
+	// right after the Direct and Before points.
+	DirectSize, BeforeSize tableSize
+}
+
+// tableSize is a table's heap and index bytes.
+type tableSize struct{ Heap, Indexes int64 }
+
+// size reads table's heap and index bytes.
+func (b *bench) size(ctx context.Context, table string) (tableSize, error) {
+	var ts tableSize
+	err := b.admin.QueryRow(ctx, `SELECT pg_relation_size($1::regclass), pg_indexes_size($1::regclass)`, table).Scan(&ts.Heap, &ts.Indexes)
+	return ts, err
+}
+
+// hotStats is how many updates of a records table were HOT.
+type hotStats struct{ Updates, HOT int64 }
+
+func (h hotStats) share() float64 {
+	if h.Updates == 0 {
+		return 0
+	}
+	return float64(h.HOT) / float64(h.Updates)
 }
 
 type stormResult struct {
@@ -274,8 +329,10 @@ func (b *bench) describeMachine(ctx context.Context) (machine, error) {
 	return m, nil
 }
 
-// runAll measures every scenario. The pay scenario restarts the service
-// with its own pool, so it runs last; the report keeps the scenario order.
+// runAll measures every scenario. The overload uses scenario 1's capacity;
+// the big tables are generated once, after every scenario that wants empty
+// ones; the pay scenario restarts the service with its own pool, so it runs
+// last. The report keeps the scenario order.
 func (b *bench) runAll(ctx context.Context) (*results, error) {
 	res := &results{Opts: b.opts}
 	var err error
@@ -290,11 +347,13 @@ func (b *bench) runAll(ctx context.Context) (*results, error) {
 		name string
 		run  func(context.Context, *results) error
 	}{
-		{1, "1+2 create: service, direct pgx, without idempotency", b.createLevels},
+		{1, "1+2 create: service, direct pgx with and without a record, the 005 layout", b.createLevels},
 		{3, "3 replay vs first execution", b.replay},
 		{4, "4 duplicate storm", b.storm},
 		{6, "6 constant-rate create", b.steady},
-		{7, "7 creates as JetStream commands vs HTTP, and the outbox's lag", b.messages},
+		{8, "8 overload at three times capacity", b.overload},
+		{7, "7 big tables", b.growth},
+		{9, "9 creates as JetStream commands vs HTTP, and the outbox's lag", b.messages},
 		{10, "10 duplicates waiting for one slow pay", b.waitScenario},
 		{5, "5 pay with a slow channel", b.pay},
 	}
@@ -312,43 +371,82 @@ func (b *bench) runAll(ctx context.Context) (*results, error) {
 }
 
 // createLevels is scenarios 1 and 2: at each concurrency, creates through
-// the service, the same transaction directly over pgx, and (in -tags bench
-// builds) creates through the service with the idempotency layer off.
+// the service, the same transaction directly over pgx, the same order rows
+// over pgx without a record, and the record as migration 005 kept it.
 func (b *bench) createLevels(ctx context.Context, res *results) error {
 	cfg := b.svc.Config
-	direct, err := newDirectCreate(ctx, b.dbURL, cfg.DBMaxConns, cfg.Lease, cfg.Policy().RetentionFor(order.OpCreate),
-		cfg.DBStatementTimeout, cfg.DBLockTimeout)
+	paths := map[directMode]*http.Client{}
+	for _, mode := range []directMode{withRecord, withoutRecord, before05} {
+		d, err := newDirectCreate(ctx, b.dbURL, mode, cfg.DBMaxConns, cfg.Lease, cfg.Policy().RetentionFor(order.OpCreate),
+			cfg.DBStatementTimeout, cfg.DBLockTimeout)
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		paths[mode] = &http.Client{Timeout: 30 * time.Second, Transport: d}
+	}
+	hot0, err := b.hot(ctx, "public")
 	if err != nil {
 		return err
 	}
-	defer direct.Close()
-	directClient := &http.Client{Timeout: 30 * time.Second, Transport: direct}
-
+	hotBefore0, err := b.hot(ctx, "before05")
+	if err != nil {
+		return err
+	}
 	for _, c := range b.opts.Concurrency {
 		lvl := createLevel{Concurrency: c}
-		lvl.Service, err = b.measure(ctx, shot{name: "create", client: b.client, workers: c,
-			targeter: freshCreates(b.svc.URL()+"/v1/orders", &b.keys), duration: b.opts.Duration})
-		if err != nil {
-			return err
-		}
-		b.progress("  c=%-3d service              %8.0f req/s  p50 %-8s p99 %s", c, lvl.Service.Throughput, ms(lvl.Service.P50), ms(lvl.Service.P99))
-		lvl.Direct, err = b.measure(ctx, shot{name: "direct", client: directClient, workers: c,
-			targeter: freshCreates("http://direct.invalid/v1/orders", &b.keys), duration: b.opts.Duration})
-		if err != nil {
-			return err
-		}
-		b.progress("  c=%-3d direct pgx           %8.0f req/s  p50 %-8s p99 %s", c, lvl.Direct.Throughput, ms(lvl.Direct.P50), ms(lvl.Direct.P99))
-		if withoutIdempotencyRoute {
-			lvl.Plain, err = b.measure(ctx, shot{name: "without-idempotency", client: b.client, workers: c,
-				targeter: freshCreates(b.svc.URL()+"/v1/bench/orders-without-idempotency", &b.keys), duration: b.opts.Duration})
+		for _, x := range []struct {
+			name   string
+			client *http.Client
+			url    string
+			into   *point
+			table  string
+			size   *tableSize
+		}{
+			{"service", b.client, b.svc.URL() + "/v1/orders", &lvl.Service, "", nil},
+			{"direct pgx", paths[withRecord], "http://direct.invalid/v1/orders", &lvl.Direct, "public.idempotency_records", &lvl.DirectSize},
+			{"without a record", paths[withoutRecord], "http://direct.invalid/v1/orders", &lvl.Plain, "", nil},
+			{"005 layout", paths[before05], "http://direct.invalid/v1/orders", &lvl.Before, "before05.idempotency_records", &lvl.BeforeSize},
+		} {
+			p, err := b.measure(ctx, shot{name: x.name, client: x.client, workers: c,
+				targeter: freshCreates(x.url, &b.keys), duration: b.opts.Duration})
 			if err != nil {
 				return err
 			}
-			b.progress("  c=%-3d without idempotency  %8.0f req/s  p50 %-8s p99 %s", c, lvl.Plain.Throughput, ms(lvl.Plain.P50), ms(lvl.Plain.P99))
+			*x.into = p
+			if x.size != nil {
+				if *x.size, err = b.size(ctx, x.table); err != nil {
+					return err
+				}
+			}
+			b.progress("  c=%-3d %-18s %8.0f req/s  p50 %-8s p99 %s", c, x.name, p.Throughput, ms(p.P50), ms(p.P99))
 		}
 		res.Levels = append(res.Levels, lvl)
 	}
+	// A closed pool's backends exit, and so flush their statistics.
+	for _, cl := range paths {
+		cl.Transport.(*directCreate).Close()
+	}
+	time.Sleep(500 * time.Millisecond)
+	if res.HOT, err = b.hot(ctx, "public"); err != nil {
+		return err
+	}
+	if res.HOTBefore, err = b.hot(ctx, "before05"); err != nil {
+		return err
+	}
+	res.HOT.Updates -= hot0.Updates
+	res.HOT.HOT -= hot0.HOT
+	res.HOTBefore.Updates -= hotBefore0.Updates
+	res.HOTBefore.HOT -= hotBefore0.HOT
 	return nil
+}
+
+// hot reads the update counters of schema's idempotency_records.
+func (b *bench) hot(ctx context.Context, schema string) (hotStats, error) {
+	var h hotStats
+	err := b.admin.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
+		WHERE schemaname = $1 AND relname = 'idempotency_records'`, schema).Scan(&h.Updates, &h.HOT)
+	return h, err
 }
 
 // replay is scenario 3: fresh creates at ReplayConc, then one request
@@ -390,6 +488,37 @@ func (b *bench) replay(ctx context.Context, res *results) error {
 		return err
 	}
 	b.progress("  c=%-3d replay               %8.0f req/s  p50 %-8s p99 %s", c, res.Replay.Throughput, ms(res.Replay.P50), ms(res.Replay.P99))
+
+	// The same replay over pgx: one SELECT (what the service does now),
+	// and the write transaction it ran before Store.Replay.
+	cfg := b.svc.Config
+	for _, x := range []struct {
+		mode directMode
+		into *point
+		name string
+	}{{replayRead, &res.DirectReplayRead, "replay by one read"}, {replayTx, &res.DirectReplayTx, "replay in a transaction"}} {
+		d, err := newDirectCreate(ctx, b.dbURL, x.mode, cfg.DBMaxConns, cfg.Lease, cfg.Policy().RetentionFor(order.OpCreate),
+			cfg.DBStatementTimeout, cfg.DBLockTimeout)
+		if err != nil {
+			return err
+		}
+		ds := shot{name: x.name, client: &http.Client{Timeout: 30 * time.Second, Transport: d}, workers: c,
+			targeter: sameRequest("http://direct.invalid/v1/orders", key, body)}
+		if b.opts.Warmup > 0 {
+			ds.duration = b.opts.Warmup
+			b.fire(ctx, ds)
+		}
+		ds.duration = b.opts.Duration
+		*x.into = b.fire(ctx, ds)
+		d.Close()
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if u := unexpected(*x.into, http.StatusCreated); u != "" {
+			res.fail("%s over pgx: %s", x.name, u)
+		}
+		b.progress("  c=%-3d %-22s %8.0f req/s  p50 %-8s p99 %s", c, x.name+" (pgx)", x.into.Throughput, ms(x.into.P50), ms(x.into.P99))
+	}
 
 	p := res.Replay
 	if p.ok(http.StatusCreated) != int(p.Requests) || p.Replayed != int(p.Requests) {
@@ -504,7 +633,7 @@ func (b *bench) pay(ctx context.Context, res *results) error {
 	}
 	b.svc = nil
 	b.client.CloseIdleConnections()
-	svc, err := b.startService(ctx, o.PayPool)
+	svc, err := b.startService(ctx, o.PayPool, nil)
 	if err != nil {
 		return err
 	}

@@ -187,8 +187,9 @@ func (m *Main) start(ctx context.Context) error {
 		return err
 	}
 
-	m.Metrics = metrics.New(db, m.Logger, order.Operations, order.MoneyOperations)
 	records := &idempotency.Store{Lease: cfg.Lease, PhaseTimeout: cfg.ChannelTimeout, Policy: policy}
+	m.Metrics = metrics.New(func(ctx context.Context) (idempotency.Gauges, error) { return records.Gauges(db.WithContext(ctx)) },
+		m.Logger, order.Operations, order.MoneyOperations)
 	waiter := &idempotency.Waiter{URL: cfg.DatabaseURL, Poll: time.Second, Logger: m.Logger}
 	stopping, stopWaiting := context.WithCancel(context.WithoutCancel(ctx))
 	m.stopping = stopWaiting
@@ -203,8 +204,12 @@ func (m *Main) start(ctx context.Context) error {
 	api := &httpapi.Server{Orders: m.Orders, Records: records, DB: db, Logger: m.Logger,
 		Tenants: httpapi.NewTenants(cfg.APIKeys), Policy: policy, Metrics: m.Metrics,
 		WindowSources: sources, OutboxRetention: outboxRetention(policy),
-		Waiter: waiter, MaxWait: cfg.MaxWait, Stopping: stopping}
-	gate.open(api.Handler())
+		Waiter: waiter, MaxWait: cfg.MaxWait, Stopping: stopping,
+		Admission: httpapi.NewAdmission(cfg.HTTPMaxInFlight, cfg.HTTPMaxQueue, cfg.HTTPQueueTimeout)}
+	if api.Admission != nil {
+		api.Admission.OnShed, api.Admission.Logger = m.Metrics.Shed, m.Logger
+	}
+	gate.open(api.HTTPHandler())
 
 	workCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	m.stop = stop

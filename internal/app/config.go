@@ -45,6 +45,11 @@ type Config struct {
 	// (a failover under way, a database still booting) before giving up.
 	DBStartTimeout time.Duration `env:"DB_START_TIMEOUT" envDefault:"60s"`
 
+	// Admission control (load shedding) on /v1; HTTPMaxInFlight 0 turns it off.
+	HTTPMaxInFlight  int           `env:"HTTP_MAX_IN_FLIGHT" envDefault:"64"`
+	HTTPMaxQueue     int           `env:"HTTP_MAX_QUEUE" envDefault:"1024"`
+	HTTPQueueTimeout time.Duration `env:"HTTP_QUEUE_TIMEOUT" envDefault:"100ms"`
+
 	Lease          time.Duration `env:"IDEMPOTENCY_LEASE" envDefault:"30s"`
 	ChannelTimeout time.Duration `env:"PAYMENT_CHANNEL_TIMEOUT" envDefault:"10s"`
 	RetryAfter     time.Duration `env:"PAYMENT_RETRY_AFTER" envDefault:"2s"`
@@ -61,8 +66,8 @@ type Config struct {
 	Retention                time.Duration `env:"IDEMPOTENCY_RETENTION"`
 
 	CleanupInterval time.Duration `env:"CLEANUP_INTERVAL" envDefault:"1h"`
-	CleanupBatch    int           `env:"CLEANUP_BATCH" envDefault:"1000"`
-	CleanupPause    time.Duration `env:"CLEANUP_PAUSE" envDefault:"50ms"`
+	CleanupBatch    int           `env:"CLEANUP_BATCH" envDefault:"2000"`
+	CleanupPause    time.Duration `env:"CLEANUP_PAUSE" envDefault:"20ms"`
 
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"8s"`
 
@@ -196,6 +201,9 @@ func (c Config) validate() error {
 	}
 	if c.CleanupPause < 0 {
 		return fmt.Errorf("CLEANUP_PAUSE must not be negative")
+	}
+	if c.HTTPMaxInFlight < 0 || c.HTTPMaxQueue < 0 || c.HTTPQueueTimeout <= 0 {
+		return fmt.Errorf("HTTP_MAX_IN_FLIGHT and HTTP_MAX_QUEUE must not be negative, HTTP_QUEUE_TIMEOUT must be positive")
 	}
 	// A duplicate waiting on the first request's lock must give up (409)
 	// before its statement is cancelled (which would read as an outage, 503).

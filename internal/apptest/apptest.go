@@ -55,6 +55,9 @@ func Config(t testing.TB, dbURL string, env map[string]string) app.Config {
 		"NATS_STORE_DIR":     t.TempDir(),
 		"COMMAND_BACKOFF":    "20ms",
 		"COMMAND_ACK_WAIT":   "2s",
+		// Storms in tests prove exactly-once, not load shedding, on machines
+		// of any speed: queue rather than refuse (admission_test sets its own).
+		"HTTP_QUEUE_TIMEOUT": "30s",
 	}
 	for k, v := range env {
 		base[k] = v

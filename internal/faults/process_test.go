@@ -164,6 +164,9 @@ func serviceEnv(dbURL, addr, channelURL string, extra ...string) []string {
 		// Each instance runs an embedded NATS server of its own on a free port.
 		"NATS_EMBEDDED_ADDR=127.0.0.1:0",
 		"NATS_STORE_DIR=" + filepath.Join(os.TempDir(), "orderservice-faults-nats", strings.ReplaceAll(addr, ":", "_")),
+		// The suite's storms prove exactly-once, not load shedding (which
+		// internal/httpapi and make bench cover): queue rather than refuse.
+		"HTTP_QUEUE_TIMEOUT=30s",
 	}
 	return append(env, extra...)
 }

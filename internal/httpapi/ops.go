@@ -79,7 +79,7 @@ func (s *Server) idempotencyRecords(c echo.Context) error {
 		out[i] = recordJSON{Operation: r.Operation, IdempotencyKey: r.IdempotencyKey, State: r.State,
 			Fingerprint: r.Fingerprint, ResourceID: r.Resource(), ResponseStatus: status,
 			Attempts: r.Attempts, LeaseToken: r.LeaseToken, LeaseExpiresAt: r.LeaseExpiresAt,
-			CreatedAt: r.CreatedAt, CompletedAt: r.CompletedAt, ExpiresAt: r.ExpiresAt}
+			CreatedAt: r.CreatedAt, CompletedAt: r.CompletedAt, ExpiresAt: r.Expiry()}
 	}
 	return c.JSON(http.StatusOK, map[string]any{"records": out})
 }

@@ -23,5 +23,4 @@ func (s *Server) routes(e *echo.Echo) {
 	v1.POST("/orders/:id/deliver", idempotentOn(s, order.OpDeliver, s.Orders.Deliver))
 	v1.GET("/idempotency-records", s.idempotencyRecords)
 	v1.GET("/idempotency-policy", s.idempotencyPolicy)
-	s.benchRoutes(v1)
 }

@@ -48,7 +48,13 @@ type Server struct {
 	// Stopping ends when the service begins to shut down: waiting
 	// duplicates then get their 409 at once.
 	Stopping context.Context
+	// Admission sheds load on /v1 (see HTTPHandler); nil admits everything.
+	Admission *Admission
 }
+
+// HTTPHandler is Handler behind the admission limit: what the service
+// serves.
+func (s *Server) HTTPHandler() http.Handler { return s.Admission.Wrap(s.Handler()) }
 
 // NewTenants builds the API-key table from tenant -> key pairs. Keys are
 // stored hashed, so a lookup does not compare secrets byte by byte.

@@ -58,6 +58,7 @@ func (s *Server) awaitFirst(c echo.Context, scope idempotency.Scope, wait time.D
 		stop := context.AfterFunc(s.Stopping, cancel)
 		defer stop()
 	}
+	releaseAdmission(c.Request().Context())
 	for problem.CodeOf(err) == problem.RequestInProgress && s.Waiter.Await(ctx, s.DB, scope) {
 		resp, err = run()
 	}

@@ -22,22 +22,24 @@ type CleanupResult struct {
 // between the two. PROCESSING and FAILED_RETRYABLE records are never
 // touched, nor anything not yet expired. SKIP LOCKED lets every instance
 // clean at once, and keeps the batch off rows a request is using.
+//
+// The rows are found through the expiry index and deleted by the ctid the
+// locking read returned: a row locked FOR UPDATE keeps its ctid until we
+// commit, so the delete needs no second lookup through the primary key
+// (expired rows are scattered over the table, one page read each).
 func (s *Store) CleanupBatch(tx *gorm.DB, limit int) (CleanupResult, error) {
 	var res CleanupResult
 	money := s.Policy.MoneyOperations
 	err := tx.Raw(`
-		WITH doomed AS (
-			SELECT tenant_id, operation, idempotency_key
-			FROM idempotency_records
-			WHERE state IN ('SUCCEEDED', 'FAILED_FINAL') AND expires_at < now()
-			ORDER BY expires_at
-			LIMIT ?
-			FOR UPDATE SKIP LOCKED
-		), gone AS (
-			DELETE FROM idempotency_records r
-			USING doomed d
-			WHERE r.tenant_id = d.tenant_id AND r.operation = d.operation AND r.idempotency_key = d.idempotency_key
-			RETURNING r.*
+		WITH gone AS (
+			DELETE FROM idempotency_records
+			WHERE ctid = ANY (ARRAY(
+				SELECT ctid FROM idempotency_records
+				WHERE state IN ('SUCCEEDED', 'FAILED_FINAL') AND expires_at < now()
+				ORDER BY expires_at
+				LIMIT ?
+				FOR UPDATE SKIP LOCKED))
+			RETURNING *
 		), archived AS (
 			INSERT INTO idempotency_archive
 				(tenant_id, operation, idempotency_key, fingerprint, state, resource_id,

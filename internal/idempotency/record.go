@@ -49,6 +49,12 @@ type Intent struct {
 	Scope
 	Fingerprint string
 	ResourceID  string
+	// OneTransaction says the caller claims, executes and completes the
+	// intent in one transaction, so nobody else ever sees it unfinished: it
+	// needs no lease, the sweeper never needs to find it, and its completion
+	// can be a HOT update (see migrations/010_hot_completion.up.sql). An
+	// intent that commits while unfinished (a payment) leaves it false.
+	OneTransaction bool
 }
 
 // Record is one row of idempotency_records.
@@ -74,6 +80,8 @@ type Record struct {
 	UpdatedAt   time.Time
 	CompletedAt *time.Time
 	ExpiresAt   *time.Time
+	// Resumable is false for a OneTransaction intent.
+	Resumable bool
 }
 
 // TableName tells GORM the table the migration created.
@@ -86,6 +94,15 @@ func (r *Record) Scope() Scope {
 
 // Resource is the bound resource id, or "".
 func (r *Record) Resource() string { return deref(r.ResourceID) }
+
+// Expiry is when a finished record may be removed, or nil while it is
+// unfinished (the claim already wrote a provisional expires_at).
+func (r *Record) Expiry() *time.Time {
+	if !r.State.Definitive() {
+		return nil
+	}
+	return r.ExpiresAt
+}
 
 // Result returns the stored outcome of a definitive record, as it was
 // first returned, marked Replayed.

@@ -73,17 +73,21 @@ func (s *Store) ClaimOrReplay(tx *gorm.DB, in Intent) (Claim, error) {
 	var rec Record
 	res := tx.Raw(`
 		INSERT INTO idempotency_records
-			(tenant_id, operation, idempotency_key, fingerprint, state, resource_id, lease_token, lease_expires_at, attempts)
-		VALUES (?, ?, ?, ?, 'PROCESSING', NULLIF(?, ''), 1, now() + make_interval(secs => ?), 1)
+			(tenant_id, operation, idempotency_key, fingerprint, state, resource_id, lease_token, lease_expires_at, attempts,
+			 expires_at, resumable)
+		VALUES (?, ?, ?, ?, 'PROCESSING', NULLIF(?, ''), 1, CASE WHEN ? THEN now() + make_interval(secs => ?) END, 1,
+			now() + make_interval(secs => ?), ?)
 		ON CONFLICT DO NOTHING
 		RETURNING lease_token, lease_expires_at, created_at`,
-		in.TenantID, in.Operation, in.Key, in.Fingerprint, in.ResourceID, s.Lease.Seconds()).Scan(&rec)
+		in.TenantID, in.Operation, in.Key, in.Fingerprint, in.ResourceID, !in.OneTransaction, s.Lease.Seconds(),
+		s.Policy.RetentionFor(in.Operation).Seconds(), !in.OneTransaction).Scan(&rec)
 	if res.Error != nil {
 		return Claim{}, s.waitError(res.Error)
 	}
 	if res.RowsAffected == 1 { // ours: the rest of the row is what we just wrote
 		rec.TenantID, rec.Operation, rec.IdempotencyKey = in.TenantID, in.Operation, in.Key
 		rec.Fingerprint, rec.State, rec.Attempts, rec.UpdatedAt = in.Fingerprint, Processing, 1, rec.CreatedAt
+		rec.Resumable = !in.OneTransaction
 		if in.ResourceID != "" {
 			rec.ResourceID = &in.ResourceID
 		}
@@ -98,6 +102,32 @@ func (s *Store) ClaimOrReplay(tx *gorm.DB, in Intent) (Claim, error) {
 	return s.resolve(tx, in, cur)
 }
 
+// Replay is the read-only first look of a request: when the intent already
+// has a definitive outcome, it returns that outcome to replay (or refuses a
+// different fingerprint as idempotency_key_reused), in one autocommit SELECT by primary key,
+// with no transaction and no write. When it returns nil, nil the caller
+// goes on to ClaimOrReplay, whose unique insert still decides every
+// execution: Replay only ever answers from an outcome already committed.
+func (s *Store) Replay(db *gorm.DB, in Intent) (*Result, error) {
+	var rec Record
+	res := db.Raw(`
+		SELECT tenant_id, operation, idempotency_key, fingerprint, state, resource_id, outcome, result_code, result_body
+		FROM idempotency_records
+		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ? AND state IN ('SUCCEEDED', 'FAILED_FINAL')`,
+		in.TenantID, in.Operation, in.Key).Scan(&rec)
+	if res.Error != nil || res.RowsAffected == 0 {
+		return nil, res.Error
+	}
+	if rec.Fingerprint != in.Fingerprint {
+		return nil, keyReused(in.Operation)
+	}
+	result, err := rec.Result()
+	if err != nil {
+		return nil, err
+	}
+	return &result, nil
+}
+
 // resolve decides what a request gets for a scope that is taken, from what
 // was read of it. A lost takeover race means someone else moved the record
 // since, so it is read again: the winner may already have finished, and then
@@ -108,8 +138,7 @@ func (s *Store) resolve(tx *gorm.DB, in Intent, cur observed) (Claim, error) {
 		case cur.TenantID == "": // removed by the cleanup since the insert saw it: come back and claim it
 			return Claim{}, inProgress(1)
 		case cur.Fingerprint != in.Fingerprint:
-			return Claim{}, problem.Errorf(problem.KeyReused,
-				"This Idempotency-Key was already used for a different %s request; use a new key for a new intent.", in.Operation)
+			return Claim{}, keyReused(in.Operation)
 		case cur.State.Definitive():
 			res, err := cur.Result()
 			if err != nil {
@@ -192,6 +221,11 @@ func (s *Store) takeOver(tx *gorm.DB, rec Record) (claim Claim, won bool, err er
 // SUCCEEDED for a created or done result, FAILED_FINAL for a failed one.
 // ErrFenced means a newer owner took over: the caller's transaction must
 // roll back so its business write is undone too.
+//
+// It changes no indexed column of a one-transaction intent: such a record
+// never had a lease, and expires_at gets the value the claim gave it, now()
+// being the transaction's start. So the update is HOT. A resumable intent
+// leaves the sweeper's index by dropping its lease.
 func (s *Store) Complete(tx *gorm.DB, scope Scope, token int64, result Result) error {
 	outcome, code, body, err := result.stored()
 	if err != nil {
@@ -272,8 +306,8 @@ func (s *Store) ClaimDue(tx *gorm.DB, operations []string, limit int) ([]Record,
 		WITH due AS (
 			SELECT tenant_id, operation, idempotency_key
 			FROM idempotency_records
-			WHERE state IN ('PROCESSING', 'FAILED_RETRYABLE') AND lease_expires_at <= now()
-			  AND operation IN ?
+			WHERE lease_expires_at IS NOT NULL AND lease_expires_at <= now()
+			  AND state IN ('PROCESSING', 'FAILED_RETRYABLE') AND operation IN ?
 			ORDER BY lease_expires_at
 			LIMIT ?
 			FOR UPDATE SKIP LOCKED)
@@ -317,6 +351,11 @@ func (s *Store) waitError(err error) error {
 		return inProgress(1)
 	}
 	return err
+}
+
+func keyReused(operation string) error {
+	return problem.Errorf(problem.KeyReused,
+		"This Idempotency-Key was already used for a different %s request; use a new key for a new intent.", operation)
 }
 
 func inProgress(secondsLeft float64) error {

@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"gorm.io/gorm"
 
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/payment"
@@ -34,13 +33,14 @@ type Metrics struct {
 	cleaned    *prometheus.CounterVec
 	messages   messages
 	logger     *slog.Logger
+	shed       prometheus.Counter
 }
 
-// New registers every metric. db feeds the gauges read at scrape time
+// New registers every metric. gauges feeds the ones read at scrape time
 // (records by state, stuck PROCESSING, table size). Every labelled series
 // of operations and moneyOperations starts at zero, so a dashboard or an
 // alert sees it before its first event.
-func New(db *gorm.DB, logger *slog.Logger, operations, moneyOperations []string) *Metrics {
+func New(gauges GaugeReader, logger *slog.Logger, operations, moneyOperations []string) *Metrics {
 	m := &Metrics{
 		registry: prometheus.NewRegistry(),
 		messages: newMessages(),
@@ -75,10 +75,14 @@ func New(db *gorm.DB, logger *slog.Logger, operations, moneyOperations []string)
 			Name: "orderservice_idempotency_records_cleaned_total",
 			Help: "Expired records removed by the cleanup job; action is deleted or archived (copied to the archive, then deleted).",
 		}, []string{"action"}),
+		shed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "orderservice_http_requests_shed_total",
+			Help: "Requests refused with 503 by the admission limit (HTTP_MAX_IN_FLIGHT, HTTP_MAX_QUEUE, HTTP_QUEUE_TIMEOUT) before anything was recorded.",
+		}),
 	}
-	m.registry.MustRegister(m.requests, m.conflicts, m.takeovers, m.channel, m.duplicates, m.http, m.cleaned,
+	m.registry.MustRegister(m.requests, m.conflicts, m.takeovers, m.channel, m.duplicates, m.http, m.cleaned, m.shed,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		&recordCollector{db: db, logger: logger})
+		&recordCollector{gauges: gauges, logger: logger})
 	m.registry.MustRegister(m.messages.collectors()...)
 	m.zero(operations, moneyOperations)
 	return m
@@ -159,6 +163,14 @@ func (m *Metrics) Takeover(operation, by string) {
 	m.takeovers.WithLabelValues(operation, by).Inc()
 }
 
+// Shed counts one request refused by the admission limit.
+func (m *Metrics) Shed() {
+	if m == nil {
+		return
+	}
+	m.shed.Inc()
+}
+
 // Cleaned counts records the cleanup job removed.
 func (m *Metrics) Cleaned(deleted, archived int) {
 	if m == nil {
@@ -168,15 +180,19 @@ func (m *Metrics) Cleaned(deleted, archived int) {
 	m.cleaned.WithLabelValues("archived").Add(float64(archived))
 }
 
+// GaugeReader reads the idempotency table's gauges; idempotency.Store
+// offers one (Gauges) whose cost does not grow with the table.
+type GaugeReader func(context.Context) (idempotency.Gauges, error)
+
 // recordCollector reads the idempotency table's gauges at scrape time.
 type recordCollector struct {
-	db     *gorm.DB
+	gauges GaugeReader
 	logger *slog.Logger
 }
 
 var (
 	recordsDesc = prometheus.NewDesc("orderservice_idempotency_records",
-		"Idempotency records by state.", []string{"state"}, nil)
+		"Idempotency records by state: PROCESSING and FAILED_RETRYABLE exact, SUCCEEDED and FAILED_FINAL estimated from PostgreSQL's statistics.", []string{"state"}, nil)
 	stuckDesc = prometheus.NewDesc("orderservice_idempotency_processing_expired",
 		"PROCESSING records whose lease has expired: work a dead owner left, waiting for a takeover.", nil, nil)
 	retryingDesc = prometheus.NewDesc("orderservice_idempotency_unfinished_retried",
@@ -184,7 +200,7 @@ var (
 	sizeDesc = prometheus.NewDesc("orderservice_idempotency_table_bytes",
 		"Total size of the idempotency_records table with its indexes.", nil, nil)
 	archiveDesc = prometheus.NewDesc("orderservice_idempotency_archive_records",
-		"Records in the archive of money operations.", nil, nil)
+		"Records in the archive of money operations, estimated from PostgreSQL's statistics.", nil, nil)
 )
 
 func (c *recordCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -198,32 +214,16 @@ func (c *recordCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *recordCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	db := c.db.WithContext(ctx)
-	var byState []struct {
-		State string
-		N     int64
-	}
-	var stuck, retrying, size, archived int64
-	err := errors.Join(
-		db.Raw("SELECT state, count(*) AS n FROM idempotency_records GROUP BY state").Scan(&byState).Error,
-		db.Raw("SELECT count(*) FROM idempotency_records WHERE state = 'PROCESSING' AND lease_expires_at < now()").Scan(&stuck).Error,
-		db.Raw("SELECT count(*) FROM idempotency_records WHERE state IN ('PROCESSING', 'FAILED_RETRYABLE') AND attempts >= 5").Scan(&retrying).Error,
-		db.Raw("SELECT pg_total_relation_size('idempotency_records')").Scan(&size).Error,
-		db.Raw("SELECT count(*) FROM idempotency_archive").Scan(&archived).Error,
-	)
+	g, err := c.gauges(ctx)
 	if err != nil {
 		c.logger.Warn("metrics: could not read idempotency gauges", "err", err)
 		return
 	}
-	counts := map[string]int64{"PROCESSING": 0, "SUCCEEDED": 0, "FAILED_RETRYABLE": 0, "FAILED_FINAL": 0}
-	for _, s := range byState {
-		counts[s.State] = s.N
+	for _, state := range []idempotency.State{idempotency.Processing, idempotency.Succeeded, idempotency.FailedRetryable, idempotency.FailedFinal} {
+		ch <- prometheus.MustNewConstMetric(recordsDesc, prometheus.GaugeValue, float64(g.Records[state]), string(state))
 	}
-	for state, n := range counts {
-		ch <- prometheus.MustNewConstMetric(recordsDesc, prometheus.GaugeValue, float64(n), state)
-	}
-	ch <- prometheus.MustNewConstMetric(stuckDesc, prometheus.GaugeValue, float64(stuck))
-	ch <- prometheus.MustNewConstMetric(retryingDesc, prometheus.GaugeValue, float64(retrying))
-	ch <- prometheus.MustNewConstMetric(sizeDesc, prometheus.GaugeValue, float64(size))
-	ch <- prometheus.MustNewConstMetric(archiveDesc, prometheus.GaugeValue, float64(archived))
+	ch <- prometheus.MustNewConstMetric(stuckDesc, prometheus.GaugeValue, float64(g.ExpiredProcessing))
+	ch <- prometheus.MustNewConstMetric(retryingDesc, prometheus.GaugeValue, float64(g.Retried))
+	ch <- prometheus.MustNewConstMetric(sizeDesc, prometheus.GaugeValue, float64(g.TableBytes))
+	ch <- prometheus.MustNewConstMetric(archiveDesc, prometheus.GaugeValue, float64(g.Archived))
 }

@@ -121,6 +121,7 @@ func (s *Service) logger() *slog.Logger {
 
 // once runs a single-transaction operation exactly once per intent:
 //
+//  0. replay a stored result found by a plain read, if there is one;
 //  1. claim the intent, or replay its stored result;
 //  2. execute the business write;
 //  3. store the result on the record,
@@ -131,6 +132,14 @@ func (s *Service) logger() *slog.Logger {
 // everything back and records nothing, so the same key may simply be sent
 // again.
 func (s *Service) once(ctx context.Context, in idempotency.Intent, exec func(tx *gorm.DB) (idempotency.Result, error)) (idempotency.Result, error) {
+	in.OneTransaction = true
+	// A replay is answered from one read, without a write transaction.
+	if replay, err := s.Records.Replay(s.DB.WithContext(ctx), in); err != nil || replay != nil {
+		if err != nil {
+			return idempotency.Result{}, err
+		}
+		return *replay, nil
+	}
 	var res idempotency.Result
 	err := database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
 		claim, err := s.Records.ClaimOrReplay(tx, in)

@@ -199,3 +199,43 @@ func goroutinesIn(fn string) int {
 	stacks := string(buf[:runtime.Stack(buf, true)])
 	return strings.Count(stacks, fn)
 }
+
+func TestWaitingDuplicatesDoNotTakeTheAdmissionSlotsOfOtherRequests(t *testing.T) {
+	env := map[string]string{"HTTP_MAX_IN_FLIGHT": "4", "HTTP_MAX_QUEUE": "4", "HTTP_QUEUE_TIMEOUT": "200ms",
+		"PAYMENT_SLOW_DELAY": "3s"}
+	for k, v := range slowPayEnv {
+		if env[k] == "" {
+			env[k] = v
+		}
+	}
+	m, c := startMoney(t, env)
+	key := moneyKey("R2-admitted")
+	id, first := startSlowPay(t, m, c, key)
+	// Five times the admission limit, in waves the size of the limit: each
+	// duplicate takes a slot, finds the intent in flight and gives the slot
+	// back as it starts to wait, so every wave finds the slots free. Were
+	// the slots held while waiting, the second wave would queue past its
+	// 200ms and be refused with 503.
+	const duplicates, wave = 20, 4
+	var wg sync.WaitGroup
+	answers := make([]apptest.Response, duplicates)
+	for i := range answers {
+		wg.Go(func() {
+			answers[i], _ = c.Send(http.MethodPost, "/v1/orders/"+id+"/pay", key, moneyPayBody("pm_slow"), preferWait(10))
+		})
+		if i%wave == wave-1 {
+			time.Sleep(300 * time.Millisecond)
+		}
+	}
+	// With twenty waiting, a new intent is still admitted at once.
+	if r := c.Do(t, http.MethodPost, "/v1/orders", moneyKey("create-admitted"), createBody("cus_admitted")); r.Status != http.StatusCreated {
+		t.Errorf("a create while %d duplicates wait = %d %s, want 201", duplicates, r.Status, r.Body)
+	}
+	wg.Wait()
+	orig, _ := first()
+	for i, a := range answers {
+		if a.Status != http.StatusOK || !bytes.Equal(a.Body, orig.Body) || a.Header.Get("Preference-Applied") != "wait=10" {
+			t.Errorf("duplicate %d = %d %s (Preference-Applied %q), want the first's 200 after waiting", i, a.Status, a.Body, a.Header.Get("Preference-Applied"))
+		}
+	}
+}

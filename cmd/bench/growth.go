@@ -1,0 +1,240 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/orderservice/orderservice/internal/idempotency"
+)
+
+// growthResult is scenario 7: the same creates on empty and on big tables,
+// the metrics scrape on both, and the cleanup job while creates run.
+type growthResult struct {
+	Records, Orders, Expired int64
+	// Generated is how long the big tables took to generate (and analyze).
+	Generated  time.Duration
+	TableBytes int64 // records table with indexes, once generated
+	Empty, Big point // closed loop at ReplayConc, fresh creates
+	// ScrapeEmpty and ScrapeBig are the median GET /metrics of the service;
+	// OldGauges is the SQL the metrics ran up to now, once, on the big table.
+	ScrapeEmpty, ScrapeBig, OldGauges time.Duration
+	Scrapes                           int
+	// Cleanup: the service's cleanup job (its CLEANUP_BATCH and
+	// CLEANUP_PAUSE) for CleanupFor while creates run at CleanupRate.
+	CleanupRate          int
+	CleanupFor           time.Duration
+	Cleaned              idempotency.CleanupResult
+	CleanupTook          time.Duration
+	Quiet, DuringCleanup point
+	Batch                int
+	Pause                time.Duration
+	CleanupErr           string
+}
+
+// CleanedPerSecond is the cleanup job's rate while creates ran.
+func (g growthResult) CleanedPerSecond() float64 {
+	if g.CleanupTook <= 0 {
+		return 0
+	}
+	return float64(g.Cleaned.Deleted) / g.CleanupTook.Seconds()
+}
+
+// growth is scenario 7.
+func (b *bench) growth(ctx context.Context, res *results) error {
+	o := b.opts
+	g := &res.Growth
+	g.Records, g.Orders = int64(o.BigRecords), int64(o.BigOrders)
+	url := b.svc.URL() + "/v1/orders"
+	var err error
+	if g.Empty, err = b.measure(ctx, shot{name: "create-empty", client: b.client, workers: o.ReplayConc,
+		targeter: freshCreates(url, &b.keys), duration: o.Duration}); err != nil {
+		return err
+	}
+	b.progress("  c=%-3d empty tables %8.0f req/s  p50 %-8s p99 %s", o.ReplayConc, g.Empty.Throughput, ms(g.Empty.P50), ms(g.Empty.P99))
+	if g.ScrapeEmpty, err = b.scrape(ctx, &g.Scrapes); err != nil {
+		return err
+	}
+
+	if err := b.reset(ctx); err != nil {
+		return err
+	}
+	b.progress("  generating %d records and %d orders in SQL", o.BigRecords, o.BigOrders)
+	began := time.Now()
+	if g.Expired, err = b.generate(ctx, o.BigRecords, o.BigOrders); err != nil {
+		return err
+	}
+	g.Generated = time.Since(began)
+	if err := b.admin.QueryRow(ctx, `SELECT pg_total_relation_size('idempotency_records')`).Scan(&g.TableBytes); err != nil {
+		return err
+	}
+	b.progress("  generated in %s (%d MB of records)", g.Generated.Round(time.Second), g.TableBytes>>20)
+
+	// The stored rows stay: no reset before these measurements.
+	warm := shot{name: "create-big-warmup", client: b.client, workers: o.ReplayConc, targeter: freshCreates(url, &b.keys), duration: o.Warmup}
+	if o.Warmup > 0 {
+		b.fire(ctx, warm)
+	}
+	g.Big = b.fire(ctx, shot{name: "create-big", client: b.client, workers: o.ReplayConc, targeter: freshCreates(url, &b.keys), duration: o.Duration})
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	b.progress("  c=%-3d big tables   %8.0f req/s  p50 %-8s p99 %s", o.ReplayConc, g.Big.Throughput, ms(g.Big.P50), ms(g.Big.P99))
+	if g.ScrapeBig, err = b.scrape(ctx, &g.Scrapes); err != nil {
+		return err
+	}
+	if g.OldGauges, err = b.oldGauges(ctx); err != nil {
+		return err
+	}
+	b.progress("  /metrics: %s empty, %s big; the old gauge SQL: %s", ms(g.ScrapeEmpty), ms(g.ScrapeBig), ms(g.OldGauges))
+
+	// The cleanup job against the expired share, while creates run.
+	g.CleanupRate = max(1, int(g.Big.Throughput/2))
+	g.CleanupFor = o.Duration
+	cfg := b.svc.Config
+	g.Batch, g.Pause = cfg.CleanupBatch, cfg.CleanupPause
+	creates := shot{name: "create-quiet", client: b.client, rate: rate(g.CleanupRate), targeter: freshCreates(url, &b.keys), duration: g.CleanupFor}
+	g.Quiet = b.fire(ctx, creates)
+	cleaner := &idempotency.Cleaner{DB: b.svc.DB, Store: b.svc.Orders.Records, Batch: cfg.CleanupBatch, Pause: cfg.CleanupPause, Logger: b.svc.Logger}
+	cctx, cancel := context.WithTimeout(ctx, g.CleanupFor)
+	defer cancel()
+	var eg errgroup.Group
+	eg.Go(func() error {
+		start := time.Now()
+		r, err := cleaner.Pass(cctx)
+		g.Cleaned, g.CleanupTook = r, time.Since(start)
+		if err != nil && cctx.Err() == nil {
+			g.CleanupErr = err.Error()
+		}
+		return nil
+	})
+	creates.name = "create-during-cleanup"
+	g.DuringCleanup = b.fire(ctx, creates)
+	_ = eg.Wait()
+	if g.CleanupErr != "" {
+		res.fail("cleanup during creates: %s", g.CleanupErr)
+	}
+	b.progress("  cleanup: %d deleted (%d archived) in %s = %.0f/s; creates at %d/s p99 %s quiet, %s during cleanup",
+		g.Cleaned.Deleted, g.Cleaned.Archived, g.CleanupTook.Round(time.Millisecond), g.CleanedPerSecond(), g.CleanupRate,
+		ms(g.Quiet.P99), ms(g.DuringCleanup.P99))
+	return ctx.Err()
+}
+
+// generate fills the tables of the benchmark's database in SQL: records
+// finished records (a quarter of them order.pay, which the cleanup
+// archives; a tenth expired), and orders orders with two items and their
+// create event, all in another tenant than the load's. Three statements run
+// at once on their own connections; then everything is analyzed and
+// checkpointed. It returns how many records are expired.
+func (b *bench) generate(ctx context.Context, records, orders int) (expired int64, err error) {
+	half := records / 2
+	stmts := []string{
+		genRecords(1, half),
+		genRecords(half+1, records),
+		fmt.Sprintf(`
+			WITH o AS (
+				INSERT INTO orders (id, tenant_id, customer_id, status, currency, total_amount, metadata, version, created_at, updated_at)
+				SELECT gen_random_uuid(), 'grow', 'cust-' || (g %% 5000), 'CREATED', 'EUR', 2250, '{}', 1, now(), now()
+				FROM generate_series(1, %d) g
+				RETURNING id, created_at),
+			i AS (
+				INSERT INTO order_items (order_id, line_no, sku, quantity, unit_price, line_total)
+				SELECT id, n, 'SKU-' || n, 1, 1000 + n, 1000 + n FROM o, generate_series(1, 2) n)
+			INSERT INTO order_events (order_id, event, operation, idempotency_key, from_status, to_status, created_at)
+			SELECT id, 'create', 'order.create', 'grow-' || id, '', 'CREATED', created_at FROM o`, orders),
+	}
+	var eg errgroup.Group
+	for _, q := range stmts {
+		eg.Go(func() error {
+			conn, err := b.connect(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Close(context.Background())
+			_, err = conn.Exec(ctx, q)
+			return err
+		})
+	}
+	if err := eg.Wait(); err != nil {
+		return 0, fmt.Errorf("generate: %w", err)
+	}
+	if _, err := b.admin.Exec(ctx, `ANALYZE idempotency_records, orders, order_items, order_events`); err != nil {
+		return 0, err
+	}
+	if _, err := b.admin.Exec(ctx, `CHECKPOINT`); err != nil {
+		return 0, err
+	}
+	return int64(records / 10), nil
+}
+
+// genRecords is the INSERT of records from to to (inclusive): the row a
+// create or a pay leaves when it succeeds, with a stored response the size
+// of an order's JSON.
+func genRecords(from, to int) string {
+	return fmt.Sprintf(`
+		INSERT INTO idempotency_records (tenant_id, operation, idempotency_key, fingerprint, state, resource_id,
+			outcome, result_code, result_body, lease_token, lease_expires_at,
+			attempts, created_at, updated_at, completed_at, expires_at, resumable)
+		SELECT 'grow', CASE WHEN g %% 4 = 0 THEN 'order.pay' ELSE 'order.create' END, 'grow-' || g, lpad(to_hex(g), 64, '0'),
+		       'SUCCEEDED', NULL, 'created', NULL, convert_to(repeat('x', 450), 'UTF8'), 1,
+		       NULL, 1,
+		       now() - interval '40 days', now() - interval '40 days', now() - interval '40 days',
+		       CASE WHEN g %% 10 = 0 THEN now() - interval '1 day' ELSE now() + interval '1 day' END, g %% 4 = 0
+		FROM generate_series(%d, %d) g`, from, to)
+}
+
+// scrape is the median of GET /metrics over a few scrapes.
+func (b *bench) scrape(ctx context.Context, n *int) (time.Duration, error) {
+	const scrapes = 9
+	*n = scrapes
+	took := make([]time.Duration, scrapes)
+	for i := range took {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.svc.URL()+"/metrics", nil)
+		if err != nil {
+			return 0, err
+		}
+		start := time.Now()
+		resp, err := b.client.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		took[i] = time.Since(start)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			return 0, fmt.Errorf("GET /metrics: %d %v", resp.StatusCode, err)
+		}
+	}
+	slices.Sort(took)
+	return took[scrapes/2], nil
+}
+
+// oldGauges runs, once, the five statements the metrics ran at every
+// scrape up to this change.
+func (b *bench) oldGauges(ctx context.Context) (time.Duration, error) {
+	start := time.Now()
+	for _, q := range []string{
+		"SELECT state, count(*) AS n FROM idempotency_records GROUP BY state",
+		"SELECT count(*) FROM idempotency_records WHERE state = 'PROCESSING' AND lease_expires_at < now()",
+		"SELECT count(*) FROM idempotency_records WHERE state IN ('PROCESSING', 'FAILED_RETRYABLE') AND attempts >= 5",
+		"SELECT pg_total_relation_size('idempotency_records')",
+		"SELECT count(*) FROM idempotency_archive",
+	} {
+		rows, err := b.admin.Query(ctx, q)
+		if err != nil {
+			return 0, err
+		}
+		for rows.Next() {
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return 0, err
+		}
+	}
+	return time.Since(start), nil
+}

@@ -1,0 +1,213 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"time"
+)
+
+// overloadResult is scenario 8: an open loop at OverloadFactor times the
+// capacity measured in scenario 1, against the service with its admission
+// limit (its defaults) and with the limit off, each followed by a normal
+// load that shows how soon the service is back to normal.
+type overloadResult struct {
+	Capacity float64 // creates/s, closed loop at the highest concurrency of scenario 1
+	Factor   int
+	Rate     int // Factor × Capacity
+	For      time.Duration
+	// Normal is the open loop at NormalRate before any overload: what
+	// "back to normal" is compared with.
+	NormalRate    int
+	Normal        point
+	Shed, Unshed  overloadRun
+	ClientTimeout time.Duration
+	Limits        string // the admission settings of the shedding run
+}
+
+// overloadRun is one overload and the normal load right after it.
+type overloadRun struct {
+	Point                      point
+	Accepted, Refused, Timeout int
+	Other                      int // any other answer or error
+	AcceptedP50, AcceptedP99   time.Duration
+	RefusedP50, RefusedP99     time.Duration
+	RefusedMax                 time.Duration
+	NoRetryAfter               int // refusals without Retry-After
+	// Goodput is accepted creates per second, first request sent to last
+	// answer received.
+	Goodput float64
+	After   point
+	// BackToNormal is when, after the overload stopped sending, the normal
+	// load's answers were all 201 again and no slower than twice the normal
+	// p99, in buckets of recoveryBucket; Recovered false means not within
+	// the load after it.
+	BackToNormal time.Duration
+	Recovered    bool
+}
+
+const recoveryBucket = 250 * time.Millisecond
+
+// overload is scenario 8.
+func (b *bench) overload(ctx context.Context, res *results) error {
+	o := b.opts
+	ov := &res.Overload
+	ov.Factor, ov.For, ov.ClientTimeout = 3, o.OverloadFor, 10*time.Second
+	for _, l := range res.Levels {
+		ov.Capacity = l.Service.Throughput // the highest concurrency is last
+	}
+	if ov.Capacity == 0 {
+		p, err := b.measure(ctx, shot{name: "capacity", client: b.client, workers: 64,
+			targeter: freshCreates(b.svc.URL()+"/v1/orders", &b.keys), duration: o.Duration})
+		if err != nil {
+			return err
+		}
+		ov.Capacity = p.Throughput
+	}
+	ov.Rate = int(float64(ov.Factor) * ov.Capacity)
+	ov.NormalRate = max(1, int(ov.Capacity/2))
+	cfg := b.svc.Config
+	ov.Limits = fmt.Sprintf("HTTP_MAX_IN_FLIGHT=%d, HTTP_MAX_QUEUE=%d, HTTP_QUEUE_TIMEOUT=%s", cfg.HTTPMaxInFlight, cfg.HTTPMaxQueue, cfg.HTTPQueueTimeout)
+
+	client := &http.Client{Timeout: ov.ClientTimeout, Transport: &http.Transport{MaxIdleConns: 0, MaxIdleConnsPerHost: 4096, IdleConnTimeout: time.Minute}}
+	defer client.CloseIdleConnections()
+	if err := b.reset(ctx); err != nil {
+		return err
+	}
+	ov.Normal = b.fire(ctx, shot{name: "normal", client: client, rate: rate(ov.NormalRate),
+		targeter: freshCreates(b.svc.URL()+"/v1/orders", &b.keys), duration: o.Duration / 2})
+	b.progress("  normal load %d/s: p50 %s p99 %s", ov.NormalRate, ms(ov.Normal.P50), ms(ov.Normal.P99))
+
+	var err error
+	if ov.Shed, err = b.overloadRun(ctx, client, ov, "overload"); err != nil {
+		return err
+	}
+	// The same without admission control: the service as it was.
+	if err := b.restart(ctx, o.Pool, map[string]string{"HTTP_MAX_IN_FLIGHT": "0"}); err != nil {
+		return err
+	}
+	client.CloseIdleConnections()
+	if ov.Unshed, err = b.overloadRun(ctx, client, ov, "overload-unshed"); err != nil {
+		return err
+	}
+	return b.restart(ctx, o.Pool, nil)
+}
+
+// restart replaces the service with one started with pool and extra.
+func (b *bench) restart(ctx context.Context, pool int, extra map[string]string) error {
+	if err := b.svc.Close(); err != nil {
+		return err
+	}
+	b.svc = nil
+	b.client.CloseIdleConnections()
+	svc, err := b.startService(ctx, pool, extra)
+	if err != nil {
+		return err
+	}
+	b.svc = svc
+	return nil
+}
+
+func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overloadResult, name string) (overloadRun, error) {
+	var run overloadRun
+	if err := b.reset(ctx); err != nil {
+		return run, err
+	}
+	url := b.svc.URL() + "/v1/orders"
+	after := make(chan point, 1)
+	go func() {
+		// The normal load starts when the overload stops sending.
+		select {
+		case <-time.After(ov.For):
+		case <-ctx.Done():
+		}
+		// Not b.fire: the overload's shot measures the CPU with the admin
+		// connection, which is not for two goroutines.
+		after <- shot{name: name + "-after", client: client, rate: rate(ov.NormalRate),
+			targeter: freshCreates(url, &b.keys), duration: max(ov.For/2, 2*time.Second), keepSamples: true}.fire(ctx)
+	}()
+	run.Point = b.fire(ctx, shot{name: name, client: client, rate: rate(ov.Rate), targeter: freshCreates(url, &b.keys),
+		duration: ov.For, keepSamples: true})
+	run.After = <-after
+	if err := ctx.Err(); err != nil {
+		return run, err
+	}
+	var accepted, refused []time.Duration
+	for _, s := range run.Point.Samples {
+		switch {
+		case s.Code == http.StatusCreated:
+			accepted = append(accepted, s.Latency)
+		case s.Code == http.StatusServiceUnavailable:
+			refused = append(refused, s.Latency)
+			run.NoRetryAfter += btoi(!s.RetryAfter)
+		case s.Timeout:
+			run.Timeout++
+		default:
+			run.Other++
+		}
+	}
+	slices.Sort(accepted)
+	slices.Sort(refused)
+	run.Accepted, run.Refused = len(accepted), len(refused)
+	run.AcceptedP50, run.AcceptedP99 = quantile(accepted, 0.5), quantile(accepted, 0.99)
+	run.RefusedP50, run.RefusedP99, run.RefusedMax = quantile(refused, 0.5), quantile(refused, 0.99), quantile(refused, 1)
+	// Accepted answers per second from the first request sent to the last
+	// answer received: a backlog answered late does not count as capacity.
+	run.Goodput = float64(run.Accepted) / max(run.Point.Drain, ov.For).Seconds()
+	run.BackToNormal, run.Recovered = backToNormal(run.After, start(run.After), 2*max(ov.Normal.P99, 5*time.Millisecond))
+	b.progress("  %s at %d/s: %d accepted (p50 %s p99 %s), %d refused (p99 %s), %d timeouts, %d other; goodput %.0f/s; back to normal after %s (%v)",
+		name, ov.Rate, run.Accepted, ms(run.AcceptedP50), ms(run.AcceptedP99), run.Refused, ms(run.RefusedP99),
+		run.Timeout, run.Other, run.Goodput, run.BackToNormal.Round(time.Millisecond), run.Recovered)
+	return run, nil
+}
+
+// start is when the first request of p was sent.
+func start(p point) time.Time {
+	if len(p.Samples) == 0 {
+		return time.Time{}
+	}
+	first := p.Samples[0].At
+	for _, s := range p.Samples {
+		if s.At.Before(first) {
+			first = s.At
+		}
+	}
+	return first
+}
+
+// backToNormal finds the end of the last bucket (by send time, from
+// origin) with an answer other than 201 or a p90 slower than limit.
+// Recovered is false when that is the last bucket of the load.
+func backToNormal(p point, origin time.Time, limit time.Duration) (time.Duration, bool) {
+	if len(p.Samples) == 0 {
+		return 0, false
+	}
+	buckets := map[int][]time.Duration{}
+	last, lastBad := 0, -1
+	for _, s := range p.Samples {
+		i := int(s.At.Sub(origin) / recoveryBucket)
+		last = max(last, i)
+		buckets[i] = append(buckets[i], s.Latency)
+		if s.Code != http.StatusCreated {
+			lastBad = max(lastBad, i)
+		}
+	}
+	for i, lat := range buckets {
+		slices.Sort(lat)
+		if quantile(lat, 0.9) > limit {
+			lastBad = max(lastBad, i)
+		}
+	}
+	if lastBad == last {
+		return time.Duration(last+1) * recoveryBucket, false
+	}
+	return time.Duration(lastBad+1) * recoveryBucket, true
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,169 @@
+package httpapi
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/semaphore"
+
+	"github.com/orderservice/orderservice/internal/problem"
+)
+
+// Admission is the service's load shedding: at most MaxInFlight requests
+// to /v1 are served at once; a request that finds every slot taken waits in
+// a FIFO queue of at most MaxQueue, for at most QueueTimeout. A request that
+// cannot get a slot is refused with 503 service_unavailable and Retry-After
+// before it reaches the router: nothing is authenticated, decoded or
+// recorded, so its retry with the same Idempotency-Key is a fresh attempt.
+//
+// A queue only helps with bursts. A queue that has not emptied for a
+// quarter of QueueTimeout is not a burst but overload (CoDel's "standing
+// queue"), and so is a refusal: from then on, and for congestedFor after the
+// last refusal, a request that finds no free slot is refused at once instead
+// of waiting, so the refusals are fast and the waiters already queued are
+// served rather than timed out. A refusal costs a few microseconds
+// (no routing, no per-request log line: the refusals are counted, and
+// logged at most once a second), so the excess does not eat the capacity
+// the accepted requests need.
+type Admission struct {
+	slots        *semaphore.Weighted
+	maxQueue     int64
+	queueTimeout time.Duration
+	queued       atomic.Int64
+	// congestedUntil is a UnixNano time; before it, nobody queues.
+	congestedUntil atomic.Int64
+	// queueSince is the UnixNano time the queue last went from empty to
+	// not empty (0 while empty).
+	queueSince atomic.Int64
+
+	// OnShed, when set, is told of every refusal (for metrics).
+	OnShed func()
+	// Logger gets one line a second while requests are refused.
+	Logger   *slog.Logger
+	refused  atomic.Int64
+	reported atomic.Int64 // UnixNano of the last log line
+}
+
+// congestedFor is how long after a refusal a request that finds no free
+// slot is refused at once rather than queued.
+const congestedFor = time.Second
+
+// NewAdmission limits the service to maxInFlight requests at once, with a
+// queue of maxQueue waiting at most queueTimeout. maxInFlight 0 admits
+// everything (no load shedding): it returns nil, which Wrap accepts.
+func NewAdmission(maxInFlight, maxQueue int, queueTimeout time.Duration) *Admission {
+	if maxInFlight <= 0 {
+		return nil
+	}
+	return &Admission{slots: semaphore.NewWeighted(int64(maxInFlight)), maxQueue: int64(maxQueue), queueTimeout: queueTimeout}
+}
+
+// overloaded is the refusal's body, rendered once.
+var overloaded = func() []byte {
+	return RenderError(&problem.Error{Code: problem.ServiceUnavailable,
+		Detail: "The service is at capacity and did not start this request; nothing was recorded. Retry after the Retry-After interval with the same Idempotency-Key."}).Body
+}()
+
+// Wrap sheds load on the /v1 routes of next; /healthz, /readyz and
+// /metrics are always served. A nil *Admission returns next.
+func (a *Admission) Wrap(next http.Handler) http.Handler {
+	if a == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasPrefix(r.URL.Path, "/v1/") && r.URL.Path != "/v1" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if !a.acquire(r.Context()) {
+			a.refuse(w, r)
+			return
+		}
+		held := &heldSlot{release: func() { a.slots.Release(1) }}
+		defer held.Release()
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), heldSlotKey{}, held)))
+	})
+}
+
+// heldSlot is the admission slot of one request, released once: when the
+// request ends, or earlier when it waits without doing any work.
+type heldSlot struct {
+	once    sync.Once
+	release func()
+}
+
+// Release gives the slot back; only the first call does anything.
+func (h *heldSlot) Release() { h.once.Do(h.release) }
+
+type heldSlotKey struct{}
+
+// releaseAdmission gives back the request's admission slot before it
+// waits without using the database (a duplicate waiting for its first
+// attempt's outcome holds no connection either), so a thousand waiting
+// duplicates do not shed the requests that have work to do.
+func releaseAdmission(ctx context.Context) {
+	if h, ok := ctx.Value(heldSlotKey{}).(*heldSlot); ok {
+		h.Release()
+	}
+}
+
+// acquire takes a slot, or reports that the request is refused.
+func (a *Admission) acquire(ctx context.Context) bool {
+	if a.slots.TryAcquire(1) {
+		return true
+	}
+	now := time.Now().UnixNano()
+	if now < a.congestedUntil.Load() {
+		return false
+	}
+	if since := a.queueSince.Load(); since != 0 && time.Duration(now-since) > a.queueTimeout/4 {
+		return false // a standing queue: overload
+	}
+	n := a.queued.Add(1)
+	if n > a.maxQueue {
+		a.leave()
+		return false
+	}
+	if n == 1 {
+		a.queueSince.CompareAndSwap(0, now)
+	}
+	wait, cancel := context.WithTimeout(ctx, a.queueTimeout)
+	err := a.slots.Acquire(wait, 1)
+	cancel()
+	a.leave()
+	return err == nil
+}
+
+// leave takes a waiter off the queue count; the last one out marks the
+// queue empty.
+func (a *Admission) leave() {
+	if a.queued.Add(-1) == 0 {
+		a.queueSince.Store(0)
+	}
+}
+
+func (a *Admission) refuse(w http.ResponseWriter, r *http.Request) {
+	now := time.Now()
+	if r.Context().Err() == nil { // a client that gave up is no sign of overload
+		a.congestedUntil.Store(now.Add(congestedFor).UnixNano())
+	}
+	if a.OnShed != nil {
+		a.OnShed()
+	}
+	n := a.refused.Add(1)
+	if last := a.reported.Load(); a.Logger != nil && now.UnixNano()-last > int64(time.Second) && a.reported.CompareAndSwap(last, now.UnixNano()) {
+		a.Logger.Warn("load shedding: requests refused with 503 at the admission limit", "refused_total", n)
+	}
+	h := w.Header()
+	h.Set("Content-Type", ProblemType)
+	h.Set("Retry-After", "1")
+	w.WriteHeader(http.StatusServiceUnavailable)
+	if r.Method != http.MethodHead {
+		_, _ = w.Write(overloaded)
+	}
+}
