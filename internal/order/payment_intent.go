@@ -438,11 +438,17 @@ func (s *Service) askChannel(ctx context.Context, p Payment, lookupFirst bool) (
 // refusalReason is the channel's code for a refusal, safe to show a client.
 func refusalReason(err error) string {
 	var se *payment.StatusError
-	if errors.As(err, &se) && se.Code != "" {
+	if errors.As(err, &se) && se.Code != "" && len(se.Code) <= maxRefusalReason &&
+		strings.Trim(se.Code, "abcdefghijklmnopqrstuvwxyz0123456789_") == "" {
 		return se.Code
 	}
 	return "refused"
 }
+
+// maxRefusalReason bounds the channel's code a refusal's detail repeats:
+// the channel's words reach the client only as a short snake_case code, so
+// the detail stays within api/openapi.yaml's bound whatever the channel sends.
+const maxRefusalReason = 64
 
 // lookupOrSend asks the channel for what it holds under the key when
 // lookupFirst, and sends the request (same key) when it holds nothing or

@@ -50,6 +50,11 @@ func Problem(err error) *problem.Error {
 		return problem.As(err)
 	case database.IsUnavailable(err) || database.IsLockTimeout(err) || errors.Is(err, context.DeadlineExceeded):
 		return &problem.Error{Code: problem.ServiceUnavailable, Detail: "A dependency is unavailable; retry with the same Idempotency-Key.", RetryAfter: time.Second}
+	case errors.Is(err, context.Canceled):
+		// The caller hung up (or the service is stopping) before the work
+		// finished: nothing went wrong that a retry with the same key
+		// would not resolve, and nobody may be there to read the answer.
+		return &problem.Error{Code: problem.ServiceUnavailable, Detail: "The request was cancelled before it finished; retry with the same Idempotency-Key.", RetryAfter: time.Second}
 	}
 	return problem.As(err)
 }
