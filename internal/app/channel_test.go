@@ -73,19 +73,7 @@ func TestRestartKeepsTheEmbeddedChannelsLedger(t *testing.T) {
 	if paid.Status != http.StatusOK {
 		t.Fatalf("pay = %d %s", paid.Status, paid.Body)
 	}
-	before := first.Channel.Charges()
-	if len(before) != 1 {
-		t.Fatalf("charges before the restart = %+v, want one", before)
-	}
-	if err := first.Close(); err != nil {
-		t.Fatalf("close: %v", err)
-	}
-
-	second, err := app.Start(context.Background(), cfg, logger)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = second.Close() })
+	second, before := restartWithOneCharge(t, first, cfg, logger)
 
 	t.Run("a charge made before the restart is found after it", func(t *testing.T) {
 		if after := second.Channel.Charges(); len(after) != 1 || after[0] != before[0] {
@@ -155,19 +143,7 @@ func TestRestartFinishesAPaymentTheChannelMadeBeforeIt(t *testing.T) {
 	if r := c.Do(t, http.MethodPost, "/v1/orders/"+id+"/pay", "died-pay", `{"payment_method":"pm_ok"}`); r.Status != http.StatusInternalServerError {
 		t.Fatalf("pay that dies after the channel call = %d %s, want 500", r.Status, r.Body)
 	}
-	before := first.Channel.Charges()
-	if len(before) != 1 {
-		t.Fatalf("channel charges before the restart = %+v, want 1", before)
-	}
-	if err := first.Close(); err != nil {
-		t.Fatalf("close: %v", err)
-	}
-
-	second, err := app.Start(context.Background(), cfg, logger)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = second.Close() })
+	second, before := restartWithOneCharge(t, first, cfg, logger)
 	c = apptest.NewClient(second, "restart-key-1")
 	var status string
 	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
@@ -208,4 +184,23 @@ func TestMigrateCreatesTheEmbeddedChannelsDatabase(t *testing.T) {
 	if st != (channel.Stats{}) {
 		t.Errorf("stats of the new channel database = %+v, want zero", st)
 	}
+}
+
+// restartWithOneCharge checks that first's channel holds exactly one
+// charge, stops first and starts the service again on the same databases.
+func restartWithOneCharge(t *testing.T, first *app.Main, cfg app.Config, logger *slog.Logger) (*app.Main, []channel.ChargeRecord) {
+	t.Helper()
+	before := first.Channel.Charges()
+	if len(before) != 1 {
+		t.Fatalf("channel charges before the restart = %+v, want 1", before)
+	}
+	if err := first.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	second, err := app.Start(context.Background(), cfg, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = second.Close() })
+	return second, before
 }

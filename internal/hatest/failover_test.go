@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/orderservice/orderservice/internal/app"
 )
 
 // newLoad is a load of one tenant through the given instances.
@@ -53,18 +55,8 @@ func firstWriteAfter(t *testing.T, l *load, since time.Time, within time.Duratio
 // Scenario 1: SIGKILL of the primary's node in the middle of a create and
 // pay storm through two instances.
 func TestPrimaryNodeKilledMidStorm(t *testing.T) {
-	healthy(t)
-	a, b := startInstance(t, nil), startInstance(t, nil)
-	l := newLoad("storm", a.URL(), b.URL())
-	stop := runLoad(l, 12)
+	a, b, l, stop, leader, replica := loadTwoInstances(t, "storm", 12)
 	defer stop()
-	waitIntents(t, l, 60)
-
-	leader, err := ha.cluster.leader()
-	if err != nil {
-		t.Fatal(err)
-	}
-	replica := ha.cluster.other(leader)
 	commitsInDoubt()
 	killAt := time.Now()
 	if err := ha.cluster.crash(leader); err != nil {
@@ -99,4 +91,22 @@ func TestPrimaryNodeKilledMidStorm(t *testing.T) {
 	figure(t, "scenario 1 (SIGKILL of %s mid-storm): promotion of %s %s after the kill; first write %s after the kill; last failed attempt %s after the kill; COMMITs that reached a node and whose answer never reached the service: %d (%s); %s",
 		leader.name, replica.name, promotedAt.Sub(killAt).Round(10*time.Millisecond), resumedAt.Sub(killAt).Round(10*time.Millisecond),
 		after(killAt, tl.lastFailure), len(inDoubt), doubtSummary, tl)
+}
+
+// loadTwoInstances starts two instances on a healthy cluster with workers
+// clients of tenant against them, waits until 60 intents went through, and
+// names the cluster's leader and its other node.
+func loadTwoInstances(t *testing.T, tenant string, workers int) (a, b *app.Main, l *load, stop func(), leader, other *node) {
+	t.Helper()
+	healthy(t)
+	a, b = startInstance(t, nil), startInstance(t, nil)
+	l = newLoad(tenant, a.URL(), b.URL())
+	stop = runLoad(l, workers)
+	waitIntents(t, l, 60)
+	leader, err := ha.cluster.leader()
+	if err != nil {
+		stop()
+		t.Fatal(err)
+	}
+	return a, b, l, stop, leader, ha.cluster.other(leader)
 }

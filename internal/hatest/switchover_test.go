@@ -13,18 +13,8 @@ import (
 // error may reach the client that its retry does not fix, and the p99 of
 // the calls made during the switch is the figure to know.
 func TestSwitchoverUnderLoad(t *testing.T) {
-	healthy(t)
-	a, b := startInstance(t, nil), startInstance(t, nil)
-	l := newLoad("switch", a.URL(), b.URL())
-	stop := runLoad(l, 8)
+	a, b, l, stop, leader, candidate := loadTwoInstances(t, "switch", 8)
 	defer stop()
-	waitIntents(t, l, 60)
-
-	leader, err := ha.cluster.leader()
-	if err != nil {
-		t.Fatal(err)
-	}
-	candidate := ha.cluster.other(leader)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	commitsInDoubt()
