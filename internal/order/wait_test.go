@@ -239,3 +239,31 @@ func TestWaitingDuplicatesDoNotTakeTheAdmissionSlotsOfOtherRequests(t *testing.T
 		}
 	}
 }
+
+func TestAShutdownEndsTheWaitWith409(t *testing.T) {
+	m, c := startMoney(t, slowPayEnv)
+	key := moneyKey("R2-shutdown")
+	id, first := startSlowPay(t, m, c, key)
+	dup := make(chan apptest.Response, 1)
+	go func() {
+		r, _ := c.Send(http.MethodPost, "/v1/orders/"+id+"/pay", key, moneyPayBody("pm_slow"), preferWait(10))
+		dup <- r
+	}()
+	moneyEventually(t, 5*time.Second, "the duplicate waiting", func() (bool, string) {
+		n := goroutinesIn("idempotency.(*Waiter).Await")
+		return n == 1, strconv.Itoa(n) + " waiting"
+	})
+	closed := make(chan error, 1)
+	go func() { closed <- m.Close() }() // the first pay still runs; the wait must not hold the shutdown
+	r := <-dup
+	moneyWantAnswer(t, "a waiting duplicate when the service stops", r, http.StatusConflict, "request_in_progress")
+	if r.Header.Get("Retry-After") == "" || r.Header.Get("Preference-Applied") != "" {
+		t.Errorf("headers = %v, want Retry-After and no Preference-Applied", r.Header)
+	}
+	if orig, _ := first(); orig.Status != http.StatusOK {
+		t.Errorf("the first pay, finished during the shutdown = %d %s", orig.Status, orig.Body)
+	}
+	if err := <-closed; err != nil {
+		t.Errorf("close: %v", err)
+	}
+}
