@@ -49,12 +49,6 @@ type Intent struct {
 	Scope
 	Fingerprint string
 	ResourceID  string
-	// OneTransaction says the caller claims, executes and completes the
-	// intent in one transaction, so nobody else ever sees it unfinished: it
-	// needs no lease, the sweeper never needs to find it, and its completion
-	// can be a HOT update (see migrations/010_hot_completion.up.sql). An
-	// intent that commits while unfinished (a payment) leaves it false.
-	OneTransaction bool
 }
 
 // Record is one row of idempotency_records.
@@ -80,7 +74,8 @@ type Record struct {
 	UpdatedAt   time.Time
 	CompletedAt *time.Time
 	ExpiresAt   *time.Time
-	// Resumable is false for a OneTransaction intent.
+	// Resumable is false for an intent executed in one transaction (see
+	// Store.Record): it never had a lease or a PROCESSING version.
 	Resumable bool
 }
 

@@ -57,9 +57,10 @@ type observed struct {
 	OwnedForSeconds  float64
 }
 
-// ClaimOrReplay is the first step of every idempotent operation. It inserts
-// a PROCESSING record for the intent; the primary key decides the race. When
-// the scope is already taken it:
+// ClaimOrReplay is the first step of an idempotent operation that spans
+// several transactions (a payment: its record commits PROCESSING before the
+// channel is called). It inserts a PROCESSING record for the intent under a
+// lease; the primary key decides the race. When the scope is already taken it:
 //   - refuses a different fingerprint (422 idempotency_key_reused),
 //   - returns a definitive outcome for replay,
 //   - answers 409 request_in_progress while another owner's lease runs,
@@ -68,26 +69,27 @@ type observed struct {
 //
 // Inside a transaction, a duplicate of an uncommitted claim waits on the
 // unique index until the first commits (then replays) or rolls back (then
-// claims); lock_timeout bounds that wait and turns it into a 409.
+// claims); lock_timeout bounds that wait and turns it into a 409. An
+// operation done in one transaction does not claim: see Record.
 func (s *Store) ClaimOrReplay(tx *gorm.DB, in Intent) (Claim, error) {
 	var rec Record
 	res := tx.Raw(`
 		INSERT INTO idempotency_records
 			(tenant_id, operation, idempotency_key, fingerprint, state, resource_id, lease_token, lease_expires_at, attempts,
-			 expires_at, resumable)
-		VALUES (?, ?, ?, ?, 'PROCESSING', NULLIF(?, ''), 1, CASE WHEN ? THEN now() + make_interval(secs => ?) END, 1,
-			now() + make_interval(secs => ?), ?)
+			 expires_at)
+		VALUES (?, ?, ?, ?, 'PROCESSING', NULLIF(?, ''), 1, now() + make_interval(secs => ?), 1,
+			now() + make_interval(secs => ?))
 		ON CONFLICT DO NOTHING
 		RETURNING lease_token, lease_expires_at, created_at`,
-		in.TenantID, in.Operation, in.Key, in.Fingerprint, in.ResourceID, !in.OneTransaction, s.Lease.Seconds(),
-		s.Policy.RetentionFor(in.Operation).Seconds(), !in.OneTransaction).Scan(&rec)
+		in.TenantID, in.Operation, in.Key, in.Fingerprint, in.ResourceID, s.Lease.Seconds(),
+		s.Policy.RetentionFor(in.Operation).Seconds()).Scan(&rec)
 	if res.Error != nil {
 		return Claim{}, s.waitError(res.Error)
 	}
 	if res.RowsAffected == 1 { // ours: the rest of the row is what we just wrote
 		rec.TenantID, rec.Operation, rec.IdempotencyKey = in.TenantID, in.Operation, in.Key
 		rec.Fingerprint, rec.State, rec.Attempts, rec.UpdatedAt = in.Fingerprint, Processing, 1, rec.CreatedAt
-		rec.Resumable = !in.OneTransaction
+		rec.Resumable = true
 		if in.ResourceID != "" {
 			rec.ResourceID = &in.ResourceID
 		}
@@ -102,12 +104,58 @@ func (s *Store) ClaimOrReplay(tx *gorm.DB, in Intent) (Claim, error) {
 	return s.resolve(tx, in, cur)
 }
 
+// ErrTaken is Record's answer when another transaction recorded the same
+// intent first and committed: the caller's transaction holds a duplicate's
+// work and must roll back; the request is then answered from that record.
+var ErrTaken = errors.New("idempotency: the intent was recorded by another transaction first")
+
+// Record stores the definitive result of an intent executed in ONE
+// transaction (a create, a ship, a deliver), as the last write of the
+// transaction that executed it. Nobody else can ever see such an intent
+// unfinished (its writes and its record commit together or not at all), so
+// it skips PROCESSING: the record is inserted SUCCEEDED (FAILED_FINAL for a
+// refusal) with its result, one write and no lease, and the sweeper never
+// needs to find it.
+//
+// The primary key still decides every race. A concurrent duplicate's insert
+// waits on the first's uncommitted key: when the first commits, the insert
+// does nothing and Record returns ErrTaken (the caller rolls back and
+// replays the first's result); when it rolls back, this insert goes ahead.
+// lock_timeout bounds the wait and turns it into a 409.
+func (s *Store) Record(tx *gorm.DB, in Intent, result Result) error {
+	outcome, code, body, err := result.stored()
+	if err != nil {
+		return err
+	}
+	resource := result.Resource
+	if resource == "" {
+		resource = in.ResourceID
+	}
+	res := tx.Exec(`
+		INSERT INTO idempotency_records
+			(tenant_id, operation, idempotency_key, fingerprint, state, resource_id, outcome, result_code, result_body,
+			 lease_token, attempts, completed_at, expires_at, resumable)
+		VALUES (?, ?, ?, ?, ?, NULLIF(?, ''), ?, ?, ?,
+			1, 1, now(), now() + make_interval(secs => ?), false)
+		ON CONFLICT DO NOTHING`,
+		in.TenantID, in.Operation, in.Key, in.Fingerprint, result.state(), resource, outcome, code, body,
+		s.Policy.RetentionFor(in.Operation).Seconds())
+	if res.Error != nil {
+		return s.waitError(res.Error)
+	}
+	if res.RowsAffected == 0 {
+		return ErrTaken
+	}
+	return nil
+}
+
 // Replay is the read-only first look of a request: when the intent already
 // has a definitive outcome, it returns that outcome to replay (or refuses a
-// different fingerprint as idempotency_key_reused), in one autocommit SELECT by primary key,
-// with no transaction and no write. When it returns nil, nil the caller
-// goes on to ClaimOrReplay, whose unique insert still decides every
-// execution: Replay only ever answers from an outcome already committed.
+// different fingerprint as idempotency_key_reused), in one autocommit SELECT
+// by primary key, with no transaction and no write. When it returns nil, nil
+// the caller goes on to execute (Record) or claim (ClaimOrReplay), whose
+// unique insert still decides every execution: Replay only ever answers
+// from an outcome already committed.
 func (s *Store) Replay(db *gorm.DB, in Intent) (*Result, error) {
 	var rec Record
 	res := db.Raw(`
@@ -220,12 +268,8 @@ func (s *Store) takeOver(tx *gorm.DB, rec Record) (claim Claim, won bool, err er
 // Complete stores the definitive outcome of the intent owned with token:
 // SUCCEEDED for a created or done result, FAILED_FINAL for a failed one.
 // ErrFenced means a newer owner took over: the caller's transaction must
-// roll back so its business write is undone too.
-//
-// It changes no indexed column of a one-transaction intent: such a record
-// never had a lease, and expires_at gets the value the claim gave it, now()
-// being the transaction's start. So the update is HOT. A resumable intent
-// leaves the sweeper's index by dropping its lease.
+// roll back so its business write is undone too. Dropping the lease takes
+// the record out of the sweeper's index.
 func (s *Store) Complete(tx *gorm.DB, scope Scope, token int64, result Result) error {
 	outcome, code, body, err := result.stored()
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/orderservice/orderservice/internal/apptest"
@@ -226,6 +227,53 @@ func TestConcurrentIdenticalCreatesMakeOneOrder(t *testing.T) {
 	}
 	if got := apptest.Count(t, m.DB, "SELECT count(*) FROM idempotency_records WHERE idempotency_key = 'storm' AND state = 'SUCCEEDED'"); got != 1 {
 		t.Errorf("SUCCEEDED records = %d, want exactly 1", got)
+	}
+}
+
+// The record of a create is written last, in the create's transaction. A
+// duplicate that started first but records second finds the other's record
+// committed: its insert does nothing, its own order rolls back, and it
+// answers with the other's result, replayed.
+func TestACreateThatLosesTheRecordToADuplicateRollsBackAndReplays(t *testing.T) {
+	m, acme := start(t, nil)
+	paused, resume := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	m.Orders.Hooks.AfterOrderInsert = func() error {
+		if calls.Add(1) == 1 { // the first create waits here, its order written, its record not yet
+			close(paused)
+			<-resume
+		}
+		return nil
+	}
+	body := createBody("cus_loses_the_record")
+	first := make(chan apptest.Response, 1)
+	go func() {
+		r, err := acme.Send(http.MethodPost, "/v1/orders", "loses-the-record", body, nil)
+		if err != nil {
+			r.Status = -1
+		}
+		first <- r
+	}()
+	<-paused
+	second := acme.Do(t, http.MethodPost, "/v1/orders", "loses-the-record", body)
+	close(resume)
+	late := <-first
+
+	if second.Status != http.StatusCreated || second.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("the duplicate that recorded first = %d %s", second.Status, second.Body)
+	}
+	if late.Status != http.StatusCreated || late.Header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(late.Body, second.Body) {
+		t.Fatalf("the create that recorded second = %d (replayed %q) %s; want the first's 201 replayed: %s",
+			late.Status, late.Header.Get("Idempotent-Replayed"), late.Body, second.Body)
+	}
+	if got := apptest.Count(t, m.DB, "SELECT count(*) FROM orders WHERE customer_id = 'cus_loses_the_record'"); got != 1 {
+		t.Errorf("orders = %d, want exactly 1", got)
+	}
+	if got := apptest.Count(t, m.DB, "SELECT count(*) FROM order_outbox o JOIN orders r ON r.id = o.order_id WHERE r.customer_id = 'cus_loses_the_record'"); got != 1 {
+		t.Errorf("outbox events = %d, want exactly 1", got)
+	}
+	if got := calls.Load(); got != 2 {
+		t.Errorf("creates executed = %d, want 2 (one of them rolled back)", got)
 	}
 }
 

@@ -2,6 +2,7 @@ package order
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"slices"
 	"time"
@@ -121,52 +122,67 @@ func (s *Service) logger() *slog.Logger {
 
 // once runs a single-transaction operation exactly once per intent:
 //
-//  0. replay a stored result found by a plain read, if there is one;
-//  1. claim the intent, or replay its stored result;
-//  2. execute the business write;
-//  3. store the result on the record,
+//  1. answer with the stored result, found by one plain read, if there is one;
+//  2. otherwise execute the business write and record its result, in ONE
+//     transaction, so a crash leaves both or neither;
+//  3. if a concurrent duplicate recorded the intent first, roll ours back
+//     and go to 1, which now finds the duplicate's result.
 //
-// all in ONE transaction, so a crash leaves both or neither. A refusal (see
-// refuse) is stored as a failed result and replayed like a success; exec
-// must return it before it writes anything. Any other error rolls
-// everything back and records nothing, so the same key may simply be sent
-// again.
+// The record is written once, SUCCEEDED or FAILED_FINAL, as the last
+// statement of the transaction (idempotency.Store.Record): PROCESSING would
+// be seen by nobody. A refusal (see refuse) is stored as a failed result and
+// replayed like a success; exec must return it before it writes anything.
+// Any other error rolls everything back and records nothing, so the same
+// key may simply be sent again.
 func (s *Service) once(ctx context.Context, in idempotency.Intent, exec func(tx *gorm.DB) (idempotency.Result, error)) (idempotency.Result, error) {
-	in.OneTransaction = true
-	// A replay is answered from one read, without a write transaction.
-	if replay, err := s.Records.Replay(s.DB.WithContext(ctx), in); err != nil || replay != nil {
-		if err != nil {
-			return idempotency.Result{}, err
+	for race := 1; ; race++ {
+		replay, err := s.Records.Replay(s.DB.WithContext(ctx), in)
+		if err != nil || replay != nil {
+			if err != nil {
+				return idempotency.Result{}, err
+			}
+			return *replay, nil
 		}
-		return *replay, nil
+		var res idempotency.Result
+		err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
+			executed, err := exec(tx)
+			if res, err = outcome(in, executed, err); err != nil {
+				return err
+			}
+			return s.Records.Record(tx, in, res)
+		})
+		switch {
+		case !errors.Is(err, idempotency.ErrTaken):
+			return res, err
+		case race == maxRecordRaces: // only a record removed in between could bring us here again
+			return idempotency.Result{}, errSuperseded()
+		}
 	}
-	var res idempotency.Result
-	err := database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
-		claim, err := s.Records.ClaimOrReplay(tx, in)
-		if err != nil {
-			return err
-		}
-		if claim.Replay != nil {
-			res = *claim.Replay
-			return nil
-		}
-		res, err = exec(tx)
-		res, err = s.finish(tx, in, claim.Token(), res, err)
-		return err
-	})
-	return res, err
 }
 
-// finish stores an operation's result on its record, in the caller's
-// transaction: its success, or the refusal it ended with. Any other error
-// is returned for a rollback.
+// maxRecordRaces bounds how often once goes back to the read after losing
+// the record's insert: once is enough, for the winner's result is committed.
+const maxRecordRaces = 3
+
+// outcome is the result an intent's execution ended with: its success, or
+// the refusal it ended with, as a failed result to store and replay. Any
+// other error is returned for a rollback.
+func outcome(in idempotency.Intent, res idempotency.Result, err error) (idempotency.Result, error) {
+	if err == nil {
+		return res, nil
+	}
+	refused, ok := refusalOf(err)
+	if !ok {
+		return idempotency.Result{}, err
+	}
+	return idempotency.Failed(in.ResourceID, refused), nil
+}
+
+// finish stores the outcome of a claimed intent on its record, in the
+// caller's transaction (see outcome).
 func (s *Service) finish(tx *gorm.DB, in idempotency.Intent, token int64, res idempotency.Result, err error) (idempotency.Result, error) {
-	if err != nil {
-		refused, ok := refusalOf(err)
-		if !ok {
-			return idempotency.Result{}, err
-		}
-		res = idempotency.Failed(in.ResourceID, refused)
+	if res, err = outcome(in, res, err); err != nil {
+		return idempotency.Result{}, err
 	}
 	return res, s.Records.Complete(tx, in.Scope, token, res)
 }
