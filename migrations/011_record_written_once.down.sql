@@ -1,0 +1,1 @@
+ALTER TABLE idempotency_records SET (fillfactor = 80);
