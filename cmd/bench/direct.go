@@ -28,22 +28,25 @@ import (
 //
 // The statements mirror internal/order and internal/idempotency one for
 // one, each its own round trip as there (no pipelining). With a record
-// (the default):
+// (the default), as the service runs a create:
 //
+//	SELECT … FROM idempotency_records WHERE <key> AND state IN ('SUCCEEDED', 'FAILED_FINAL')   (Store.Replay; autocommit)
 //	BEGIN
-//	INSERT INTO idempotency_records … 'PROCESSING' … ON CONFLICT DO NOTHING RETURNING lease_token …
 //	INSERT INTO orders …
 //	INSERT INTO order_items … (all lines in one statement)
-//	INSERT INTO order_events … RETURNING id
-//	UPDATE idempotency_records SET state = 'SUCCEEDED', result_body = … WHERE … AND lease_token = …
+//	INSERT INTO order_events …
+//	INSERT INTO order_outbox … (the "created" event, with the order as its payload)
+//	INSERT INTO idempotency_records … 'SUCCEEDED', <the order's JSON> … ON CONFLICT DO NOTHING   (Store.Record)
 //	COMMIT
 //
-// withoutRecord writes the same order rows and nothing else: the layer's
-// cost is the difference. before05 writes the record as the service did
-// up to migration 005, into a copy of the table with that migration's
-// indexes (schema before05): the before half of "what the HOT completion
-// bought". replayRead and replayTx answer a key that already succeeded, by
-// one SELECT or by the transaction the service used to run for a replay.
+// withoutRecord writes the same order rows and nothing else, in the same
+// transaction: the layer's cost is the difference. claimFirst is the
+// protocol the service ran before Store.Record, the before half of what it
+// bought: the same read, then a claim (INSERT … 'PROCESSING' … ON CONFLICT
+// DO NOTHING) as the transaction's first write and a completion (a HOT
+// UPDATE to SUCCEEDED with the body) as its last. replayRead and replayTx
+// answer a key that already succeeded, by one SELECT or by the transaction
+// the service used to run for a replay.
 type directCreate struct {
 	pool      *pgxpool.Pool
 	lease     time.Duration
@@ -57,14 +60,13 @@ type directMode int
 const (
 	withRecord directMode = iota
 	withoutRecord
-	before05
+	claimFirst
 	replayRead
 	replayTx
 )
 
 // newDirectCreate opens a pgx pool of maxConns connections with the
-// session settings the service gives its own; before05 reads and writes
-// the record table of schema before05.
+// session settings the service gives its own.
 func newDirectCreate(ctx context.Context, dbURL string, mode directMode, maxConns int, lease, retention, statementTimeout, lockTimeout time.Duration) (*directCreate, error) {
 	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
@@ -76,9 +78,6 @@ func newDirectCreate(ctx context.Context, dbURL string, mode directMode, maxConn
 	rp["lock_timeout"] = strconv.FormatInt(lockTimeout.Milliseconds(), 10)
 	rp["idle_in_transaction_session_timeout"] = "60000"
 	rp["application_name"] = "bench-direct"
-	if mode == before05 {
-		rp["search_path"] = "before05, public"
-	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -154,6 +153,11 @@ type itemView struct {
 }
 
 func (d *directCreate) create(ctx context.Context, key, fingerprint string, in createBody) (body []byte, location string, err error) {
+	if d.mode != withoutRecord {
+		if _, _, err := d.replayByRead(ctx, key, fingerprint); !errors.Is(err, errDirectNoOutcome) {
+			return nil, "", fmt.Errorf("direct create: the read before the write found %v", err)
+		}
+	}
 	tx, err := d.pool.Begin(ctx)
 	if err != nil {
 		return nil, "", err
@@ -161,8 +165,7 @@ func (d *directCreate) create(ctx context.Context, key, fingerprint string, in c
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 
 	var token int64
-	switch d.mode {
-	case withRecord:
+	if d.mode == claimFirst {
 		err = tx.QueryRow(ctx, `
 			INSERT INTO idempotency_records
 				(tenant_id, operation, idempotency_key, fingerprint, state, resource_id, lease_token, lease_expires_at, attempts,
@@ -172,20 +175,12 @@ func (d *directCreate) create(ctx context.Context, key, fingerprint string, in c
 			ON CONFLICT DO NOTHING
 			RETURNING lease_token`,
 			benchTenant, "order.create", key, fingerprint, "", false, d.lease.Seconds(), d.retention.Seconds(), false).Scan(&token)
-	case before05:
-		err = tx.QueryRow(ctx, `
-			INSERT INTO idempotency_records
-				(tenant_id, operation, idempotency_key, fingerprint, state, resource_id, lease_token, lease_expires_at, attempts)
-			VALUES ($1, $2, $3, $4, 'PROCESSING', NULLIF($5, ''), 1, now() + make_interval(secs => $6), 1)
-			ON CONFLICT DO NOTHING
-			RETURNING lease_token`,
-			benchTenant, "order.create", key, fingerprint, "", d.lease.Seconds()).Scan(&token)
-	}
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, "", errDirectDuplicate
-	}
-	if err != nil {
-		return nil, "", err
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, "", errDirectDuplicate
+		}
+		if err != nil {
+			return nil, "", err
+		}
 	}
 
 	id, err := uuid.NewV7()
@@ -219,39 +214,84 @@ func (d *directCreate) create(ctx context.Context, key, fingerprint string, in c
 		strings.Join(values, ", "), args...); err != nil {
 		return nil, "", err
 	}
-	var eventID int64
+	// GORM reads back the generated ids of the history and outbox rows.
+	var historyID, outboxID int64
 	if err := tx.QueryRow(ctx, `
 		INSERT INTO order_events (order_id, event, operation, idempotency_key, from_status, to_status, created_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id`,
-		id, "create", "order.create", key, "", o.Status, now).Scan(&eventID); err != nil {
+		id, "create", "order.create", key, "", o.Status, now).Scan(&historyID); err != nil {
 		return nil, "", err
 	}
-
 	body, err = json.Marshal(o)
 	if err != nil {
 		return nil, "", err
 	}
-	location = "/v1/orders/" + id.String()
-	if d.mode == withoutRecord {
-		return body, location, tx.Commit(ctx)
-	}
-	tag, err := tx.Exec(ctx, `
-		UPDATE idempotency_records
-		SET state = $1, resource_id = COALESCE(NULLIF($2, ''), resource_id),
-		    outcome = 'created', result_body = $3,
-		    completed_at = now(), expires_at = now() + make_interval(secs => $4),
-		    lease_expires_at = NULL, updated_at = now()
-		WHERE tenant_id = $5 AND operation = $6 AND idempotency_key = $7
-		  AND lease_token = $8 AND state = 'PROCESSING'`,
-		"SUCCEEDED", id.String(), body, d.retention.Seconds(),
-		benchTenant, "order.create", key, token)
+	eventID, err := uuid.NewV7()
 	if err != nil {
 		return nil, "", err
 	}
-	if tag.RowsAffected() != 1 {
-		return nil, "", errors.New("direct create: the record was not PROCESSING under our token")
+	payload, err := json.Marshal(eventMessage{EventID: eventID.String(), Event: "created", OrderID: o.ID, ToStatus: o.Status,
+		Operation: "order.create", IdempotencyKey: key, OccurredAt: now, Order: body})
+	if err != nil {
+		return nil, "", err
+	}
+	if err := tx.QueryRow(ctx, `
+		INSERT INTO order_outbox (event_id, tenant_id, order_id, event, payload, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
+		eventID, benchTenant, id, "created", payload, now).Scan(&outboxID); err != nil {
+		return nil, "", err
+	}
+	location = "/v1/orders/" + id.String()
+
+	switch d.mode {
+	case withRecord:
+		tag, err := tx.Exec(ctx, `
+			INSERT INTO idempotency_records
+				(tenant_id, operation, idempotency_key, fingerprint, state, resource_id, outcome, result_code, result_body,
+				 lease_token, attempts, completed_at, expires_at, resumable)
+			VALUES ($1, $2, $3, $4, 'SUCCEEDED', $5, 'created', NULL, $6,
+				1, 1, now(), now() + make_interval(secs => $7), false)
+			ON CONFLICT DO NOTHING`,
+			benchTenant, "order.create", key, fingerprint, id.String(), body, d.retention.Seconds())
+		if err != nil {
+			return nil, "", err
+		}
+		if tag.RowsAffected() != 1 {
+			return nil, "", errDirectDuplicate
+		}
+	case claimFirst:
+		tag, err := tx.Exec(ctx, `
+			UPDATE idempotency_records
+			SET state = $1, resource_id = COALESCE(NULLIF($2, ''), resource_id),
+			    outcome = 'created', result_body = $3,
+			    completed_at = now(), expires_at = now() + make_interval(secs => $4),
+			    lease_expires_at = NULL, updated_at = now()
+			WHERE tenant_id = $5 AND operation = $6 AND idempotency_key = $7
+			  AND lease_token = $8 AND state = 'PROCESSING'`,
+			"SUCCEEDED", id.String(), body, d.retention.Seconds(),
+			benchTenant, "order.create", key, token)
+		if err != nil {
+			return nil, "", err
+		}
+		if tag.RowsAffected() != 1 {
+			return nil, "", errors.New("direct create: the record was not PROCESSING under our token")
+		}
 	}
 	return body, location, tx.Commit(ctx)
+}
+
+// eventMessage is the outbox's payload as internal/order writes it
+// (EventMessage), so the row has the same size.
+type eventMessage struct {
+	EventID        string          `json:"event_id"`
+	Event          string          `json:"event"`
+	OrderID        string          `json:"order_id"`
+	FromStatus     string          `json:"from_status"`
+	ToStatus       string          `json:"to_status"`
+	Operation      string          `json:"operation"`
+	IdempotencyKey string          `json:"idempotency_key"`
+	OccurredAt     time.Time       `json:"occurred_at"`
+	Order          json.RawMessage `json:"order"`
 }
 
 var errDirectNoOutcome = errors.New("direct replay: the key has no stored outcome")

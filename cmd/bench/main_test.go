@@ -62,7 +62,7 @@ func TestQuickRun(t *testing.T) {
 	})
 
 	t.Run("the layer, the big tables and the overload are measured", func(t *testing.T) {
-		for _, want := range []string{"| throughput loss |", "Completions that were HOT updates", "| one SELECT | ",
+		for _, want := range []string{"| throughput loss |", "| claim first |", "| one SELECT | ",
 			"Big ÷ empty: ", "| during cleanup | ", "| admission limit (defaults) | ", "| no admission control | ", "## Summary\n"} {
 			if !strings.Contains(report, want) {
 				t.Errorf("the report lacks %q:\n%s", want, report)

@@ -100,7 +100,7 @@ func noisyPoints(res *results) []string {
 	var all []named
 	for _, l := range res.Levels {
 		all = append(all, named{fmt.Sprintf("c=%d service", l.Concurrency), l.Service}, named{fmt.Sprintf("c=%d direct", l.Concurrency), l.Direct},
-			named{fmt.Sprintf("c=%d without a record", l.Concurrency), l.Plain}, named{fmt.Sprintf("c=%d 005 layout", l.Concurrency), l.Before})
+			named{fmt.Sprintf("c=%d without a record", l.Concurrency), l.Plain}, named{fmt.Sprintf("c=%d claim first", l.Concurrency), l.ClaimFirst})
 	}
 	all = append(all, named{"first execution", res.First}, named{"replay", res.Replay}, named{"storm", res.Storm.Point},
 		named{"pay", res.Pay.Point}, named{"constant rate", res.Steady}, named{"empty tables", res.Growth.Empty},
@@ -204,10 +204,11 @@ func render(res *results, chartFile string) string {
 
 func (r *report) create(res *results, chartFile string) {
 	r.p("Closed loop, `POST /v1/orders` through HTTP, echo, GORM and the idempotency layer, against *direct*:")
-	r.p("the same SQL transaction (claim the record PROCESSING with ON CONFLICT DO NOTHING, insert the order,")
-	r.p("its items in one statement and its event, then store the order's JSON as the response and mark the")
-	r.p("record SUCCEEDED) run by an `http.RoundTripper` over a pgx pool of %d connections (the service's", res.Opts.Pool)
-	r.p("DB_MAX_CONNS) that vegeta uses as its client's Transport: no network, no HTTP server. Target: ≥ 60 %%.")
+	r.p("the same SQL the service runs (one autocommit SELECT of the key's stored outcome, then a transaction")
+	r.p("that inserts the order, its items in one statement, its history entry and its outbox event, and last")
+	r.p("the record, SUCCEEDED with the order's JSON, ON CONFLICT DO NOTHING) run by an `http.RoundTripper`")
+	r.p("over a pgx pool of %d connections (the service's DB_MAX_CONNS) that vegeta uses as its client's", res.Opts.Pool)
+	r.p("Transport: no network, no HTTP server. Target: ≥ 60 %%.")
 	r.p("")
 	r.compare(res, "service", "direct pgx", "service / direct", func(l createLevel) point { return l.Direct }, percent)
 	r.p("")
@@ -216,7 +217,7 @@ func (r *report) create(res *results, chartFile string) {
 		pt   point
 	}
 	paths := func(l createLevel) []path {
-		return []path{{"service", l.Service}, {"direct pgx", l.Direct}, {"without a record (pgx)", l.Plain}, {"005 layout (pgx)", l.Before}}
+		return []path{{"service", l.Service}, {"direct pgx", l.Direct}, {"without a record (pgx)", l.Plain}, {"claim first (pgx)", l.ClaimFirst}}
 	}
 	notes := 0
 	for _, l := range res.Levels {
@@ -250,27 +251,27 @@ func (r *report) create(res *results, chartFile string) {
 }
 
 func (r *report) overhead(res *results) {
-	r.p("Closed loop over pgx, as in scenario 1: the create transaction with its record against *without a")
-	r.p("record*, the same transaction with the claim and the completion left out (the same order, items and")
-	r.p("event rows, the same JSON rendered). The difference is what the idempotency layer costs the database;")
-	r.p("what the service adds on top of either is scenario 1's. Target: < 15 %% loss, PostgreSQL CPU ≤ 1.25×.")
-	r.p("*005 layout* is the record as migrations 001-005 kept it (partial indexes on `state`, a completion")
-	r.p("that drops the lease, default fillfactor), in a copy of the table in schema `before05`.")
+	r.p("Closed loop over pgx, as in scenario 1: the create with its record against *without a record*, the")
+	r.p("same transaction with the read before it and the record's insert left out (the same order, items,")
+	r.p("history and outbox rows, the same JSON rendered). The difference is what the idempotency layer costs")
+	r.p("the database; what the service adds on top of either is scenario 1's. Target: < 15 %% loss,")
+	r.p("PostgreSQL CPU ≤ 1.25×. *Claim first* is the protocol the service ran before `Store.Record`: the same")
+	r.p("read, then the record claimed PROCESSING as the transaction's first write and completed by a (HOT)")
+	r.p("UPDATE to SUCCEEDED as its last: two writes of the record where there is now one.")
 	r.p("")
-	r.p("| c | with a record | p99 | without a record | p99 | throughput loss | PostgreSQL CPU per create, with ÷ without | 005 layout | its loss |")
-	r.p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+	r.p("| c | with a record | p99 | without a record | p99 | throughput loss | PostgreSQL CPU per create, with ÷ without | claim first | its loss | its CPU ÷ without |")
+	r.p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 	for _, l := range res.Levels {
-		r.p("| %d | %s | %s | %s | %s | %s | %s | %s | %s |", l.Concurrency, perSecond(l.Direct.Throughput), ms(l.Direct.P99),
+		r.p("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |", l.Concurrency, perSecond(l.Direct.Throughput), ms(l.Direct.P99),
 			perSecond(l.Plain.Throughput), ms(l.Plain.P99), loss(l.Direct.Throughput, l.Plain.Throughput),
-			ratio(pgPerRequest(l.Direct), pgPerRequest(l.Plain)), perSecond(l.Before.Throughput), loss(l.Before.Throughput, l.Plain.Throughput))
+			ratio(pgPerRequest(l.Direct), pgPerRequest(l.Plain)), perSecond(l.ClaimFirst.Throughput),
+			loss(l.ClaimFirst.Throughput, l.Plain.Throughput), ratio(pgPerRequest(l.ClaimFirst), pgPerRequest(l.Plain)))
 	}
 	r.p("")
-	r.p("Completions that were HOT updates (pg_stat_user_tables over scenario 2): %s of %d with migration 010,",
-		percentOf(res.HOT.HOT, res.HOT.Updates), res.HOT.Updates)
-	r.p("%s of %d with the 005 layout. What one create left in the records table (its size right after the", percentOf(res.HOTBefore.HOT, res.HOTBefore.Updates), res.HOTBefore.Updates)
-	r.p("point, which started from an empty table, ÷ the point's creates):")
+	r.p("What one create left in the records table (its size right after the point, which started from an")
+	r.p("empty table, ÷ the point's creates):")
 	r.p("")
-	r.p("| c | 010: heap per create | indexes per create | 005 layout: heap per create | indexes per create |")
+	r.p("| c | one insert: heap per create | indexes per create | claim first: heap per create | indexes per create |")
 	r.p("|--:|--:|--:|--:|--:|")
 	for _, l := range res.Levels {
 		per := func(n int64, p point) string {
@@ -280,7 +281,7 @@ func (r *report) overhead(res *results) {
 			return fmt.Sprintf("%.0f B", float64(n)/float64(p.Requests))
 		}
 		r.p("| %d | %s | %s | %s | %s |", l.Concurrency, per(l.DirectSize.Heap, l.Direct), per(l.DirectSize.Indexes, l.Direct),
-			per(l.BeforeSize.Heap, l.Before), per(l.BeforeSize.Indexes, l.Before))
+			per(l.ClaimFirstSize.Heap, l.ClaimFirst), per(l.ClaimFirstSize.Indexes, l.ClaimFirst))
 	}
 }
 

@@ -55,25 +55,8 @@ func newBench(ctx context.Context, opts options, dbURL string, log io.Writer) (*
 		b.close()
 		return nil, err
 	}
-	if _, err := b.admin.Exec(ctx, before05Schema); err != nil {
-		b.close()
-		return nil, fmt.Errorf("create schema before05: %w", err)
-	}
 	return b, nil
 }
-
-// before05Schema is the records table as migrations 001-005 left it (no
-// resumable column, the partial indexes on state, the default fillfactor),
-// for the before half of the HOT completion's pair. The order tables stay
-// the service's own: the direct pgx path that uses this schema finds them
-// through its search_path.
-const before05Schema = `
-	CREATE SCHEMA before05;
-	CREATE TABLE before05.idempotency_records (LIKE public.idempotency_records INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
-	ALTER TABLE before05.idempotency_records DROP COLUMN resumable;
-	ALTER TABLE before05.idempotency_records ADD PRIMARY KEY (tenant_id, operation, idempotency_key);
-	CREATE INDEX ON before05.idempotency_records (lease_expires_at) WHERE state IN ('PROCESSING', 'FAILED_RETRYABLE');
-	CREATE INDEX ON before05.idempotency_records (expires_at) WHERE state IN ('SUCCEEDED', 'FAILED_FINAL');`
 
 func (b *bench) close() {
 	if b.svc != nil {
@@ -129,7 +112,7 @@ func (b *bench) progress(format string, args ...any) {
 // table sizes, and checkpoints, so no checkpoint left over from the last
 // measurement lands in the next one.
 func (b *bench) reset(ctx context.Context) error {
-	if _, err := b.admin.Exec(ctx, `TRUNCATE idempotency_records, before05.idempotency_records, idempotency_archive, orders, order_items, order_events, order_outbox, payments`); err != nil {
+	if _, err := b.admin.Exec(ctx, `TRUNCATE idempotency_records, idempotency_archive, orders, order_items, order_events, order_outbox, payments`); err != nil {
 		return fmt.Errorf("reset tables: %w", err)
 	}
 	if b.opts.Quick { // a smoke test has no figures worth a checkpoint's wait
@@ -203,8 +186,6 @@ type results struct {
 	// DirectReplayRead and DirectReplayTx are the replay over pgx: one
 	// SELECT, or the write transaction the service used to run.
 	DirectReplayRead, DirectReplayTx point
-	// HOT counts the completions of scenario 2 by layout.
-	HOT, HOTBefore hotStats
 	Pay            payResult
 	Steady         point
 	Growth         growthResult
@@ -233,10 +214,10 @@ type createLevel struct {
 	Service     point // POST /v1/orders
 	Direct      point // the same transaction over pgx, no HTTP
 	Plain       point // the same order rows over pgx, without a record
-	Before      point // Direct with the record as it was up to migration 005
-	// DirectSize and BeforeSize are the records table (heap, indexes)
-	// right after the Direct and Before points.
-	DirectSize, BeforeSize tableSize
+	ClaimFirst  point // Direct with the record claimed first and completed last, as before Store.Record
+	// DirectSize and ClaimFirstSize are the records table (heap, indexes)
+	// right after the Direct and ClaimFirst points.
+	DirectSize, ClaimFirstSize tableSize
 }
 
 // tableSize is a table's heap and index bytes.
@@ -247,16 +228,6 @@ func (b *bench) size(ctx context.Context, table string) (tableSize, error) {
 	var ts tableSize
 	err := b.admin.QueryRow(ctx, `SELECT pg_relation_size($1::regclass), pg_indexes_size($1::regclass)`, table).Scan(&ts.Heap, &ts.Indexes)
 	return ts, err
-}
-
-// hotStats is how many updates of a records table were HOT.
-type hotStats struct{ Updates, HOT int64 }
-
-func (h hotStats) share() float64 {
-	if h.Updates == 0 {
-		return 0
-	}
-	return float64(h.HOT) / float64(h.Updates)
 }
 
 type stormResult struct {
@@ -347,7 +318,7 @@ func (b *bench) runAll(ctx context.Context) (*results, error) {
 		name string
 		run  func(context.Context, *results) error
 	}{
-		{1, "1+2 create: service, direct pgx with and without a record, the 005 layout", b.createLevels},
+		{1, "1+2 create: service, direct pgx with and without a record, the record claimed first", b.createLevels},
 		{3, "3 replay vs first execution", b.replay},
 		{4, "4 duplicate storm", b.storm},
 		{6, "6 constant-rate create", b.steady},
@@ -372,11 +343,12 @@ func (b *bench) runAll(ctx context.Context) (*results, error) {
 
 // createLevels is scenarios 1 and 2: at each concurrency, creates through
 // the service, the same transaction directly over pgx, the same order rows
-// over pgx without a record, and the record as migration 005 kept it.
+// over pgx without a record, and the record claimed first and completed
+// last, as the service wrote it before Store.Record.
 func (b *bench) createLevels(ctx context.Context, res *results) error {
 	cfg := b.svc.Config
 	paths := map[directMode]*http.Client{}
-	for _, mode := range []directMode{withRecord, withoutRecord, before05} {
+	for _, mode := range []directMode{withRecord, withoutRecord, claimFirst} {
 		d, err := newDirectCreate(ctx, b.dbURL, mode, cfg.DBMaxConns, cfg.Lease, cfg.Policy().RetentionFor(order.OpCreate),
 			cfg.DBStatementTimeout, cfg.DBLockTimeout)
 		if err != nil {
@@ -384,14 +356,6 @@ func (b *bench) createLevels(ctx context.Context, res *results) error {
 		}
 		defer d.Close()
 		paths[mode] = &http.Client{Timeout: 30 * time.Second, Transport: d}
-	}
-	hot0, err := b.hot(ctx, "public")
-	if err != nil {
-		return err
-	}
-	hotBefore0, err := b.hot(ctx, "before05")
-	if err != nil {
-		return err
 	}
 	for _, c := range b.opts.Concurrency {
 		lvl := createLevel{Concurrency: c}
@@ -406,7 +370,7 @@ func (b *bench) createLevels(ctx context.Context, res *results) error {
 			{"service", b.client, b.svc.URL() + "/v1/orders", &lvl.Service, "", nil},
 			{"direct pgx", paths[withRecord], "http://direct.invalid/v1/orders", &lvl.Direct, "public.idempotency_records", &lvl.DirectSize},
 			{"without a record", paths[withoutRecord], "http://direct.invalid/v1/orders", &lvl.Plain, "", nil},
-			{"005 layout", paths[before05], "http://direct.invalid/v1/orders", &lvl.Before, "before05.idempotency_records", &lvl.BeforeSize},
+			{"claim first", paths[claimFirst], "http://direct.invalid/v1/orders", &lvl.ClaimFirst, "public.idempotency_records", &lvl.ClaimFirstSize},
 		} {
 			p, err := b.measure(ctx, shot{name: x.name, client: x.client, workers: c,
 				targeter: freshCreates(x.url, &b.keys), duration: b.opts.Duration})
@@ -423,30 +387,7 @@ func (b *bench) createLevels(ctx context.Context, res *results) error {
 		}
 		res.Levels = append(res.Levels, lvl)
 	}
-	// A closed pool's backends exit, and so flush their statistics.
-	for _, cl := range paths {
-		cl.Transport.(*directCreate).Close()
-	}
-	time.Sleep(500 * time.Millisecond)
-	if res.HOT, err = b.hot(ctx, "public"); err != nil {
-		return err
-	}
-	if res.HOTBefore, err = b.hot(ctx, "before05"); err != nil {
-		return err
-	}
-	res.HOT.Updates -= hot0.Updates
-	res.HOT.HOT -= hot0.HOT
-	res.HOTBefore.Updates -= hotBefore0.Updates
-	res.HOTBefore.HOT -= hotBefore0.HOT
 	return nil
-}
-
-// hot reads the update counters of schema's idempotency_records.
-func (b *bench) hot(ctx context.Context, schema string) (hotStats, error) {
-	var h hotStats
-	err := b.admin.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
-		WHERE schemaname = $1 AND relname = 'idempotency_records'`, schema).Scan(&h.Updates, &h.HOT)
-	return h, err
 }
 
 // replay is scenario 3: fresh creates at ReplayConc, then one request

@@ -61,11 +61,11 @@ func (r *report) summary(res *results) {
 		perCreate := func(n int64, p point) string {
 			return fmt.Sprintf("%.0f B", float64(n)/float64(max(p.Requests, 1)))
 		}
-		r.p("| completion as a HOT update (migration 010: no indexed column changes, fillfactor 80) | the create transaction over pgx at c=%d, 005 layout → 010 | %s, %s PostgreSQL CPU per create, %s of completions HOT, %s of index and %s of heap per create | %s, %s, %s HOT, %s of index, %s of heap |",
-			l.Concurrency, perSecond(l.Before.Throughput), micros(pgPerRequest(l.Before)), percentOf(res.HOTBefore.HOT, res.HOTBefore.Updates),
-			perCreate(l.BeforeSize.Indexes, l.Before), perCreate(l.BeforeSize.Heap, l.Before),
-			perSecond(l.Direct.Throughput), micros(pgPerRequest(l.Direct)), percentOf(res.HOT.HOT, res.HOT.Updates),
-			perCreate(l.DirectSize.Indexes, l.Direct), perCreate(l.DirectSize.Heap, l.Direct))
+		r.p("| the record written once, as the transaction's last statement (`Store.Record`) | the create over pgx at c=%d: claimed first and completed last → one insert | %s (%s below without a record), %s PostgreSQL CPU per create, %s of heap and %s of index per create | %s (%s below), %s, %s of heap, %s of index |",
+			l.Concurrency, perSecond(l.ClaimFirst.Throughput), loss(l.ClaimFirst.Throughput, l.Plain.Throughput), micros(pgPerRequest(l.ClaimFirst)),
+			perCreate(l.ClaimFirstSize.Heap, l.ClaimFirst), perCreate(l.ClaimFirstSize.Indexes, l.ClaimFirst),
+			perSecond(l.Direct.Throughput), loss(l.Direct.Throughput, l.Plain.Throughput), micros(pgPerRequest(l.Direct)),
+			perCreate(l.DirectSize.Heap, l.Direct), perCreate(l.DirectSize.Indexes, l.Direct))
 	}
 	r.p("| a replay answered by one read (`Store.Replay`) | one key replayed over pgx at c=%d: write transaction → one SELECT | %s, %s PostgreSQL CPU each | %s, %s |",
 		res.Opts.ReplayConc, perSecond(res.DirectReplayTx.Throughput), micros(pgPerRequest(res.DirectReplayTx)),
