@@ -127,15 +127,15 @@ func (b *bench) growth(ctx context.Context, res *results) error {
 
 // generate fills the tables of the benchmark's database in SQL: records
 // finished records (a quarter of them order.pay, which the cleanup
-// archives; a tenth expired), and orders orders with two items and their
+// archives; the oldest tenth expired), and orders orders with two items and their
 // create event, all in another tenant than the load's. Three statements run
 // at once on their own connections; then everything is analyzed and
 // checkpointed. It returns how many records are expired.
 func (b *bench) generate(ctx context.Context, records, orders int) (expired int64, err error) {
 	half := records / 2
 	stmts := []string{
-		genRecords(1, half),
-		genRecords(half+1, records),
+		genRecords(1, half, records/10),
+		genRecords(half+1, records, records/10),
 		fmt.Sprintf(`
 			WITH o AS (
 				INSERT INTO orders (id, tenant_id, customer_id, status, currency, total_amount, metadata, version, created_at, updated_at)
@@ -174,8 +174,10 @@ func (b *bench) generate(ctx context.Context, records, orders int) (expired int6
 
 // genRecords is the INSERT of records from to to (inclusive): the row a
 // create or a pay leaves when it succeeds, with a stored response the size
-// of an order's JSON.
-func genRecords(from, to int) string {
+// of an order's JSON. Records up to expired have expired: the oldest ones,
+// written first, as in a table whose records were written in the order of
+// time and expire after one retention.
+func genRecords(from, to, expired int) string {
 	return fmt.Sprintf(`
 		INSERT INTO idempotency_records (tenant_id, operation, idempotency_key, fingerprint, state, resource_id,
 			outcome, result_code, result_body, lease_token, lease_expires_at,
@@ -184,8 +186,8 @@ func genRecords(from, to int) string {
 		       'SUCCEEDED', NULL, 'created', NULL, convert_to(repeat('x', 450), 'UTF8'), 1,
 		       NULL, 1,
 		       now() - interval '40 days', now() - interval '40 days', now() - interval '40 days',
-		       CASE WHEN g %% 10 = 0 THEN now() - interval '1 day' ELSE now() + interval '1 day' END, g %% 4 = 0
-		FROM generate_series(%d, %d) g`, from, to)
+		       CASE WHEN g <= %d THEN now() - interval '1 day' ELSE now() + interval '1 day' END, g %% 4 = 0
+		FROM generate_series(%d, %d) g`, expired, from, to)
 }
 
 // scrape is the median of GET /metrics over a few scrapes.

@@ -444,8 +444,9 @@ func ratio(a, b float64) string {
 func (r *report) growth(res *results) {
 	g := res.Growth
 	r.p("Generated in SQL (`generate_series`, three statements on three connections, then ANALYZE and a")
-	r.p("CHECKPOINT), in this run's database: %s finished records (a quarter `order.pay`, a tenth expired,", count(g.Records))
-	r.p("each with a 450-byte response) and %s orders with two items and a create event each, under another", count(g.Orders))
+	r.p("CHECKPOINT), in this run's database: %s finished records (a quarter `order.pay`; the oldest tenth,", count(g.Records))
+	r.p("written first, expired, as in a table whose records were written in the order of time; each with a")
+	r.p("450-byte response) and %s orders with two items and a create event each, under another", count(g.Orders))
 	r.p("tenant than the load's. That took **%s**; the records table is %d MB with its indexes.", g.Generated.Round(time.Second), g.TableBytes>>20)
 	r.p("")
 	r.p("| tables | creates (closed loop, c=%d) | p50 | p99 | GET /metrics (median of %d) |", res.Opts.ReplayConc, g.Scrapes)

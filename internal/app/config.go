@@ -66,8 +66,8 @@ type Config struct {
 	Retention                time.Duration `env:"IDEMPOTENCY_RETENTION"`
 
 	CleanupInterval time.Duration `env:"CLEANUP_INTERVAL" envDefault:"1h"`
-	CleanupBatch    int           `env:"CLEANUP_BATCH" envDefault:"2000"`
-	CleanupPause    time.Duration `env:"CLEANUP_PAUSE" envDefault:"20ms"`
+	CleanupBatch    int           `env:"CLEANUP_BATCH" envDefault:"500"`
+	CleanupPause    time.Duration `env:"CLEANUP_PAUSE" envDefault:"10ms"`
 
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"8s"`
 
