@@ -186,13 +186,13 @@ type results struct {
 	// DirectReplayRead and DirectReplayTx are the replay over pgx: one
 	// SELECT, or the write transaction the service used to run.
 	DirectReplayRead, DirectReplayTx point
-	Pay            payResult
-	Steady         point
-	Growth         growthResult
-	Overload       overloadResult
-	Messages       messageResult
-	Wait           waitResult
-	Took           time.Duration
+	Pay                              payResult
+	Steady                           point
+	Growth                           growthResult
+	Overload                         overloadResult
+	Messages                         messageResult
+	Wait                             waitResult
+	Took                             time.Duration
 	// Problems are failed assertions: the run reports them and fails.
 	Problems []string
 }
