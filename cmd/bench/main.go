@@ -44,10 +44,14 @@ func main() {
 // options are the knobs of a run; -quick turns every one it does not name
 // down to a smoke test's size.
 type options struct {
-	Out          string
-	Duration     time.Duration
-	Warmup       time.Duration
-	Concurrency  []int
+	Out         string
+	Duration    time.Duration
+	Warmup      time.Duration
+	Concurrency []int
+	// Rounds and Slice shape scenario 2's interleaved ratio: Rounds rounds
+	// of one Slice of each path.
+	Rounds       int
+	Slice        time.Duration
 	Pool         int
 	ReplayConc   int
 	Storm        int
@@ -86,6 +90,8 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs.StringVar(&o.Out, "out", "docs/benchmarks", "directory for results.md and throughput.svg (empty: print only)")
 	fs.DurationVar(&o.Duration, "duration", 10*time.Second, "measured time of each closed-loop point")
 	fs.DurationVar(&o.Warmup, "warmup", 2*time.Second, "unmeasured warm-up before each measurement")
+	fs.IntVar(&o.Rounds, "rounds", 7, "rounds of scenario 2's interleaved comparison (one slice of each path per round)")
+	fs.DurationVar(&o.Slice, "slice", 1500*time.Millisecond, "length of one slice of scenario 2's interleaved comparison")
 	fs.Var((*intList)(&o.Concurrency), "c", "concurrencies of the create comparison, comma-separated")
 	fs.IntVar(&o.Pool, "pool", 20, "DB_MAX_CONNS of the service, and the size of the direct pgx pool")
 	fs.IntVar(&o.ReplayConc, "replay-c", 16, "concurrency of the replay-vs-first-execution comparison")
@@ -126,6 +132,8 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 			"duration":          func() { o.Duration = 400 * time.Millisecond },
 			"warmup":            func() { o.Warmup = 100 * time.Millisecond },
 			"c":                 func() { o.Concurrency = []int{1, 4} },
+			"rounds":            func() { o.Rounds = 2 },
+			"slice":             func() { o.Slice = 200 * time.Millisecond },
 			"storm":             func() { o.Storm = 50 },
 			"pay-c":             func() { o.PayConc = 16 },
 			"rate-duration":     func() { o.RateDuration = time.Second },
@@ -142,8 +150,10 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 		}
 	}
 	switch {
-	case o.Duration <= 0 || o.Warmup < 0 || o.RateDuration <= 0 || o.OverloadFor <= 0:
-		return o, errors.New("-duration, -rate-duration and -overload-duration must be positive, -warmup not negative")
+	case o.Duration <= 0 || o.Warmup < 0 || o.RateDuration <= 0 || o.OverloadFor <= 0 || o.Slice <= 0:
+		return o, errors.New("-duration, -slice, -rate-duration and -overload-duration must be positive, -warmup not negative")
+	case o.Rounds < 1:
+		return o, errors.New("-rounds must be at least 1")
 	case o.BigRecords < 10 || o.BigOrders < 1:
 		return o, errors.New("-records must be at least 10, -orders at least 1")
 	case len(o.Concurrency) == 0:

@@ -268,6 +268,19 @@ func (r *report) overhead(res *results) {
 			loss(l.ClaimFirst.Throughput, l.Plain.Throughput), ratio(pgPerRequest(l.ClaimFirst), pgPerRequest(l.Plain)))
 	}
 	r.p("")
+	r.p("The same three paths interleaved, which is what the ratios are taken from: at each concurrency,")
+	r.p("%d rounds of one %s slice of each path, their order rotated every round, from one reset, so that", res.Opts.Rounds, res.Opts.Slice)
+	r.p("whatever else the machine does in a stretch of time hits the three alike (sequential %s points, as", res.Opts.Duration)
+	r.p("above, drift by more than the difference measured on this machine). Each round gives its ratios over")
+	r.p("its own slices; the table shows their median and, in brackets, their range.")
+	r.p("")
+	r.p("| c | throughput loss | PostgreSQL CPU per create, with ÷ without | claim first: loss | its CPU ÷ without |")
+	r.p("|--:|--:|--:|--:|--:|")
+	for _, l := range res.Levels {
+		m := l.Mixed
+		r.p("| %d | %s | %s | %s | %s |", l.Concurrency, percentSpread(m.Loss), timesSpread(m.CPU), percentSpread(m.ClaimLoss), timesSpread(m.ClaimCPU))
+	}
+	r.p("")
 	r.p("What one create left in the records table (its size right after the point, which started from an")
 	r.p("empty table, ÷ the point's creates):")
 	r.p("")
@@ -284,6 +297,12 @@ func (r *report) overhead(res *results) {
 			per(l.ClaimFirstSize.Heap, l.ClaimFirst), per(l.ClaimFirstSize.Indexes, l.ClaimFirst))
 	}
 }
+
+func percentSpread(s spread) string {
+	return fmt.Sprintf("%.1f %% (%.1f–%.1f)", 100*s.Median, 100*s.Min, 100*s.Max)
+}
+
+func timesSpread(s spread) string { return fmt.Sprintf("%.2f× (%.2f–%.2f)", s.Median, s.Min, s.Max) }
 
 // pgPerRequest is the PostgreSQL CPU one request of p cost.
 func pgPerRequest(p point) float64 {

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -218,6 +219,8 @@ type createLevel struct {
 	// DirectSize and ClaimFirstSize are the records table (heap, indexes)
 	// right after the Direct and ClaimFirst points.
 	DirectSize, ClaimFirstSize tableSize
+	// Mixed is scenario 2's ratios measured by interleaving the pgx paths.
+	Mixed interleaved
 }
 
 // tableSize is a table's heap and index bytes.
@@ -385,9 +388,79 @@ func (b *bench) createLevels(ctx context.Context, res *results) error {
 			}
 			b.progress("  c=%-3d %-18s %8.0f req/s  p50 %-8s p99 %s", c, x.name, p.Throughput, ms(p.P50), ms(p.P99))
 		}
+		mixed, err := b.interleave(ctx, c, paths)
+		if err != nil {
+			return err
+		}
+		lvl.Mixed = mixed
+		b.progress("  c=%-3d interleaved: loss %.1f %% (%.1f–%.1f), PostgreSQL CPU %.2f× (%.2f–%.2f); claim first: loss %.1f %%, %.2f×",
+			c, 100*lvl.Mixed.Loss.Median, 100*lvl.Mixed.Loss.Min, 100*lvl.Mixed.Loss.Max, lvl.Mixed.CPU.Median, lvl.Mixed.CPU.Min, lvl.Mixed.CPU.Max,
+			100*lvl.Mixed.ClaimLoss.Median, lvl.Mixed.ClaimCPU.Median)
 		res.Levels = append(res.Levels, lvl)
 	}
 	return nil
+}
+
+// interleaved is scenario 2's comparison as a machine that is not quiet
+// needs it: rounds of one short slice of each pgx path, their order rotated
+// every round, so that whatever else the machine does in a stretch of time
+// hits every path alike. Each figure is per round (with ÷ without, over
+// the same round's slices), summarised by the median and the range.
+type interleaved struct {
+	Rounds int
+	Slice  time.Duration
+	// Loss is 1 - with ÷ without, in throughput; CPU is with ÷ without, in
+	// PostgreSQL CPU per create. ClaimLoss and ClaimCPU are the same for
+	// claim first.
+	Loss, CPU, ClaimLoss, ClaimCPU spread
+}
+
+// spread is the median and range of one figure over the rounds.
+type spread struct{ Median, Min, Max float64 }
+
+func spreadOf(v []float64) spread {
+	if len(v) == 0 {
+		return spread{}
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	m := s[len(s)/2]
+	if len(s)%2 == 0 {
+		m = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return spread{Median: m, Min: s[0], Max: s[len(s)-1]}
+}
+
+// interleave measures scenario 2's ratios at concurrency c: Rounds rounds
+// of one Slice of each path, from one reset (the tables grow alike for all).
+func (b *bench) interleave(ctx context.Context, c int, paths map[directMode]*http.Client) (interleaved, error) {
+	mix := interleaved{Rounds: b.opts.Rounds, Slice: b.opts.Slice}
+	if err := b.reset(ctx); err != nil {
+		return mix, err
+	}
+	modes := []directMode{withRecord, withoutRecord, claimFirst}
+	var loss, cpu, claimLoss, claimCPU []float64
+	for r := range mix.Rounds {
+		round := map[directMode]point{}
+		for k := range modes {
+			m := modes[(k+r)%len(modes)]
+			round[m] = b.fire(ctx, shot{name: fmt.Sprintf("interleaved-%d", m), client: paths[m], workers: c,
+				targeter: freshCreates("http://direct.invalid/v1/orders", &b.keys), duration: mix.Slice})
+			if err := ctx.Err(); err != nil {
+				return mix, err
+			}
+		}
+		plain := round[withoutRecord]
+		if plain.Throughput == 0 || pgPerRequest(plain) == 0 {
+			return mix, fmt.Errorf("interleaved round %d at c=%d: the path without a record measured nothing: %s", r+1, c, statuses(plain))
+		}
+		loss = append(loss, 1-round[withRecord].Throughput/plain.Throughput)
+		cpu = append(cpu, pgPerRequest(round[withRecord])/pgPerRequest(plain))
+		claimLoss = append(claimLoss, 1-round[claimFirst].Throughput/plain.Throughput)
+		claimCPU = append(claimCPU, pgPerRequest(round[claimFirst])/pgPerRequest(plain))
+	}
+	mix.Loss, mix.CPU, mix.ClaimLoss, mix.ClaimCPU = spreadOf(loss), spreadOf(cpu), spreadOf(claimLoss), spreadOf(claimCPU)
+	return mix, nil
 }
 
 // replay is scenario 3: fresh creates at ReplayConc, then one request
