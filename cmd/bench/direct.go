@@ -32,11 +32,11 @@ import (
 //
 //	SELECT … FROM idempotency_records WHERE <key> AND state IN ('SUCCEEDED', 'FAILED_FINAL')   (Store.Replay; autocommit)
 //	BEGIN
+//	INSERT INTO idempotency_records … 'SUCCEEDED', <the order's JSON> … ON CONFLICT DO NOTHING   (Store.Record)
 //	INSERT INTO orders …
 //	INSERT INTO order_items … (all lines in one statement)
 //	INSERT INTO order_events …
 //	INSERT INTO order_outbox … (the "created" event, with the order as its payload)
-//	INSERT INTO idempotency_records … 'SUCCEEDED', <the order's JSON> … ON CONFLICT DO NOTHING   (Store.Record)
 //	COMMIT
 //
 // withoutRecord writes the same order rows and nothing else, in the same
@@ -164,8 +164,43 @@ func (d *directCreate) create(ctx context.Context, key, fingerprint string, in c
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 
+	id, err := uuid.NewV7()
+	if err != nil {
+		return nil, "", err
+	}
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	o := orderView{ID: id.String(), CustomerID: in.CustomerID, Status: "CREATED", Currency: in.Currency,
+		Metadata: map[string]string{}, Version: 1, CreatedAt: now, UpdatedAt: now}
+	for _, it := range in.Items {
+		line := it.UnitPrice * int64(it.Quantity)
+		o.Items = append(o.Items, itemView{SKU: it.SKU, Quantity: it.Quantity, UnitPrice: it.UnitPrice, LineTotal: line})
+		o.TotalAmount += line
+	}
+
+	// The order's representation is known before anything is written, as in
+	// Service.Create.
+	body, err = json.Marshal(o)
+	if err != nil {
+		return nil, "", err
+	}
 	var token int64
-	if d.mode == claimFirst {
+	switch d.mode {
+	case withRecord:
+		tag, err := tx.Exec(ctx, `
+			INSERT INTO idempotency_records
+				(tenant_id, operation, idempotency_key, fingerprint, state, resource_id, outcome, result_code, result_body,
+				 lease_token, attempts, completed_at, expires_at, resumable)
+			VALUES ($1, $2, $3, $4, 'SUCCEEDED', $5, 'created', NULL, $6,
+				1, 1, now(), now() + make_interval(secs => $7), false)
+			ON CONFLICT DO NOTHING`,
+			benchTenant, "order.create", key, fingerprint, id.String(), body, d.retention.Seconds())
+		if err != nil {
+			return nil, "", err
+		}
+		if tag.RowsAffected() != 1 {
+			return nil, "", errDirectDuplicate
+		}
+	case claimFirst:
 		err = tx.QueryRow(ctx, `
 			INSERT INTO idempotency_records
 				(tenant_id, operation, idempotency_key, fingerprint, state, resource_id, lease_token, lease_expires_at, attempts,
@@ -181,19 +216,6 @@ func (d *directCreate) create(ctx context.Context, key, fingerprint string, in c
 		if err != nil {
 			return nil, "", err
 		}
-	}
-
-	id, err := uuid.NewV7()
-	if err != nil {
-		return nil, "", err
-	}
-	now := time.Now().UTC().Truncate(time.Microsecond)
-	o := orderView{ID: id.String(), CustomerID: in.CustomerID, Status: "CREATED", Currency: in.Currency,
-		Metadata: map[string]string{}, Version: 1, CreatedAt: now, UpdatedAt: now}
-	for _, it := range in.Items {
-		line := it.UnitPrice * int64(it.Quantity)
-		o.Items = append(o.Items, itemView{SKU: it.SKU, Quantity: it.Quantity, UnitPrice: it.UnitPrice, LineTotal: line})
-		o.TotalAmount += line
 	}
 
 	if _, err := tx.Exec(ctx, `
@@ -222,10 +244,6 @@ func (d *directCreate) create(ctx context.Context, key, fingerprint string, in c
 		id, "create", "order.create", key, "", o.Status, now).Scan(&historyID); err != nil {
 		return nil, "", err
 	}
-	body, err = json.Marshal(o)
-	if err != nil {
-		return nil, "", err
-	}
 	eventID, err := uuid.NewV7()
 	if err != nil {
 		return nil, "", err
@@ -243,23 +261,7 @@ func (d *directCreate) create(ctx context.Context, key, fingerprint string, in c
 	}
 	location = "/v1/orders/" + id.String()
 
-	switch d.mode {
-	case withRecord:
-		tag, err := tx.Exec(ctx, `
-			INSERT INTO idempotency_records
-				(tenant_id, operation, idempotency_key, fingerprint, state, resource_id, outcome, result_code, result_body,
-				 lease_token, attempts, completed_at, expires_at, resumable)
-			VALUES ($1, $2, $3, $4, 'SUCCEEDED', $5, 'created', NULL, $6,
-				1, 1, now(), now() + make_interval(secs => $7), false)
-			ON CONFLICT DO NOTHING`,
-			benchTenant, "order.create", key, fingerprint, id.String(), body, d.retention.Seconds())
-		if err != nil {
-			return nil, "", err
-		}
-		if tag.RowsAffected() != 1 {
-			return nil, "", errDirectDuplicate
-		}
-	case claimFirst:
+	if d.mode == claimFirst {
 		tag, err := tx.Exec(ctx, `
 			UPDATE idempotency_records
 			SET state = $1, resource_id = COALESCE(NULLIF($2, ''), resource_id),

@@ -110,12 +110,14 @@ func (s *Store) ClaimOrReplay(tx *gorm.DB, in Intent) (Claim, error) {
 var ErrTaken = errors.New("idempotency: the intent was recorded by another transaction first")
 
 // Record stores the definitive result of an intent executed in ONE
-// transaction (a create, a ship, a deliver), as the last write of the
-// transaction that executed it. Nobody else can ever see such an intent
-// unfinished (its writes and its record commit together or not at all), so
-// it skips PROCESSING: the record is inserted SUCCEEDED (FAILED_FINAL for a
-// refusal) with its result, one write and no lease, and the sweeper never
-// needs to find it.
+// transaction (a create, a ship, a deliver), inside the transaction that
+// executes it. Nobody else can ever see such an intent unfinished (its
+// writes and its record commit together or not at all), so it skips
+// PROCESSING: the record is inserted SUCCEEDED (FAILED_FINAL for a refusal)
+// with its result, one write and no lease, and the sweeper never needs to
+// find it. When the result is known before the business write (a create),
+// the record goes first, so a concurrent duplicate waits at its key before it
+// does any work; otherwise (a transition) it goes last.
 //
 // The primary key still decides every race. A concurrent duplicate's insert
 // waits on the first's uncommitted key: when the first commits, the insert

@@ -9,6 +9,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"gorm.io/gorm"
 
 	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/idempotency"
@@ -230,51 +233,73 @@ func TestConcurrentIdenticalCreatesMakeOneOrder(t *testing.T) {
 	}
 }
 
-// The record of a create is written last, in the create's transaction. A
-// duplicate that started first but records second finds the other's record
-// committed: its insert does nothing, its own order rolls back, and it
-// answers with the other's result, replayed.
-func TestACreateThatLosesTheRecordToADuplicateRollsBackAndReplays(t *testing.T) {
+// A create's result is known before it writes, so its record is the first
+// write of its transaction. A duplicate that arrives while the first is
+// still inside that transaction waits at the record's key before doing any
+// work; when the first commits, the duplicate's insert does nothing and it
+// answers with the first's result, replayed.
+func TestADuplicateOfACreateInFlightWaitsAtTheRecordAndDoesNoWork(t *testing.T) {
 	m, acme := start(t, nil)
 	paused, resume := make(chan struct{}), make(chan struct{})
 	var calls atomic.Int32
 	m.Orders.Hooks.AfterOrderInsert = func() error {
-		if calls.Add(1) == 1 { // the first create waits here, its order written, its record not yet
+		if calls.Add(1) == 1 { // the first create waits here, its record and order written, not committed
 			close(paused)
 			<-resume
 		}
 		return nil
 	}
-	body := createBody("cus_loses_the_record")
-	first := make(chan apptest.Response, 1)
-	go func() {
-		r, err := acme.Send(http.MethodPost, "/v1/orders", "loses-the-record", body, nil)
-		if err != nil {
-			r.Status = -1
-		}
-		first <- r
-	}()
+	body := createBody("cus_duplicate_in_flight")
+	send := func() <-chan apptest.Response {
+		answer := make(chan apptest.Response, 1)
+		go func() {
+			r, err := acme.Send(http.MethodPost, "/v1/orders", "duplicate-in-flight", body, nil)
+			if err != nil {
+				r.Status = -1
+			}
+			answer <- r
+		}()
+		return answer
+	}
+	firstAnswer := send()
 	<-paused
-	second := acme.Do(t, http.MethodPost, "/v1/orders", "loses-the-record", body)
+	duplicateAnswer := send()
+	waitForALockWaiter(t, m.DB)
+	if got := calls.Load(); got != 1 {
+		t.Errorf("creates executed while the first was in flight = %d, want 1: the duplicate must wait before its work", got)
+	}
 	close(resume)
-	late := <-first
+	first, duplicate := <-firstAnswer, <-duplicateAnswer
 
-	if second.Status != http.StatusCreated || second.Header.Get("Idempotent-Replayed") != "" {
-		t.Fatalf("the duplicate that recorded first = %d %s", second.Status, second.Body)
+	if first.Status != http.StatusCreated || first.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("first = %d %s", first.Status, first.Body)
 	}
-	if late.Status != http.StatusCreated || late.Header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(late.Body, second.Body) {
-		t.Fatalf("the create that recorded second = %d (replayed %q) %s; want the first's 201 replayed: %s",
-			late.Status, late.Header.Get("Idempotent-Replayed"), late.Body, second.Body)
+	if duplicate.Status != http.StatusCreated || duplicate.Header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(duplicate.Body, first.Body) {
+		t.Fatalf("duplicate = %d (replayed %q) %s; want the first's 201 replayed: %s",
+			duplicate.Status, duplicate.Header.Get("Idempotent-Replayed"), duplicate.Body, first.Body)
 	}
-	if got := apptest.Count(t, m.DB, "SELECT count(*) FROM orders WHERE customer_id = 'cus_loses_the_record'"); got != 1 {
+	if got := apptest.Count(t, m.DB, "SELECT count(*) FROM orders WHERE customer_id = 'cus_duplicate_in_flight'"); got != 1 {
 		t.Errorf("orders = %d, want exactly 1", got)
 	}
-	if got := apptest.Count(t, m.DB, "SELECT count(*) FROM order_outbox o JOIN orders r ON r.id = o.order_id WHERE r.customer_id = 'cus_loses_the_record'"); got != 1 {
+	if got := apptest.Count(t, m.DB, "SELECT count(*) FROM order_outbox o JOIN orders r ON r.id = o.order_id WHERE r.customer_id = 'cus_duplicate_in_flight'"); got != 1 {
 		t.Errorf("outbox events = %d, want exactly 1", got)
 	}
-	if got := calls.Load(); got != 2 {
-		t.Errorf("creates executed = %d, want 2 (one of them rolled back)", got)
+	if got := calls.Load(); got != 1 {
+		t.Errorf("creates executed = %d, want 1", got)
 	}
+}
+
+// waitForALockWaiter returns once a session of the service's database waits
+// for a lock (a duplicate's insert on a key not yet committed).
+func waitForALockWaiter(t *testing.T, db *gorm.DB) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if apptest.Count(t, db, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0 {
+			return
+		}
+	}
+	t.Fatal("no session waited for a lock within 10s")
 }
 
 func TestOneKeyTwoBodiesMakeOneOrder(t *testing.T) {

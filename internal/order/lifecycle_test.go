@@ -1,6 +1,7 @@
 package order_test
 
 import (
+	"bytes"
 	"fmt"
 	"net/http"
 	"os"
@@ -265,6 +266,56 @@ func TestConcurrentTransitionsOnOneOrderLetExactlyOneWin(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Identical ships (one key) at once: a transition reads the order it
+// changes, so it records last. The duplicates queue on the order's row lock,
+// find it SHIPPED (a refusal they would record), lose the record's insert to
+// the winner's committed key, roll back and replay the winner's 200.
+func TestConcurrentIdenticalTransitionsReplayTheWinner(t *testing.T) {
+	svc := startRig(t)
+	const senders = 20
+	id := createOrder(t, svc.c, svc.key("create"))
+	setStatus(t, svc.m, id, string(order.StatusPaid))
+	key := svc.key("same-ship")
+	responses := make([]apptest.Response, senders)
+	errs := make([]error, senders)
+	gate := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range senders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-gate
+			responses[i], errs[i] = svc.c.Send(http.MethodPost, "/v1/orders/"+id+"/ship", key, shipDetails, nil)
+		}()
+	}
+	close(gate)
+	wg.Wait()
+	var first []byte
+	replayed := 0
+	for i, r := range responses {
+		if errs[i] != nil || r.Status != http.StatusOK {
+			t.Fatalf("request %d: %v, status %d: %s", i, errs[i], r.Status, r.Body)
+		}
+		if first == nil {
+			first = r.Body
+		} else if !bytes.Equal(r.Body, first) {
+			t.Errorf("two different 200 bodies:\n%s\n%s", first, r.Body)
+		}
+		if r.Header.Get("Idempotent-Replayed") == "true" {
+			replayed++
+		}
+	}
+	if replayed != senders-1 {
+		t.Errorf("%d answers replayed, want %d", replayed, senders-1)
+	}
+	if n := apptest.Count(t, svc.m.DB, "SELECT count(*) FROM order_events WHERE order_id = ? AND event = ?", id, order.EventShip); n != 1 {
+		t.Errorf("%d ship events, want 1", n)
+	}
+	if n := apptest.Count(t, svc.m.DB, "SELECT count(*) FROM idempotency_records WHERE operation = 'order.ship' AND idempotency_key = ? AND state = 'SUCCEEDED'", key); n != 1 {
+		t.Errorf("%d SUCCEEDED ship records, want 1", n)
 	}
 }
 

@@ -123,17 +123,16 @@ func (s *Service) logger() *slog.Logger {
 // once runs a single-transaction operation exactly once per intent:
 //
 //  1. answer with the stored result, found by one plain read, if there is one;
-//  2. otherwise execute the business write and record its result, in ONE
-//     transaction, so a crash leaves both or neither;
+//  2. otherwise run exec, which executes the business write and records its
+//     result (recordFirst, recordLast), in ONE transaction, so a crash
+//     leaves both or neither;
 //  3. if a concurrent duplicate recorded the intent first, roll ours back
 //     and go to 1, which now finds the duplicate's result.
 //
-// The record is written once, SUCCEEDED or FAILED_FINAL, as the last
-// statement of the transaction (idempotency.Store.Record): PROCESSING would
-// be seen by nobody. A refusal (see refuse) is stored as a failed result and
-// replayed like a success; exec must return it before it writes anything.
-// Any other error rolls everything back and records nothing, so the same
-// key may simply be sent again.
+// The record is written once, SUCCEEDED or FAILED_FINAL
+// (idempotency.Store.Record): PROCESSING would be seen by nobody. Any error
+// but a refusal rolls everything back and records nothing, so the same key
+// may simply be sent again.
 func (s *Service) once(ctx context.Context, in idempotency.Intent, exec func(tx *gorm.DB) (idempotency.Result, error)) (idempotency.Result, error) {
 	for race := 1; ; race++ {
 		replay, err := s.Records.Replay(s.DB.WithContext(ctx), in)
@@ -145,11 +144,9 @@ func (s *Service) once(ctx context.Context, in idempotency.Intent, exec func(tx 
 		}
 		var res idempotency.Result
 		err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
-			executed, err := exec(tx)
-			if res, err = outcome(in, executed, err); err != nil {
-				return err
-			}
-			return s.Records.Record(tx, in, res)
+			var err error
+			res, err = exec(tx)
+			return err
 		})
 		switch {
 		case !errors.Is(err, idempotency.ErrTaken):
@@ -157,6 +154,34 @@ func (s *Service) once(ctx context.Context, in idempotency.Intent, exec func(tx 
 		case race == maxRecordRaces: // only a record removed in between could bring us here again
 			return idempotency.Result{}, errSuperseded()
 		}
+	}
+}
+
+// recordFirst is how an intent whose result is known before it writes
+// anything runs (a create: the new order's id and times are chosen before
+// the transaction): its record goes first, so a concurrent duplicate waits
+// at the record's key before it does any work, then write runs.
+func (s *Service) recordFirst(in idempotency.Intent, res idempotency.Result, write func(tx *gorm.DB) error) func(tx *gorm.DB) (idempotency.Result, error) {
+	return func(tx *gorm.DB) (idempotency.Result, error) {
+		if err := s.Records.Record(tx, in, res); err != nil {
+			return idempotency.Result{}, err
+		}
+		return res, write(tx)
+	}
+}
+
+// recordLast is how an intent whose result is only known once it has run
+// runs (a transition, which reads the order it changes under its row lock):
+// exec runs, then its record stores what it ended with, success or refusal
+// (see outcome). A refusal must be returned before exec writes anything.
+func (s *Service) recordLast(in idempotency.Intent, exec func(tx *gorm.DB) (idempotency.Result, error)) func(tx *gorm.DB) (idempotency.Result, error) {
+	return func(tx *gorm.DB) (idempotency.Result, error) {
+		executed, err := exec(tx)
+		res, err := outcome(in, executed, err)
+		if err != nil {
+			return idempotency.Result{}, err
+		}
+		return res, s.Records.Record(tx, in, res)
 	}
 }
 
@@ -199,19 +224,20 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (idem
 	if err != nil {
 		return idempotency.Result{}, err
 	}
-	return s.once(ctx, in, func(tx *gorm.DB) (idempotency.Result, error) {
-		o, err := newOrder(c.TenantID, n, total)
-		if err != nil {
-			return idempotency.Result{}, err
-		}
+	o, err := newOrder(c.TenantID, n, total)
+	if err != nil {
+		return idempotency.Result{}, err
+	}
+	res, err := created(o)
+	if err != nil {
+		return idempotency.Result{}, err
+	}
+	return s.once(ctx, in, s.recordFirst(in, res, func(tx *gorm.DB) error {
 		if err := insertOrder(tx, o, OpCreate, c.Key); err != nil {
-			return idempotency.Result{}, err
+			return err
 		}
-		if err := s.Hooks.run(s.Hooks.AfterOrderInsert); err != nil {
-			return idempotency.Result{}, err
-		}
-		return created(o)
-	})
+		return s.Hooks.run(s.Hooks.AfterOrderInsert)
+	}))
 }
 
 func newOrder(tenantID string, n CreateRequest, total int64) (*Order, error) {
@@ -239,7 +265,7 @@ func (s *Service) transition(ctx context.Context, c Caller, op string, ev Event,
 	if err != nil {
 		return idempotency.Result{}, err
 	}
-	return s.once(ctx, in, func(tx *gorm.DB) (idempotency.Result, error) {
+	return s.once(ctx, in, s.recordLast(in, func(tx *gorm.DB) (idempotency.Result, error) {
 		o, err := lockOrder(tx, c.TenantID, id)
 		if err != nil {
 			return idempotency.Result{}, err
@@ -252,7 +278,7 @@ func (s *Service) transition(ctx context.Context, c Caller, op string, ev Event,
 			return idempotency.Result{}, err
 		}
 		return done(o)
-	})
+	}))
 }
 
 // Ship marks a paid order shipped.
