@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -26,9 +27,13 @@ type growthResult struct {
 	ScrapeEmpty, ScrapeBig, OldGauges time.Duration
 	Scrapes                           int
 	// Cleanup: the service's cleanup job (its CLEANUP_BATCH and
-	// CLEANUP_PAUSE) for CleanupFor while creates run at CleanupRate.
+	// CLEANUP_PAUSE) in every other one of Phases phases of Phase, while
+	// creates run at CleanupRate throughout; Quiet and DuringCleanup are
+	// the creates sent in the phases without and with it. CleanupTook is
+	// the time the job ran.
 	CleanupRate          int
-	CleanupFor           time.Duration
+	Phase                time.Duration
+	Phases               int
 	Cleaned              idempotency.CleanupResult
 	CleanupTook          time.Duration
 	Quiet, DuringCleanup point
@@ -43,6 +48,25 @@ func (g growthResult) CleanedPerSecond() float64 {
 		return 0
 	}
 	return float64(g.Cleaned.Deleted) / g.CleanupTook.Seconds()
+}
+
+// summarise is the point of the samples that keep selects: their count,
+// latency quantiles and answers.
+func summarise(samples []sample, keep func(sample) bool) point {
+	p := point{Statuses: map[string]int{}}
+	var latencies []time.Duration
+	for _, s := range samples {
+		if !keep(s) {
+			continue
+		}
+		p.Requests++
+		latencies = append(latencies, s.Latency)
+		p.Statuses[strconv.Itoa(int(s.Code))]++
+	}
+	slices.Sort(latencies)
+	p.P50, p.P90 = quantile(latencies, 0.50), quantile(latencies, 0.90)
+	p.P99, p.Max = quantile(latencies, 0.99), quantile(latencies, 1)
+	return p
 }
 
 // growth is scenario 7.
@@ -93,29 +117,54 @@ func (b *bench) growth(ctx context.Context, res *results) error {
 	}
 	b.progress("  /metrics: %s empty, %s big; the old gauge SQL: %s", ms(g.ScrapeEmpty), ms(g.ScrapeBig), ms(g.OldGauges))
 
-	// The cleanup job against the expired share, while creates run.
+	// The cleanup job against the expired share, while creates run at a
+	// constant rate: in alternate phases with and without it, so that the
+	// two halves are measured over the same stretch of time.
 	g.CleanupRate = max(1, int(g.Big.Throughput/2))
-	g.CleanupFor = o.Duration
+	g.Phase = o.Duration / 10
+	g.Phases = 20 // after phase 0, while the load opens its connections, which counts for neither
+
 	cfg := b.svc.Config
 	g.Batch, g.Pause = cfg.CleanupBatch, cfg.CleanupPause
-	creates := shot{name: "create-quiet", client: b.client, rate: rate(g.CleanupRate), targeter: freshCreates(url, &b.keys), duration: g.CleanupFor}
-	g.Quiet = b.fire(ctx, creates)
 	cleaner := &idempotency.Cleaner{DB: b.svc.DB, Store: b.svc.Orders.Records, Batch: cfg.CleanupBatch, Pause: cfg.CleanupPause, Logger: b.svc.Logger}
-	cctx, cancel := context.WithTimeout(ctx, g.CleanupFor)
-	defer cancel()
+	start := time.Now()
 	var eg errgroup.Group
 	eg.Go(func() error {
-		start := time.Now()
-		r, err := cleaner.Pass(cctx)
-		g.Cleaned, g.CleanupTook = r, time.Since(start)
-		if err != nil && cctx.Err() == nil {
-			g.CleanupErr = err.Error()
+		for i := range g.Phases + 1 {
+			end := start.Add(time.Duration(i+1) * g.Phase)
+			if i%2 == 0 { // phase 0, or a phase without cleanup
+				select {
+				case <-time.After(time.Until(end)):
+				case <-ctx.Done():
+				}
+				continue
+			}
+			pctx, cancel := context.WithDeadline(ctx, end)
+			began := time.Now()
+			r, err := cleaner.Pass(pctx)
+			cancel()
+			g.Cleaned.Deleted += r.Deleted
+			g.Cleaned.Archived += r.Archived
+			if err != nil && pctx.Err() == nil {
+				g.CleanupErr = err.Error()
+				return nil
+			}
+			// A pass that ran out of expired records ends early; the rest of
+			// the phase has no cleanup either way.
+			g.CleanupTook += time.Since(began)
+			select {
+			case <-time.After(time.Until(end)):
+			case <-ctx.Done():
+			}
 		}
 		return nil
 	})
-	creates.name = "create-during-cleanup"
-	g.DuringCleanup = b.fire(ctx, creates)
+	creates := b.fire(ctx, shot{name: "create-cleanup-phases", client: b.client, rate: rate(g.CleanupRate),
+		targeter: freshCreates(url, &b.keys), duration: time.Duration(g.Phases+1) * g.Phase, keepSamples: true})
 	_ = eg.Wait()
+	phase := func(at time.Time) int { return int(at.Sub(start) / g.Phase) }
+	g.Quiet = summarise(creates.Samples, func(s sample) bool { p := phase(s.At); return p > 0 && p%2 == 0 })
+	g.DuringCleanup = summarise(creates.Samples, func(s sample) bool { return phase(s.At)%2 == 1 })
 	if g.CleanupErr != "" {
 		res.fail("cleanup during creates: %s", g.CleanupErr)
 	}

@@ -351,7 +351,10 @@ func (r *report) replay(res *results) {
 func (r *report) storm(res *results) {
 	st := res.Storm
 	r.p("%d copies of one create (one key, one body) fired at once: %d vegeta workers, rate 0, exactly %d", st.Copies, st.Copies, st.Copies)
-	r.p("hits. An unmeasured storm on another key opened the connections first (it drained in %s).", ms(st.WarmupDrain))
+	r.p("hits. An unmeasured storm on another key opened the connections first (it drained in %s and was answered", ms(st.WarmupDrain))
+	r.p("%s; arrivals spread by a thousand connections opening stand in the admission queue, and the limit may", st.WarmupAnswers)
+	r.p("shed some). The measured storm started %s later, once the admission limit's memory of any refusal had", admissionMemory)
+	r.p("passed.")
 	r.p("")
 	sp := st.Point
 	r.p("| copies | time to drain | p50 | p99 | max | answers | distinct 201 bodies | orders created |")
@@ -479,9 +482,11 @@ func (r *report) growth(res *results) {
 	r.p("after 2 s. `Store.Gauges` counts the unfinished records through the sweeper's index and estimates")
 	r.p("the finished ones from PostgreSQL's statistics.")
 	r.p("")
-	r.p("Cleanup: the service's own job (`idempotency.Cleaner`, CLEANUP_BATCH=%d, CLEANUP_PAUSE=%s, on the", g.Batch, g.Pause)
-	r.p("service's pool) ran for %s against the %s expired records while creates came at a constant %d/s", g.CleanupFor, count(g.Expired), g.CleanupRate)
-	r.p("(half the big-table throughput), compared with the same creates just before without it.")
+	r.p("Cleanup: creates came at a constant %d/s (half the big-table throughput) for %d phases of %s after", g.CleanupRate, g.Phases, g.Phase)
+	r.p("one more in which the load opened its connections (not counted); in every other phase the service's own job (`idempotency.Cleaner`, CLEANUP_BATCH=%d, CLEANUP_PAUSE=%s,", g.Batch, g.Pause)
+	r.p("on the service's pool) ran against the %s expired records. Each create counts in the phase it was", count(g.Expired))
+	r.p("sent in, so the two rows are measured over the same stretch of time. *Removed per second* is over the")
+	r.p("%s the job ran.", g.CleanupTook.Round(time.Millisecond))
 	r.p("")
 	r.p("| creates at %d/s | p50 | p99 | answers | records removed | of them archived | removed per second |", g.CleanupRate)
 	r.p("|---|--:|--:|---|--:|--:|--:|")

@@ -60,7 +60,7 @@ func (r *report) summary(res *results) {
 		perCreate := func(n int64, p point) string {
 			return fmt.Sprintf("%.0f B", float64(n)/float64(max(p.Requests, 1)))
 		}
-		r.p("| the record written once, as the transaction's last statement (`Store.Record`) | the create over pgx at c=%d, interleaved (§2): claimed first and completed last → one insert | %s below without a record, %s its PostgreSQL CPU; %s of heap and %s of index per create | %s below, %s; %s of heap, %s of index |",
+		r.p("| the record written once, in the transaction that executes the intent (`Store.Record`) | the create over pgx at c=%d, interleaved (§2): claimed first and completed last → one insert | %s below without a record, %s its PostgreSQL CPU; %s of heap and %s of index per create | %s below, %s; %s of heap, %s of index |",
 			l.Concurrency, percentOf1(l.Mixed.ClaimLoss.Median), timesOf(l.Mixed.ClaimCPU.Median),
 			perCreate(l.ClaimFirstSize.Heap, l.ClaimFirst), perCreate(l.ClaimFirstSize.Indexes, l.ClaimFirst),
 			percentOf1(l.Mixed.Loss.Median), timesOf(l.Mixed.CPU.Median),
