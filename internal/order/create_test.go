@@ -13,6 +13,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/orderservice/orderservice/internal/app"
 	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
@@ -233,6 +234,39 @@ func TestConcurrentIdenticalCreatesMakeOneOrder(t *testing.T) {
 	}
 }
 
+// pausedCreate makes the first create the service runs stop inside its
+// transaction, its record and order written but not committed, until resume
+// is closed; calls counts the creates that got that far.
+type pausedCreate struct {
+	calls          atomic.Int32
+	paused, resume chan struct{}
+}
+
+func pauseFirstCreate(m *app.Main) *pausedCreate {
+	p := &pausedCreate{paused: make(chan struct{}), resume: make(chan struct{})}
+	m.Orders.Hooks.AfterOrderInsert = func() error {
+		if p.calls.Add(1) == 1 {
+			close(p.paused)
+			<-p.resume
+		}
+		return nil
+	}
+	return p
+}
+
+// sendCreate posts a create in the background; the answer comes on the channel.
+func sendCreate(acme *apptest.Client, key string, body any) <-chan apptest.Response {
+	answer := make(chan apptest.Response, 1)
+	go func() {
+		r, err := acme.Send(http.MethodPost, "/v1/orders", key, body, nil)
+		if err != nil {
+			r.Status = -1
+		}
+		answer <- r
+	}()
+	return answer
+}
+
 // A create's result is known before it writes, so its record is the first
 // write of its transaction. A duplicate that arrives while the first is
 // still inside that transaction waits at the record's key before doing any
@@ -240,35 +274,16 @@ func TestConcurrentIdenticalCreatesMakeOneOrder(t *testing.T) {
 // answers with the first's result, replayed.
 func TestADuplicateOfACreateInFlightWaitsAtTheRecordAndDoesNoWork(t *testing.T) {
 	m, acme := start(t, nil)
-	paused, resume := make(chan struct{}), make(chan struct{})
-	var calls atomic.Int32
-	m.Orders.Hooks.AfterOrderInsert = func() error {
-		if calls.Add(1) == 1 { // the first create waits here, its record and order written, not committed
-			close(paused)
-			<-resume
-		}
-		return nil
-	}
+	p := pauseFirstCreate(m)
 	body := createBody("cus_duplicate_in_flight")
-	send := func() <-chan apptest.Response {
-		answer := make(chan apptest.Response, 1)
-		go func() {
-			r, err := acme.Send(http.MethodPost, "/v1/orders", "duplicate-in-flight", body, nil)
-			if err != nil {
-				r.Status = -1
-			}
-			answer <- r
-		}()
-		return answer
-	}
-	firstAnswer := send()
-	<-paused
-	duplicateAnswer := send()
+	firstAnswer := sendCreate(acme, "duplicate-in-flight", body)
+	<-p.paused
+	duplicateAnswer := sendCreate(acme, "duplicate-in-flight", body)
 	waitForALockWaiter(t, m.DB)
-	if got := calls.Load(); got != 1 {
+	if got := p.calls.Load(); got != 1 {
 		t.Errorf("creates executed while the first was in flight = %d, want 1: the duplicate must wait before its work", got)
 	}
-	close(resume)
+	close(p.resume)
 	first, duplicate := <-firstAnswer, <-duplicateAnswer
 
 	if first.Status != http.StatusCreated || first.Header.Get("Idempotent-Replayed") != "" {
@@ -284,8 +299,38 @@ func TestADuplicateOfACreateInFlightWaitsAtTheRecordAndDoesNoWork(t *testing.T) 
 	if got := apptest.Count(t, m.DB, "SELECT count(*) FROM order_outbox o JOIN orders r ON r.id = o.order_id WHERE r.customer_id = 'cus_duplicate_in_flight'"); got != 1 {
 		t.Errorf("outbox events = %d, want exactly 1", got)
 	}
-	if got := calls.Load(); got != 1 {
+	if got := p.calls.Load(); got != 1 {
 		t.Errorf("creates executed = %d, want 1", got)
+	}
+}
+
+// A duplicate waits at the record's key for at most DB_LOCK_TIMEOUT: past
+// it, it is told the request is in progress (409 with Retry-After) and has
+// recorded nothing, and once the first commits the same key replays it.
+func TestADuplicateWaitingPastTheLockTimeoutGets409(t *testing.T) {
+	m, acme := start(t, map[string]string{"DB_LOCK_TIMEOUT": "300ms"})
+	p := pauseFirstCreate(m)
+	body := createBody("cus_lock_timeout")
+	firstAnswer := sendCreate(acme, "lock-timeout", body)
+	<-p.paused
+	duplicate := acme.Do(t, http.MethodPost, "/v1/orders", "lock-timeout", body)
+	apptest.WantProblem(t, duplicate, http.StatusConflict, "request_in_progress")
+	if duplicate.Header.Get("Retry-After") == "" {
+		t.Error("409 without Retry-After")
+	}
+	if got := p.calls.Load(); got != 1 {
+		t.Errorf("creates executed = %d, want 1: the duplicate must not have run", got)
+	}
+	close(p.resume)
+	if first := <-firstAnswer; first.Status != http.StatusCreated {
+		t.Fatalf("first = %d %s", first.Status, first.Body)
+	}
+	retry := acme.Do(t, http.MethodPost, "/v1/orders", "lock-timeout", body)
+	if retry.Status != http.StatusCreated || retry.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry after the first committed = %d %s", retry.Status, retry.Body)
+	}
+	if got := apptest.Count(t, m.DB, "SELECT count(*) FROM orders WHERE customer_id = 'cus_lock_timeout'"); got != 1 {
+		t.Errorf("orders = %d, want exactly 1", got)
 	}
 }
 
