@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -190,24 +189,13 @@ func TestConcurrentIdenticalCreatesMakeOneOrder(t *testing.T) {
 	m, acme := start(t, nil)
 	const n = 200
 	body := createBody("cus_storm")
-	results := make([]apptest.Response, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			results[i], errs[i] = acme.Send(http.MethodPost, "/v1/orders", "storm", body, nil)
-		}()
-	}
-	wg.Wait()
+	results := atOnce(t, n, func(int) (apptest.Response, error) {
+		return acme.Send(http.MethodPost, "/v1/orders", "storm", body, nil)
+	})
 
 	var created []byte
 	counts := map[int]int{}
-	for i, r := range results {
-		if errs[i] != nil {
-			t.Fatalf("request %d: %v", i, errs[i])
-		}
+	for _, r := range results {
 		counts[r.Status]++
 		switch r.Status {
 		case http.StatusCreated:
@@ -352,20 +340,9 @@ func TestOneKeyTwoBodiesMakeOneOrder(t *testing.T) {
 	const n = 100
 	bodies := []map[string]any{createBody("cus_two_bodies"), createBody("cus_two_bodies")}
 	bodies[1]["currency"] = "USD"
-	results := make([]apptest.Response, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r, err := acme.Send(http.MethodPost, "/v1/orders", "two-bodies", bodies[i%2], nil)
-			if err != nil {
-				r.Status = -1
-			}
-			results[i] = r
-		}()
-	}
-	wg.Wait()
+	results := atOnce(t, n, func(i int) (apptest.Response, error) {
+		return acme.Send(http.MethodPost, "/v1/orders", "two-bodies", bodies[i%2], nil)
+	})
 	counts := map[int]int{}
 	for _, r := range results {
 		counts[r.Status]++

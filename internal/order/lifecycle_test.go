@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -217,27 +216,13 @@ func TestConcurrentTransitionsOnOneOrderLetExactlyOneWin(t *testing.T) {
 			before := svc.snap(t, id)
 			prefix := svc.key("race-" + tc.action)
 
-			responses := make([]apptest.Response, senders)
-			errs := make([]error, senders)
-			gate := make(chan struct{})
-			var wg sync.WaitGroup
-			for i := range senders {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					<-gate
-					responses[i], errs[i] = svc.c.Send(http.MethodPost, "/v1/orders/"+id+"/"+tc.action,
-						fmt.Sprintf("%s-%02d", prefix, i), tc.body, nil)
-				}()
-			}
-			close(gate)
-			wg.Wait()
+			responses := atOnce(t, senders, func(i int) (apptest.Response, error) {
+				return svc.c.Send(http.MethodPost, "/v1/orders/"+id+"/"+tc.action, fmt.Sprintf("%s-%02d", prefix, i), tc.body, nil)
+			})
 
 			wins, losses := 0, 0
 			for i, r := range responses {
 				switch {
-				case errs[i] != nil:
-					t.Errorf("request %d: %v", i, errs[i])
 				case r.Status == http.StatusOK:
 					wins++
 				case r.Status == http.StatusConflict:
@@ -279,25 +264,14 @@ func TestConcurrentIdenticalTransitionsReplayTheWinner(t *testing.T) {
 	id := createOrder(t, svc.c, svc.key("create"))
 	setStatus(t, svc.m, id, string(order.StatusPaid))
 	key := svc.key("same-ship")
-	responses := make([]apptest.Response, senders)
-	errs := make([]error, senders)
-	gate := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range senders {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-gate
-			responses[i], errs[i] = svc.c.Send(http.MethodPost, "/v1/orders/"+id+"/ship", key, shipDetails, nil)
-		}()
-	}
-	close(gate)
-	wg.Wait()
+	responses := atOnce(t, senders, func(int) (apptest.Response, error) {
+		return svc.c.Send(http.MethodPost, "/v1/orders/"+id+"/ship", key, shipDetails, nil)
+	})
 	var first []byte
 	replayed := 0
 	for i, r := range responses {
-		if errs[i] != nil || r.Status != http.StatusOK {
-			t.Fatalf("request %d: %v, status %d: %s", i, errs[i], r.Status, r.Body)
+		if r.Status != http.StatusOK {
+			t.Fatalf("request %d: status %d: %s", i, r.Status, r.Body)
 		}
 		if first == nil {
 			first = r.Body

@@ -3,6 +3,7 @@ package order_test
 import (
 	"net/http"
 	"os"
+	"sync"
 	"testing"
 
 	"github.com/orderservice/orderservice/internal/app"
@@ -50,4 +51,31 @@ func setStatus(t *testing.T, m *app.Main, id, status string) {
 	if err := m.DB.Exec("UPDATE orders SET status = ? WHERE id = ?", status, id).Error; err != nil {
 		t.Fatalf("set status: %v", err)
 	}
+}
+
+// atOnce runs send for 0..n-1, every call released at the same moment, and
+// returns the answers in that order; a request that got no answer fails the
+// test.
+func atOnce(t *testing.T, n int, send func(i int) (apptest.Response, error)) []apptest.Response {
+	t.Helper()
+	responses := make([]apptest.Response, n)
+	errs := make([]error, n)
+	gate := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-gate
+			responses[i], errs[i] = send(i)
+		}()
+	}
+	close(gate)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+	}
+	return responses
 }
