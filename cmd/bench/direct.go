@@ -17,6 +17,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/orderservice/orderservice/internal/order"
 )
 
 // directCreate is the SQL baseline: an http.RoundTripper that, instead of
@@ -248,7 +250,7 @@ func (d *directCreate) create(ctx context.Context, key, fingerprint string, in c
 	if err != nil {
 		return nil, "", err
 	}
-	payload, err := json.Marshal(eventMessage{EventID: eventID.String(), Event: "created", OrderID: o.ID, ToStatus: o.Status,
+	payload, err := json.Marshal(order.EventMessage{EventID: eventID.String(), Event: "created", OrderID: o.ID, ToStatus: order.Status(o.Status),
 		Operation: "order.create", IdempotencyKey: key, OccurredAt: now, Order: body})
 	if err != nil {
 		return nil, "", err
@@ -280,20 +282,6 @@ func (d *directCreate) create(ctx context.Context, key, fingerprint string, in c
 		}
 	}
 	return body, location, tx.Commit(ctx)
-}
-
-// eventMessage is the outbox's payload as internal/order writes it
-// (EventMessage), so the row has the same size.
-type eventMessage struct {
-	EventID        string          `json:"event_id"`
-	Event          string          `json:"event"`
-	OrderID        string          `json:"order_id"`
-	FromStatus     string          `json:"from_status"`
-	ToStatus       string          `json:"to_status"`
-	Operation      string          `json:"operation"`
-	IdempotencyKey string          `json:"idempotency_key"`
-	OccurredAt     time.Time       `json:"occurred_at"`
-	Order          json.RawMessage `json:"order"`
 }
 
 var errDirectNoOutcome = errors.New("direct replay: the key has no stored outcome")
