@@ -63,9 +63,7 @@ func summarise(samples []sample, keep func(sample) bool) point {
 		latencies = append(latencies, s.Latency)
 		p.Statuses[strconv.Itoa(int(s.Code))]++
 	}
-	slices.Sort(latencies)
-	p.P50, p.P90 = quantile(latencies, 0.50), quantile(latencies, 0.90)
-	p.P99, p.Max = quantile(latencies, 0.99), quantile(latencies, 1)
+	p.setLatencies(latencies)
 	return p
 }
 

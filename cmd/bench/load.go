@@ -126,10 +126,15 @@ func (s shot) fire(ctx context.Context) point {
 
 	p.Requests, p.Throughput, p.Rate = m.Requests, m.Throughput, m.Rate
 	p.Drain, p.Statuses, p.Errors = m.End.Sub(m.Earliest), m.StatusCodes, m.Errors
+	p.setLatencies(latencies)
+	return p
+}
+
+// setLatencies sets p's latency quantiles from every request's latency.
+func (p *point) setLatencies(latencies []time.Duration) {
 	slices.Sort(latencies)
 	p.P50, p.P90 = quantile(latencies, 0.50), quantile(latencies, 0.90)
 	p.P99, p.Max = quantile(latencies, 0.99), quantile(latencies, 1)
-	return p
 }
 
 // quantile is the nearest-rank q-quantile of sorted latencies.

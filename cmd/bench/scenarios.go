@@ -411,8 +411,6 @@ func (b *bench) createLevels(ctx context.Context, res *results) error {
 // hits every path alike. Each figure is per round (with ÷ without, over
 // the same round's slices), summarised by the median and the range.
 type interleaved struct {
-	Rounds int
-	Slice  time.Duration
 	// Loss is 1 - with ÷ without, in throughput; CPU is with ÷ without, in
 	// PostgreSQL CPU per create. ClaimLoss and ClaimCPU are the same for
 	// claim first.
@@ -438,18 +436,18 @@ func spreadOf(v []float64) spread {
 // interleave measures scenario 2's ratios at concurrency c: Rounds rounds
 // of one Slice of each path, from one reset (the tables grow alike for all).
 func (b *bench) interleave(ctx context.Context, c int, paths map[directMode]*http.Client) (interleaved, error) {
-	mix := interleaved{Rounds: b.opts.Rounds, Slice: b.opts.Slice}
+	var mix interleaved
 	if err := b.reset(ctx); err != nil {
 		return mix, err
 	}
 	modes := []directMode{withRecord, withoutRecord, claimFirst}
 	var loss, cpu, claimLoss, claimCPU []float64
-	for r := range mix.Rounds {
+	for r := range b.opts.Rounds {
 		round := map[directMode]point{}
 		for k := range modes {
 			m := modes[(k+r)%len(modes)]
 			round[m] = b.fire(ctx, shot{name: fmt.Sprintf("interleaved-%d", m), client: paths[m], workers: c,
-				targeter: freshCreates("http://direct.invalid/v1/orders", &b.keys), duration: mix.Slice})
+				targeter: freshCreates("http://direct.invalid/v1/orders", &b.keys), duration: b.opts.Slice})
 			if err := ctx.Err(); err != nil {
 				return mix, err
 			}
