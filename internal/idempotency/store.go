@@ -129,10 +129,6 @@ func (s *Store) Record(tx *gorm.DB, in Intent, result Result) error {
 	if err != nil {
 		return err
 	}
-	resource := result.Resource
-	if resource == "" {
-		resource = in.ResourceID
-	}
 	res := tx.Exec(`
 		INSERT INTO idempotency_records
 			(tenant_id, operation, idempotency_key, fingerprint, state, resource_id, outcome, result_code, result_body,
@@ -140,7 +136,7 @@ func (s *Store) Record(tx *gorm.DB, in Intent, result Result) error {
 		VALUES (?, ?, ?, ?, ?, NULLIF(?, ''), ?, ?, ?,
 			1, 1, now(), now() + make_interval(secs => ?), false)
 		ON CONFLICT DO NOTHING`,
-		in.TenantID, in.Operation, in.Key, in.Fingerprint, result.state(), resource, outcome, code, body,
+		in.TenantID, in.Operation, in.Key, in.Fingerprint, result.state(), result.Resource, outcome, code, body,
 		s.Policy.RetentionFor(in.Operation).Seconds())
 	if res.Error != nil {
 		return s.waitError(res.Error)
