@@ -261,34 +261,46 @@ func sendCreate(acme *apptest.Client, key string, body any) <-chan apptest.Respo
 // work; when the first commits, the duplicate's insert does nothing and it
 // answers with the first's result, replayed.
 func TestADuplicateOfACreateInFlightWaitsAtTheRecordAndDoesNoWork(t *testing.T) {
-	m, acme := start(t, nil)
-	p := pauseFirstCreate(m)
-	body := createBody("cus_duplicate_in_flight")
-	firstAnswer := sendCreate(acme, "duplicate-in-flight", body)
-	<-p.paused
-	duplicateAnswer := sendCreate(acme, "duplicate-in-flight", body)
-	waitForALockWaiter(t, m.DB)
-	if got := p.calls.Load(); got != 1 {
-		t.Errorf("creates executed while the first was in flight = %d, want 1: the duplicate must wait before its work", got)
-	}
-	close(p.resume)
-	first, duplicate := <-firstAnswer, <-duplicateAnswer
+	for _, where := range []string{"on the same instance", "on another instance"} {
+		t.Run(where, func(t *testing.T) {
+			m, acme := start(t, nil)
+			p := pauseFirstCreate(m)
+			dup := acme
+			if where == "on another instance" {
+				other, client := start(t, nil)
+				other.Orders.Hooks.AfterOrderInsert = func() error { p.calls.Add(1); return nil }
+				dup = client
+			}
+			customer := "cus_in_flight_" + strings.ReplaceAll(where, " ", "_")
+			key := "in-flight-" + strings.ReplaceAll(where, " ", "-")
+			body := createBody(customer)
+			firstAnswer := sendCreate(acme, key, body)
+			<-p.paused
+			duplicateAnswer := sendCreate(dup, key, body)
+			waitForALockWaiter(t, m.DB)
+			if got := p.calls.Load(); got != 1 {
+				t.Errorf("creates executed while the first was in flight = %d, want 1: the duplicate must wait before its work", got)
+			}
+			close(p.resume)
+			first, duplicate := <-firstAnswer, <-duplicateAnswer
 
-	if first.Status != http.StatusCreated || first.Header.Get("Idempotent-Replayed") != "" {
-		t.Fatalf("first = %d %s", first.Status, first.Body)
-	}
-	if duplicate.Status != http.StatusCreated || duplicate.Header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(duplicate.Body, first.Body) {
-		t.Fatalf("duplicate = %d (replayed %q) %s; want the first's 201 replayed: %s",
-			duplicate.Status, duplicate.Header.Get("Idempotent-Replayed"), duplicate.Body, first.Body)
-	}
-	if got := apptest.Count(t, m.DB, "SELECT count(*) FROM orders WHERE customer_id = 'cus_duplicate_in_flight'"); got != 1 {
-		t.Errorf("orders = %d, want exactly 1", got)
-	}
-	if got := apptest.Count(t, m.DB, "SELECT count(*) FROM order_outbox o JOIN orders r ON r.id = o.order_id WHERE r.customer_id = 'cus_duplicate_in_flight'"); got != 1 {
-		t.Errorf("outbox events = %d, want exactly 1", got)
-	}
-	if got := p.calls.Load(); got != 1 {
-		t.Errorf("creates executed = %d, want 1", got)
+			if first.Status != http.StatusCreated || first.Header.Get("Idempotent-Replayed") != "" {
+				t.Fatalf("first = %d %s", first.Status, first.Body)
+			}
+			if duplicate.Status != http.StatusCreated || duplicate.Header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(duplicate.Body, first.Body) {
+				t.Fatalf("duplicate = %d (replayed %q) %s; want the first's 201 replayed: %s",
+					duplicate.Status, duplicate.Header.Get("Idempotent-Replayed"), duplicate.Body, first.Body)
+			}
+			if got := apptest.Count(t, m.DB, "SELECT count(*) FROM orders WHERE customer_id = ?", customer); got != 1 {
+				t.Errorf("orders = %d, want exactly 1", got)
+			}
+			if got := apptest.Count(t, m.DB, "SELECT count(*) FROM order_outbox o JOIN orders r ON r.id = o.order_id WHERE r.customer_id = ?", customer); got != 1 {
+				t.Errorf("outbox events = %d, want exactly 1", got)
+			}
+			if got := p.calls.Load(); got != 1 {
+				t.Errorf("creates executed = %d, want 1", got)
+			}
+		})
 	}
 }
 
