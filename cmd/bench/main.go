@@ -67,6 +67,9 @@ type options struct {
 	BigRecords     int
 	BigOrders      int
 	OverloadFor    time.Duration
+	// OverloadLimits are the smaller HTTP_MAX_IN_FLIGHT the overload is
+	// run at again, besides the default: what the limit trades.
+	OverloadLimits []int
 	Quick          bool
 	CPUProfile     string
 	// outboxInterval and outboxBatch are the service's relay settings, for the report.
@@ -84,7 +87,7 @@ type options struct {
 func (o options) runs(n int) bool { return len(o.Only) == 0 || o.Only[n] }
 
 func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (options, error) {
-	o := options{Concurrency: []int{1, 4, 16, 64}, args: args, viaMake: getenv("MAKELEVEL") != ""}
+	o := options{Concurrency: []int{1, 4, 16, 64}, OverloadLimits: []int{8, 24}, args: args, viaMake: getenv("MAKELEVEL") != ""}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.Out, "out", "docs/benchmarks", "directory for results.md and throughput.svg (empty: print only)")
@@ -106,6 +109,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs.IntVar(&o.BigRecords, "records", 10_000_000, "idempotency records generated for the big-table scenario")
 	fs.IntVar(&o.BigOrders, "orders", 2_000_000, "orders (two items and an event each) generated for the big-table scenario")
 	fs.DurationVar(&o.OverloadFor, "overload-duration", 20*time.Second, "length of the overload at three times capacity")
+	fs.Var((*intList)(&o.OverloadLimits), "overload-limits", "HTTP_MAX_IN_FLIGHT values the overload is also run at, comma-separated")
 	fs.BoolVar(&o.Quick, "quick", false, "a smoke-test run: short points, concurrencies 1 and 4, a storm of 50, 16 pays in flight, 20 000 records")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run (service and load) to this file")
 	var only intList
@@ -140,6 +144,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 			"records":           func() { o.BigRecords = 20_000 },
 			"orders":            func() { o.BigOrders = 4_000 },
 			"overload-duration": func() { o.OverloadFor = time.Second },
+			"overload-limits":   func() { o.OverloadLimits = []int{8} },
 			"commands":          func() { o.Commands = 200 },
 			"wait-duplicates":   func() { o.WaitDuplicates = 100 },
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"time"
 )
 
@@ -19,11 +20,20 @@ type overloadResult struct {
 	For      time.Duration
 	// Normal is the open loop at NormalRate before any overload: what
 	// "back to normal" is compared with.
-	NormalRate    int
-	Normal        point
-	Shed, Unshed  overloadRun
+	NormalRate   int
+	Normal       point
+	Shed, Unshed overloadRun
+	// Limited is the same overload with the service restarted at each of
+	// the smaller HTTP_MAX_IN_FLIGHT of -overload-limits.
+	Limited       []limitedRun
 	ClientTimeout time.Duration
 	Limits        string // the admission settings of the shedding run
+}
+
+// limitedRun is an overload run at one HTTP_MAX_IN_FLIGHT.
+type limitedRun struct {
+	MaxInFlight int
+	overloadRun
 }
 
 // overloadRun is one overload and the normal load right after it.
@@ -83,11 +93,25 @@ func (b *bench) overload(ctx context.Context, res *results) error {
 	if ov.Shed, err = b.overloadRun(ctx, client, ov, "overload"); err != nil {
 		return err
 	}
-	// The same without admission control: the service as it was.
-	if err := b.restart(ctx, o.Pool, map[string]string{"HTTP_MAX_IN_FLIGHT": "0"}); err != nil {
+	// The same at smaller limits, then without admission control: the
+	// service as it was.
+	restartAt := func(limit int) error {
+		client.CloseIdleConnections()
+		return b.restart(ctx, o.Pool, map[string]string{"HTTP_MAX_IN_FLIGHT": strconv.Itoa(limit)})
+	}
+	for _, limit := range o.OverloadLimits {
+		if err := restartAt(limit); err != nil {
+			return err
+		}
+		run, err := b.overloadRun(ctx, client, ov, fmt.Sprintf("overload-limit-%d", limit))
+		if err != nil {
+			return err
+		}
+		ov.Limited = append(ov.Limited, limitedRun{MaxInFlight: limit, overloadRun: run})
+	}
+	if err := restartAt(0); err != nil {
 		return err
 	}
-	client.CloseIdleConnections()
 	if ov.Unshed, err = b.overloadRun(ctx, client, ov, "overload-unshed"); err != nil {
 		return err
 	}

@@ -106,6 +106,9 @@ func noisyPoints(res *results) []string {
 		named{"pay", res.Pay.Point}, named{"constant rate", res.Steady}, named{"empty tables", res.Growth.Empty},
 		named{"big tables", res.Growth.Big}, named{"during cleanup", res.Growth.DuringCleanup},
 		named{"overload", res.Overload.Shed.Point}, named{"overload without admission", res.Overload.Unshed.Point})
+	for _, l := range res.Overload.Limited {
+		all = append(all, named{fmt.Sprintf("overload at HTTP_MAX_IN_FLIGHT=%d", l.MaxInFlight), l.Point})
+	}
 	var out []string
 	for _, n := range all {
 		u := n.pt.CPU
@@ -505,14 +508,26 @@ func (r *report) overload(res *results) {
 	r.p("the end of the last %s of it (by send time) with an answer other than 201 or a p90 above twice the", recoveryBucket)
 	r.p("p99 of the same load before any overload (%s). *Goodput* is accepted answers per second from the first", ms(ov.Normal.P99))
 	r.p("request sent to the last answer received. Once with the service's admission defaults (%s),", ov.Limits)
+	if len(ov.Limited) > 0 {
+		limits := make([]string, len(ov.Limited))
+		for i, l := range ov.Limited {
+			limits[i] = strconv.Itoa(l.MaxInFlight)
+		}
+		r.p("once restarted at each smaller HTTP_MAX_IN_FLIGHT of %s (the rest as the defaults),", strings.Join(limits, ", "))
+	}
 	r.p("once restarted with HTTP_MAX_IN_FLIGHT=0 (no admission control, as before).")
 	r.p("")
 	r.p("| service | accepted (201) | p50 | p99 | refused (503) | refused p50 | p99 | max | client timeouts | other | goodput ÷ capacity | back to normal |")
 	r.p("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
-	for _, x := range []struct {
+	type row struct {
 		name string
 		run  overloadRun
-	}{{"admission limit (defaults)", ov.Shed}, {"no admission control", ov.Unshed}} {
+	}
+	rows := []row{{"admission limit (defaults)", ov.Shed}}
+	for _, l := range ov.Limited {
+		rows = append(rows, row{fmt.Sprintf("HTTP_MAX_IN_FLIGHT=%d", l.MaxInFlight), l.overloadRun})
+	}
+	for _, x := range append(rows, row{"no admission control", ov.Unshed}) {
 		back := x.run.BackToNormal.String()
 		if !x.run.Recovered {
 			back = "> " + back
@@ -522,10 +537,22 @@ func (r *report) overload(res *results) {
 			percentOf(int64(x.run.Timeout), int64(len(x.run.Point.Samples))), x.run.Other, percent(x.run.Goodput, ov.Capacity), back)
 	}
 	r.p("")
-	if ov.Shed.NoRetryAfter == 0 {
+	noRetryAfter := ov.Shed.NoRetryAfter
+	for _, l := range ov.Limited {
+		noRetryAfter += l.NoRetryAfter
+	}
+	if noRetryAfter == 0 {
 		r.p("Every 503 carried Retry-After.")
 	} else {
-		r.p("%d refusals came without Retry-After.", ov.Shed.NoRetryAfter)
+		r.p("%d refusals came without Retry-After.", noRetryAfter)
+	}
+	if len(ov.Limited) > 0 {
+		r.p("")
+		r.p("The smaller limits show what HTTP_MAX_IN_FLIGHT trades. A request admitted beyond what the CPUs and")
+		r.p("the database pool (DB_MAX_CONNS=%d) run at once only waits inside the process, for a connection or a", res.Opts.Pool)
+		r.p("CPU, and every runnable request delays the next refusal too; a smaller limit keeps that wait out, at")
+		r.p("the price of less room for bursts and for the requests that hold their slot while they wait on something")
+		r.p("other than the database: a pay holds its slot through the channel call (§5 runs %d pays at once).", res.Opts.PayConc)
 	}
 }
 
