@@ -336,6 +336,40 @@ func TestADuplicateWaitingPastTheLockTimeoutGets409(t *testing.T) {
 
 // waitForALockWaiter returns once a session of the service's database waits
 // for a lock (a duplicate's insert on a key not yet committed).
+// A one-transaction intent is never stored PROCESSING, so its key can be
+// held by a record the create can neither replay (the read wants a
+// definitive outcome) nor insert over (the key is taken) only if that
+// record came from elsewhere: the state once's bound on lost record races
+// exists for. The create must end with a 409 that records nothing, not
+// loop, and not 500.
+func TestACreateWhoseKeyIsHeldByARecordItCannotReplayEndsIn409(t *testing.T) {
+	m, acme := start(t, nil)
+	const key = "held-by-a-stranger"
+	if err := m.DB.Exec(`
+		INSERT INTO idempotency_records
+			(tenant_id, operation, idempotency_key, fingerprint, state, lease_token, lease_expires_at, attempts, expires_at)
+		VALUES ('acme', ?, ?, repeat('0', 64), 'PROCESSING', 7, now() + interval '1 hour', 1, now() + interval '1 day')`,
+		order.OpCreate, key).Error; err != nil {
+		t.Fatal(err)
+	}
+
+	r := acme.Do(t, http.MethodPost, "/v1/orders", key, createBody(key))
+	apptest.WantAnswer(t, "create under a key it can neither replay nor take", r, http.StatusConflict, "request_in_progress")
+	if r.Header.Get("Retry-After") == "" {
+		t.Error("the 409 has no Retry-After")
+	}
+	if n := apptest.Count(t, m.DB, "SELECT count(*) FROM orders WHERE customer_id = ?", key); n != 0 {
+		t.Errorf("orders = %d, want 0", n)
+	}
+	if n := apptest.Count(t, m.DB, "SELECT count(*) FROM order_outbox WHERE convert_from(payload, 'UTF8')::jsonb ->> 'idempotency_key' = ?", key); n != 0 {
+		t.Errorf("outbox events = %d, want 0", n)
+	}
+	if n := apptest.Count(t, m.DB, `SELECT count(*) FROM idempotency_records
+		WHERE idempotency_key = ? AND state = 'PROCESSING' AND lease_token = 7 AND result_body IS NULL`, key); n != 1 {
+		t.Errorf("the stranger's record was changed (%d rows as it was, want 1)", n)
+	}
+}
+
 func waitForALockWaiter(t *testing.T, db *gorm.DB) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
