@@ -10,6 +10,7 @@ import (
 
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/problem"
+	"github.com/orderservice/orderservice/internal/testdb"
 )
 
 // unique makes a key no other run of the test used (-count > 1).
@@ -83,7 +84,7 @@ func TestTheFirstOfTwoConcurrentRecordsWins(t *testing.T) {
 					return err
 				}
 				close(recorded)
-				waitForLockWaiter(t, in.Key)
+				testdb.WaitForLockWaiter(t, db, "the second Record")
 				return c.first
 			})
 			if !errors.Is(err, c.first) {
@@ -98,23 +99,6 @@ func TestTheFirstOfTwoConcurrentRecordsWins(t *testing.T) {
 			}
 		})
 	}
-}
-
-// waitForLockWaiter returns once a session of the test database waits for
-// a lock, as the second insert of key does on the first's uncommitted row.
-func waitForLockWaiter(t *testing.T, key string) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		var n int64
-		if err := db.Raw(`SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%idempotency_records%'`).Scan(&n).Error; err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			return
-		}
-	}
-	t.Fatalf("no session waited on the record of %s within 10s", key)
 }
 
 func TestReplayReadsOnlyDefinitiveOutcomes(t *testing.T) {

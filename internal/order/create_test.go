@@ -8,14 +8,12 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
-
-	"gorm.io/gorm"
 
 	"github.com/orderservice/orderservice/internal/app"
 	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
+	"github.com/orderservice/orderservice/internal/testdb"
 )
 
 func TestCreateIsIdempotent(t *testing.T) {
@@ -277,7 +275,7 @@ func TestADuplicateOfACreateInFlightWaitsAtTheRecordAndDoesNoWork(t *testing.T) 
 			firstAnswer := sendCreate(acme, key, body)
 			<-p.paused
 			duplicateAnswer := sendCreate(dup, key, body)
-			waitForALockWaiter(t, m.DB)
+			testdb.WaitForLockWaiter(t, m.DB, "the duplicate")
 			if got := p.calls.Load(); got != 1 {
 				t.Errorf("creates executed while the first was in flight = %d, want 1: the duplicate must wait before its work", got)
 			}
@@ -334,8 +332,6 @@ func TestADuplicateWaitingPastTheLockTimeoutGets409(t *testing.T) {
 	}
 }
 
-// waitForALockWaiter returns once a session of the service's database waits
-// for a lock (a duplicate's insert on a key not yet committed).
 // A one-transaction intent is never stored PROCESSING, so its key can be
 // held by a record the create can neither replay (the read wants a
 // definitive outcome) nor insert over (the key is taken) only if that
@@ -368,17 +364,6 @@ func TestACreateWhoseKeyIsHeldByARecordItCannotReplayEndsIn409(t *testing.T) {
 		WHERE idempotency_key = ? AND state = 'PROCESSING' AND lease_token = 7 AND result_body IS NULL`, key); n != 1 {
 		t.Errorf("the stranger's record was changed (%d rows as it was, want 1)", n)
 	}
-}
-
-func waitForALockWaiter(t *testing.T, db *gorm.DB) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if apptest.Count(t, db, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0 {
-			return
-		}
-	}
-	t.Fatal("no session waited for a lock within 10s")
 }
 
 func TestOneKeyTwoBodiesMakeOneOrder(t *testing.T) {

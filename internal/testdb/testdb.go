@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"gorm.io/gorm"
 
 	"github.com/orderservice/orderservice/internal/database"
 )
@@ -107,4 +108,22 @@ func redact(s string) string {
 		return "(unparsable URL)"
 	}
 	return u.Redacted()
+}
+
+// WaitForLockWaiter returns once a session of db's database waits for a
+// lock, as a duplicate's insert does on a key another transaction has not
+// committed yet; after 10 seconds it fails the test, naming what was to wait.
+func WaitForLockWaiter(t testing.TB, db *gorm.DB, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		var n int64
+		if err := db.Raw(`SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n).Error; err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+	}
+	t.Fatalf("%s did not wait for a lock within 10s", what)
 }
