@@ -136,10 +136,10 @@ func (s *Service) logger() *slog.Logger {
 func (s *Service) once(ctx context.Context, in idempotency.Intent, exec func(tx *gorm.DB) (idempotency.Result, error)) (idempotency.Result, error) {
 	for race := 1; ; race++ {
 		replay, err := s.Records.Replay(s.DB.WithContext(ctx), in)
-		if err != nil || replay != nil {
-			if err != nil {
-				return idempotency.Result{}, err
-			}
+		if err != nil {
+			return idempotency.Result{}, err
+		}
+		if replay != nil {
 			return *replay, nil
 		}
 		var res idempotency.Result
@@ -151,23 +151,22 @@ func (s *Service) once(ctx context.Context, in idempotency.Intent, exec func(tx 
 		switch {
 		case !errors.Is(err, idempotency.ErrTaken):
 			return res, err
-		case race == maxRecordRaces: // only a record removed in between could bring us here again
+		case race == maxRecordRaces: // the key is held by a record the read cannot replay
 			return idempotency.Result{}, errSuperseded()
 		}
 	}
 }
 
 // recordFirst is how an intent whose result is known before it writes
-// anything runs (a create: the new order's id and times are chosen before
-// the transaction): its record goes first, so a concurrent duplicate waits
-// at the record's key before it does any work, then write runs.
-func (s *Service) recordFirst(in idempotency.Intent, res idempotency.Result, write func(tx *gorm.DB) error) func(tx *gorm.DB) (idempotency.Result, error) {
-	return func(tx *gorm.DB) (idempotency.Result, error) {
-		if err := s.Records.Record(tx, in, res); err != nil {
-			return idempotency.Result{}, err
-		}
-		return res, write(tx)
+// anything runs, inside once's transaction (a create: the new order's id,
+// times and representation are chosen before its first statement): its
+// record goes first, so a concurrent duplicate waits at the record's key
+// before it does any work, then write runs.
+func (s *Service) recordFirst(tx *gorm.DB, in idempotency.Intent, res idempotency.Result, write func() error) (idempotency.Result, error) {
+	if err := s.Records.Record(tx, in, res); err != nil {
+		return idempotency.Result{}, err
 	}
+	return res, write()
 }
 
 // recordLast is how an intent whose result is only known once it has run
@@ -187,6 +186,9 @@ func (s *Service) recordLast(in idempotency.Intent, exec func(tx *gorm.DB) (idem
 
 // maxRecordRaces bounds how often once goes back to the read after losing
 // the record's insert: once is enough, for the winner's result is committed.
+// Only a key held by a record the read cannot replay (removed in between,
+// or not definitive: never written by a one-transaction intent) loses every
+// round; that ends in 409.
 const maxRecordRaces = 3
 
 // outcome is the result an intent's execution ended with: its success, or
@@ -224,20 +226,23 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (idem
 	if err != nil {
 		return idempotency.Result{}, err
 	}
-	o, err := newOrder(c.TenantID, n, total)
-	if err != nil {
-		return idempotency.Result{}, err
-	}
-	res, err := created(o)
-	if err != nil {
-		return idempotency.Result{}, err
-	}
-	return s.once(ctx, in, s.recordFirst(in, res, func(tx *gorm.DB) error {
-		if err := insertOrder(tx, o, OpCreate, c.Key); err != nil {
-			return err
+	return s.once(ctx, in, func(tx *gorm.DB) (idempotency.Result, error) {
+		// Built once the read found nothing to replay: a replay never pays for it.
+		o, err := newOrder(c.TenantID, n, total)
+		if err != nil {
+			return idempotency.Result{}, err
 		}
-		return s.Hooks.run(s.Hooks.AfterOrderInsert)
-	}))
+		res, err := created(o)
+		if err != nil {
+			return idempotency.Result{}, err
+		}
+		return s.recordFirst(tx, in, res, func() error {
+			if err := insertOrder(tx, o, OpCreate, c.Key); err != nil {
+				return err
+			}
+			return s.Hooks.run(s.Hooks.AfterOrderInsert)
+		})
+	})
 }
 
 func newOrder(tenantID string, n CreateRequest, total int64) (*Order, error) {
