@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/orderservice/orderservice/internal/app"
+	"github.com/orderservice/orderservice/internal/httpapi"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/payment/channel"
 	"github.com/orderservice/orderservice/internal/testdb"
@@ -572,13 +573,13 @@ func (b *bench) send(ctx context.Context, url, key string, body []byte) (answer,
 	return answer{status: resp.StatusCode, body: got}, err
 }
 
+// admissionMemory is a little more than how long the service's admission
+// limit refuses at once after a refusal.
+const admissionMemory = httpapi.CongestedFor + 100*time.Millisecond
+
 // storm is scenario 4: Storm copies of one request (one key, one body)
 // fired at once by as many vegeta workers, exactly Storm hits. A first,
 // unmeasured storm on another key opens the connections.
-// admissionMemory is a little more than how long the service's admission
-// limit refuses at once after a refusal (httpapi.congestedFor).
-const admissionMemory = 1100 * time.Millisecond
-
 func (b *bench) storm(ctx context.Context, res *results) error {
 	n := b.opts.Storm
 	url := b.svc.URL() + "/v1/orders"
@@ -616,7 +617,7 @@ func (b *bench) storm(ctx context.Context, res *results) error {
 		if !measured {
 			res.Storm.WarmupDrain, res.Storm.WarmupAnswers = p.Drain, statuses(p)
 			// A refusal makes the admission limit refuse at once, rather than
-			// queue, for a second (httpapi.congestedFor): let that pass, so the
+			// queue, for httpapi.CongestedFor: let that pass, so the
 			// measured storm meets the service as a storm out of the blue would.
 			select {
 			case <-time.After(admissionMemory):

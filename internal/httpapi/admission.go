@@ -23,7 +23,7 @@ import (
 //
 // A queue only helps with bursts. A queue that has not emptied for a
 // quarter of QueueTimeout is not a burst but overload (CoDel's "standing
-// queue"), and so is a refusal: from then on, and for congestedFor after the
+// queue"), and so is a refusal: from then on, and for CongestedFor after the
 // last refusal, a request that finds no free slot is refused at once instead
 // of waiting, so the refusals are fast and the waiters already queued are
 // served rather than timed out. A refusal costs a few microseconds
@@ -49,9 +49,9 @@ type Admission struct {
 	reported atomic.Int64 // UnixNano of the last log line
 }
 
-// congestedFor is how long after a refusal a request that finds no free
+// CongestedFor is how long after a refusal a request that finds no free
 // slot is refused at once rather than queued.
-const congestedFor = time.Second
+const CongestedFor = time.Second
 
 // NewAdmission limits the service to maxInFlight requests at once, with a
 // queue of maxQueue waiting at most queueTimeout. maxInFlight 0 admits
@@ -150,7 +150,7 @@ func (a *Admission) leave() {
 func (a *Admission) refuse(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	if r.Context().Err() == nil { // a client that gave up is no sign of overload
-		a.congestedUntil.Store(now.Add(congestedFor).UnixNano())
+		a.congestedUntil.Store(now.Add(CongestedFor).UnixNano())
 	}
 	if a.OnShed != nil {
 		a.OnShed()
