@@ -198,7 +198,7 @@ func (m *Main) start(ctx context.Context) error {
 	m.Orders = &order.Service{
 		DB: db, Records: records, Logger: m.Logger, Observe: m.Metrics, Lifetime: lifetime,
 		Channel: payment.NewClient(channelURL, &http.Client{Transport: &http.Transport{
-			MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}}),
+			MaxConnsPerHost: cfg.ChannelMaxInFlight, MaxIdleConnsPerHost: cfg.ChannelMaxInFlight, IdleConnTimeout: 90 * time.Second}}),
 		Money: order.MoneyConfig{ChannelTimeout: cfg.ChannelTimeout, RetryAfter: cfg.RetryAfter},
 	}
 	api := &httpapi.Server{Orders: m.Orders, Records: records, DB: db, Logger: m.Logger,

@@ -57,6 +57,11 @@ type Config struct {
 	SweepBatch     int           `env:"SWEEP_BATCH" envDefault:"100"`
 	// ChannelSlowDelay is how long the embedded mock channel takes for pm_slow.
 	ChannelSlowDelay time.Duration `env:"PAYMENT_SLOW_DELAY" envDefault:"2s"`
+	// ChannelMaxInFlight bounds the calls to the payment channel at once; a
+	// call beyond it waits for a connection within its ChannelTimeout. The
+	// admission limit does not bound them: a pay gives its slot back while
+	// it waits for the channel.
+	ChannelMaxInFlight int `env:"PAYMENT_CHANNEL_MAX_IN_FLIGHT" envDefault:"64"`
 
 	ClientRetryWindow        time.Duration `env:"REPLAY_WINDOW_CLIENT_RETRY" envDefault:"24h"`
 	MessageRedeliveryWindow  time.Duration `env:"REPLAY_WINDOW_MESSAGE_REDELIVERY" envDefault:"168h"`
@@ -179,8 +184,8 @@ func (c Config) validate() error {
 			return fmt.Errorf("%s must be a positive duration", name)
 		}
 	}
-	if c.DBMaxConns < 1 || c.SweepBatch < 1 || c.CleanupBatch < 1 {
-		return fmt.Errorf("DB_MAX_CONNS, SWEEP_BATCH and CLEANUP_BATCH must be at least 1")
+	if c.DBMaxConns < 1 || c.ChannelMaxInFlight < 1 || c.SweepBatch < 1 || c.CleanupBatch < 1 {
+		return fmt.Errorf("DB_MAX_CONNS, PAYMENT_CHANNEL_MAX_IN_FLIGHT, SWEEP_BATCH and CLEANUP_BATCH must be at least 1")
 	}
 	if c.MaxWait < 0 || c.MaxWait >= c.ShutdownTimeout+time.Minute {
 		return fmt.Errorf("MAX_WAIT must be between 0 and a minute beyond SHUTDOWN_TIMEOUT, not %s", c.MaxWait)

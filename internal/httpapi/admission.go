@@ -5,13 +5,13 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/semaphore"
 
 	"github.com/orderservice/orderservice/internal/problem"
+	"github.com/orderservice/orderservice/internal/transport"
 )
 
 // Admission is the service's load shedding: at most MaxInFlight requests
@@ -20,6 +20,9 @@ import (
 // cannot get a slot is refused with 503 service_unavailable and Retry-After
 // before it reaches the router: nothing is authenticated, decoded or
 // recorded, so its retry with the same Idempotency-Key is a fresh attempt.
+// A request gives its slot back early when it goes on to wait on something
+// other than the service (transport.Yield): a pay during its call to the
+// payment channel, a duplicate waiting for its first attempt's outcome.
 //
 // A queue only helps with bursts. A queue that has not emptied for a
 // quarter of QueueTimeout is not a burst but overload (CoDel's "standing
@@ -84,32 +87,10 @@ func (a *Admission) Wrap(next http.Handler) http.Handler {
 			a.refuse(w, r)
 			return
 		}
-		held := &heldSlot{release: func() { a.slots.Release(1) }}
-		defer held.Release()
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), heldSlotKey{}, held)))
+		ctx, release := transport.WithSlot(r.Context(), func() { a.slots.Release(1) })
+		defer release()
+		next.ServeHTTP(w, r.WithContext(ctx))
 	})
-}
-
-// heldSlot is the admission slot of one request, released once: when the
-// request ends, or earlier when it waits without doing any work.
-type heldSlot struct {
-	once    sync.Once
-	release func()
-}
-
-// Release gives the slot back; only the first call does anything.
-func (h *heldSlot) Release() { h.once.Do(h.release) }
-
-type heldSlotKey struct{}
-
-// releaseAdmission gives back the request's admission slot before it
-// waits without using the database (a duplicate waiting for its first
-// attempt's outcome holds no connection either), so a thousand waiting
-// duplicates do not shed the requests that have work to do.
-func releaseAdmission(ctx context.Context) {
-	if h, ok := ctx.Value(heldSlotKey{}).(*heldSlot); ok {
-		h.Release()
-	}
 }
 
 // acquire takes a slot, or reports that the request is refused.

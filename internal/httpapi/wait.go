@@ -11,6 +11,7 @@ import (
 
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/problem"
+	"github.com/orderservice/orderservice/internal/transport"
 )
 
 // maxPrefer bounds a Prefer header line, as api/openapi.yaml states it.
@@ -58,7 +59,7 @@ func (s *Server) awaitFirst(c echo.Context, scope idempotency.Scope, wait time.D
 		stop := context.AfterFunc(s.Stopping, cancel)
 		defer stop()
 	}
-	releaseAdmission(c.Request().Context())
+	transport.Yield(c.Request().Context()) // it waits holding no connection either
 	for problem.CodeOf(err) == problem.RequestInProgress && s.Waiter.Await(ctx, s.DB, scope) {
 		resp, err = run()
 	}

@@ -32,6 +32,7 @@ import (
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/payment"
 	"github.com/orderservice/orderservice/internal/problem"
+	"github.com/orderservice/orderservice/internal/transport"
 )
 
 // PaymentKind says which way money moves.
@@ -164,6 +165,10 @@ func (s *Service) runPaymentIntent(ctx context.Context, c Caller, op, orderID st
 	// that failed retryably simply sends the same request under the same
 	// key again.
 	lookupFirst := opened.claim.ResumedFrom == idempotency.Processing
+	// From here the intent waits for the channel, holding no connection:
+	// its admission slot goes to a request with work to do. The channel
+	// client's own bound (PAYMENT_CHANNEL_MAX_IN_FLIGHT) limits these calls.
+	transport.Yield(ctx)
 	work, cancel := s.detach(ctx)
 	defer cancel()
 	return s.settle(work, opened.claim.Record, opened.payment, lookupFirst)

@@ -5,6 +5,7 @@ package order_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/http"
 	"runtime"
 	"strconv"
@@ -237,6 +238,100 @@ func TestWaitingDuplicatesDoNotTakeTheAdmissionSlotsOfOtherRequests(t *testing.T
 		if a.Status != http.StatusOK || !bytes.Equal(a.Body, orig.Body) || a.Header.Get("Preference-Applied") != "wait=10" {
 			t.Errorf("duplicate %d = %d %s (Preference-Applied %q), want the first's 200 after waiting", i, a.Status, a.Body, a.Header.Get("Preference-Applied"))
 		}
+	}
+}
+
+// paysAtTheChannel sends n pm_slow pays, each on an order of its own, one
+// after another: each is sent once the one before it is at the channel. It
+// returns a function that waits for their answers.
+func paysAtTheChannel(t *testing.T, m *app.Main, c *apptest.Client, n int) (answers func() []apptest.Response) {
+	t.Helper()
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = createOrder(t, c, moneyKey("create"))
+	}
+	before := m.Channel.Stats().Requests
+	rs := make([]apptest.Response, n)
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Go(func() {
+			var err error
+			if rs[i], err = c.Send(http.MethodPost, "/v1/orders/"+id+"/pay", moneyKey("pay"), moneyPayBody("pm_slow"), nil); err != nil {
+				t.Errorf("pay %d: %v", i, err)
+			}
+		})
+		moneyEventually(t, 5*time.Second, fmt.Sprintf("pay %d at the channel", i), func() (bool, string) {
+			got := m.Channel.Stats().Requests - before
+			return got == int64(i+1), fmt.Sprintf("%d at the channel", got)
+		})
+	}
+	return func() []apptest.Response { wg.Wait(); return rs }
+}
+
+func TestAPayGivesItsAdmissionSlotBackWhileTheChannelWorks(t *testing.T) {
+	// Two slots and no queue: a request that finds both taken is refused at
+	// once. Four pays stand at the slow channel together, and a create is
+	// still admitted; were the slots held through the channel call, the
+	// third pay would be refused with 503.
+	env := map[string]string{"HTTP_MAX_IN_FLIGHT": "2", "HTTP_MAX_QUEUE": "0"}
+	for k, v := range slowPayEnv {
+		env[k] = v
+	}
+	m, c := startMoney(t, env)
+	answers := paysAtTheChannel(t, m, c, 4)
+	if r := c.Do(t, http.MethodPost, "/v1/orders", moneyKey("create-admitted"), createBody("cus_admitted")); r.Status != http.StatusCreated {
+		t.Errorf("a create while 4 pays are at the channel = %d %s, want 201", r.Status, r.Body)
+	}
+	for i, r := range answers() {
+		if r.Status != http.StatusOK || r.JSON(t)["status"] != "PAID" {
+			t.Errorf("pay %d = %d %s, want 200 PAID", i, r.Status, r.Body)
+		}
+	}
+	if got := m.Channel.Stats().Charges; got != 4 {
+		t.Errorf("the channel made %d charges, want 4", got)
+	}
+}
+
+func TestCallsToTheChannelBeyondItsBoundWaitForAConnection(t *testing.T) {
+	env := map[string]string{"PAYMENT_CHANNEL_MAX_IN_FLIGHT": "2", "PAYMENT_SLOW_DELAY": "1s"}
+	for k, v := range slowPayEnv {
+		if env[k] == "" {
+			env[k] = v
+		}
+	}
+	m, c := startMoney(t, env)
+	ids := make([]string, 4)
+	for i := range ids {
+		ids[i] = createOrder(t, c, moneyKey("create"))
+	}
+	answers := make([]apptest.Response, len(ids))
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Go(func() {
+			var err error
+			if answers[i], err = c.Send(http.MethodPost, "/v1/orders/"+id+"/pay", moneyKey("pay"), moneyPayBody("pm_slow"), nil); err != nil {
+				t.Errorf("pay %d: %v", i, err)
+			}
+		})
+	}
+	// All four are sent; while two are at the channel (1s each), the other
+	// two wait for a connection.
+	moneyEventually(t, 5*time.Second, "two pays at the channel", func() (bool, string) {
+		n := m.Channel.Stats().Requests
+		return n >= 2, fmt.Sprintf("%d at the channel", n)
+	})
+	time.Sleep(300 * time.Millisecond)
+	if n := m.Channel.Stats().Requests; n != 2 {
+		t.Errorf("%d requests reached the channel before its first answer, want 2 (PAYMENT_CHANNEL_MAX_IN_FLIGHT)", n)
+	}
+	wg.Wait()
+	for i, r := range answers {
+		if r.Status != http.StatusOK || r.JSON(t)["status"] != "PAID" {
+			t.Errorf("pay %d = %d %s, want 200 PAID: a call that waited for a connection still charges", i, r.Status, r.Body)
+		}
+	}
+	if st := m.Channel.Stats(); st.Charges != 4 || st.Requests != 4 {
+		t.Errorf("the channel made %d charges from %d requests, want 4 from 4", st.Charges, st.Requests)
 	}
 }
 

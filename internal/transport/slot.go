@@ -1,0 +1,33 @@
+package transport
+
+import (
+	"context"
+	"sync"
+)
+
+// A door may bound how many requests run at once (httpapi's Admission): a
+// request holds a slot while it runs. A use case that is about to wait on
+// something other than the service's own capacity, holding no database
+// connection (a pay waiting for the payment channel, a duplicate waiting
+// for its first attempt's outcome), gives its slot back with Yield, so
+// that requests with work to do are admitted meanwhile. What it does after
+// the wait is bounded by what it waited on, not by the door.
+
+type slotKey struct{}
+
+// WithSlot returns ctx carrying the request's slot, and the function that
+// gives the slot back. Only the first of the calls to it and to Yield
+// releases the slot; the door defers the call, so the slot is back when
+// the request ends at the latest.
+func WithSlot(ctx context.Context, release func()) (context.Context, func()) {
+	once := sync.OnceFunc(release)
+	return context.WithValue(ctx, slotKey{}, once), once
+}
+
+// Yield gives back the slot ctx carries, if any: the request waits now
+// without using the service's capacity.
+func Yield(ctx context.Context) {
+	if release, ok := ctx.Value(slotKey{}).(func()); ok {
+		release()
+	}
+}
