@@ -332,7 +332,9 @@ func TestLabInABrowser(t *testing.T) {
 		if a := answerOf(p, id); a.Status != http.StatusCreated || a.Replayed || key == p.Requests[0].Key {
 			t.Errorf("the re-send with a new key got %+v (key %q), want 201 not replayed under a new key", a, key)
 		}
-		count(t, "orders on the order lane", len(unique(p.Orders)), 2)
+		// The lab draws the answer first and the order it observed after it.
+		waitFor(t, browser, func(p page) bool { return len(unique(p.Orders)) >= 2 })
+		count(t, "orders on the order lane", len(unique(read(t, browser).Orders)), 2)
 	})
 
 	t.Run("a request of the learner's own, twice under one key, is replayed", func(t *testing.T) {

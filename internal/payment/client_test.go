@@ -146,8 +146,10 @@ func TestClientCharge(t *testing.T) {
 	})
 
 	t.Run("reports a timeout as unavailable", func(t *testing.T) {
-		c, srv := newClient(t, channel.Options{SlowDelay: 200 * time.Millisecond})
-		tctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		// The deadline leaves the request time to reach the channel's ledger
+		// on a loaded machine (20ms did not), and ends well before the answer.
+		c, srv := newClient(t, channel.Options{SlowDelay: 5 * time.Second})
+		tctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
 		_, err := c.Charge(tctx, "k1", chargeReq(payment.MethodSlow))
 		if !errors.Is(err, payment.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
