@@ -67,8 +67,8 @@ type options struct {
 	BigRecords     int
 	BigOrders      int
 	OverloadFor    time.Duration
-	// OverloadLimits are the smaller HTTP_MAX_IN_FLIGHT the overload is
-	// run at again, besides the default: what the limit trades.
+	// OverloadLimits are the other HTTP_MAX_IN_FLIGHT the overload is run
+	// at again, besides the default: what the limit trades.
 	OverloadLimits []int
 	Quick          bool
 	CPUProfile     string
@@ -87,7 +87,7 @@ type options struct {
 func (o options) runs(n int) bool { return len(o.Only) == 0 || o.Only[n] }
 
 func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (options, error) {
-	o := options{Concurrency: []int{1, 4, 16, 64}, OverloadLimits: []int{8, 24}, args: args, viaMake: getenv("MAKELEVEL") != ""}
+	o := options{Concurrency: []int{1, 4, 16, 64}, OverloadLimits: []int{16, 64}, args: args, viaMake: getenv("MAKELEVEL") != ""}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.Out, "out", "docs/benchmarks", "directory for results.md and throughput.svg (empty: print only)")
@@ -144,7 +144,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 			"records":           func() { o.BigRecords = 20_000 },
 			"orders":            func() { o.BigOrders = 4_000 },
 			"overload-duration": func() { o.OverloadFor = time.Second },
-			"overload-limits":   func() { o.OverloadLimits = []int{8} },
+			"overload-limits":   func() { o.OverloadLimits = []int{16} },
 			"commands":          func() { o.Commands = 200 },
 			"wait-duplicates":   func() { o.WaitDuplicates = 100 },
 		}

@@ -23,8 +23,8 @@ type overloadResult struct {
 	NormalRate   int
 	Normal       point
 	Shed, Unshed overloadRun
-	// Limited is the same overload with the service restarted at each of
-	// the smaller HTTP_MAX_IN_FLIGHT of -overload-limits.
+	// Limited is the same overload with the service restarted at each
+	// HTTP_MAX_IN_FLIGHT of -overload-limits.
 	Limited       []limitedRun
 	ClientTimeout time.Duration
 	Limits        string // the admission settings of the shedding run
@@ -93,7 +93,7 @@ func (b *bench) overload(ctx context.Context, res *results) error {
 	if ov.Shed, err = b.overloadRun(ctx, client, ov, "overload"); err != nil {
 		return err
 	}
-	// The same at smaller limits, then without admission control: the
+	// The same at other limits, then without admission control: the
 	// service as it was.
 	restartAt := func(limit int) error {
 		client.CloseIdleConnections()

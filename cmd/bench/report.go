@@ -377,7 +377,9 @@ func (r *report) pay(res *results) {
 	r.p("The service restarted with DB_MAX_CONNS=%d; the embedded channel adds %s to every call (reset", py.Pool, py.Latency)
 	r.p("afterwards). Closed loop at c=%d, each pay on its own CREATED order (%d prepared by one INSERT),", py.Concurrency, py.Prepared)
 	r.p("its own key, `pm_ok`. A service holding a connection across the channel call could not pass")
-	r.p("pool / latency = %d / %s = %s.", py.Pool, py.Latency, perSecond(py.Bound()))
+	r.p("pool / latency = %d / %s = %s. Nor could %d pays at once pass HTTP_MAX_IN_FLIGHT=%d if each held its", py.Pool, py.Latency, perSecond(py.Bound()), py.Concurrency, py.MaxInFlight)
+	r.p("admission slot through the channel call; a 503 here is the CPUs and the pool at capacity, which the")
+	r.p("closed loop sends straight back.")
 	r.p("")
 	r.p("| c | pool | channel latency | pays | p50 | p99 | pool / latency | pays / (pool / latency) | charges at the channel | answers |")
 	r.p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|")
@@ -513,7 +515,7 @@ func (r *report) overload(res *results) {
 		for i, l := range ov.Limited {
 			limits[i] = strconv.Itoa(l.MaxInFlight)
 		}
-		r.p("once restarted at each smaller HTTP_MAX_IN_FLIGHT of %s (the rest as the defaults),", strings.Join(limits, ", "))
+		r.p("once restarted at each other HTTP_MAX_IN_FLIGHT of %s (the rest as the defaults),", strings.Join(limits, ", "))
 	}
 	r.p("once restarted with HTTP_MAX_IN_FLIGHT=0 (no admission control, as before).")
 	r.p("")
@@ -548,11 +550,12 @@ func (r *report) overload(res *results) {
 	}
 	if len(ov.Limited) > 0 {
 		r.p("")
-		r.p("The smaller limits show what HTTP_MAX_IN_FLIGHT trades. A request admitted beyond what the CPUs and")
+		r.p("The other limits show what HTTP_MAX_IN_FLIGHT trades. A request admitted beyond what the CPUs and")
 		r.p("the database pool (DB_MAX_CONNS=%d) run at once only waits inside the process, for a connection or a", res.Opts.Pool)
-		r.p("CPU, and every runnable request delays the next refusal too; a smaller limit keeps that wait out, at")
-		r.p("the price of less room for bursts and for the requests that hold their slot while they wait on something")
-		r.p("other than the database: a pay holds its slot through the channel call (§5 runs %d pays at once).", res.Opts.PayConc)
+		r.p("CPU, and every runnable request delays the next refusal too: a larger limit lets that wait in, a")
+		r.p("smaller one keeps it out at the price of less room for bursts. Pays and waiting duplicates need no room")
+		r.p("of their own: they give their slot back while they wait for the channel or for the first attempt (§5")
+		r.p("runs %d pays at once).", res.Opts.PayConc)
 	}
 }
 

@@ -251,6 +251,7 @@ type payResult struct {
 	Concurrency int
 	Pool        int
 	Latency     time.Duration
+	MaxInFlight int // the service's HTTP_MAX_IN_FLIGHT
 	Point       point
 	Charges     int64 // charges the channel made during the measurement
 	Paid        int64 // orders PAID in the database after warm-up and measurement
@@ -696,7 +697,7 @@ func (b *bench) pay(ctx context.Context, res *results) error {
 	}
 	after := svc.Channel.Stats()
 
-	res.Pay = payResult{Concurrency: o.PayConc, Pool: o.PayPool, Latency: o.PayLatency, Point: p,
+	res.Pay = payResult{Concurrency: o.PayConc, Pool: o.PayPool, Latency: o.PayLatency, MaxInFlight: svc.Config.HTTPMaxInFlight, Point: p,
 		Charges: after.Charges - before.Charges, Prepared: prepared}
 	if res.Pay.Paid, err = b.count(ctx, `SELECT count(*) FROM orders WHERE status = 'PAID'`); err != nil {
 		return err

@@ -46,7 +46,7 @@ type Config struct {
 	DBStartTimeout time.Duration `env:"DB_START_TIMEOUT" envDefault:"60s"`
 
 	// Admission control (load shedding) on /v1; HTTPMaxInFlight 0 turns it off.
-	HTTPMaxInFlight  int           `env:"HTTP_MAX_IN_FLIGHT" envDefault:"64"`
+	HTTPMaxInFlight  int           `env:"HTTP_MAX_IN_FLIGHT" envDefault:"32"`
 	HTTPMaxQueue     int           `env:"HTTP_MAX_QUEUE" envDefault:"1024"`
 	HTTPQueueTimeout time.Duration `env:"HTTP_QUEUE_TIMEOUT" envDefault:"100ms"`
 
