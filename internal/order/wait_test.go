@@ -241,16 +241,16 @@ func TestWaitingDuplicatesDoNotTakeTheAdmissionSlotsOfOtherRequests(t *testing.T
 	}
 }
 
-// paysAtTheChannel sends n pm_slow pays, each on an order of its own, one
-// after another: each is sent once the one before it is at the channel. It
-// returns a function that waits for their answers.
-func paysAtTheChannel(t *testing.T, m *app.Main, c *apptest.Client, n int) (answers func() []apptest.Response) {
+// slowPays sends n pm_slow pays, each on an order of its own and under a
+// key of its own, each in the background; sent(i), when given, runs once
+// pay i is on its way, before the next is sent. It returns a function that
+// waits for the answers.
+func slowPays(t *testing.T, c *apptest.Client, n int, sent func(i int)) (answers func() []apptest.Response) {
 	t.Helper()
 	ids := make([]string, n)
 	for i := range ids {
 		ids[i] = createOrder(t, c, moneyKey("create"))
 	}
-	before := m.Channel.Stats().Requests
 	rs := make([]apptest.Response, n)
 	var wg sync.WaitGroup
 	for i, id := range ids {
@@ -260,10 +260,9 @@ func paysAtTheChannel(t *testing.T, m *app.Main, c *apptest.Client, n int) (answ
 				t.Errorf("pay %d: %v", i, err)
 			}
 		})
-		moneyEventually(t, 5*time.Second, fmt.Sprintf("pay %d at the channel", i), func() (bool, string) {
-			got := m.Channel.Stats().Requests - before
-			return got == int64(i+1), fmt.Sprintf("%d at the channel", got)
-		})
+		if sent != nil {
+			sent(i)
+		}
 	}
 	return func() []apptest.Response { wg.Wait(); return rs }
 }
@@ -278,7 +277,13 @@ func TestAPayGivesItsAdmissionSlotBackWhileTheChannelWorks(t *testing.T) {
 		env[k] = v
 	}
 	m, c := startMoney(t, env)
-	answers := paysAtTheChannel(t, m, c, 4)
+	before := m.Channel.Stats().Requests
+	answers := slowPays(t, c, 4, func(i int) {
+		moneyEventually(t, 5*time.Second, fmt.Sprintf("pay %d at the channel", i), func() (bool, string) {
+			got := m.Channel.Stats().Requests - before
+			return got == int64(i+1), fmt.Sprintf("%d at the channel", got)
+		})
+	})
 	if r := c.Do(t, http.MethodPost, "/v1/orders", moneyKey("create-admitted"), createBody("cus_admitted")); r.Status != http.StatusCreated {
 		t.Errorf("a create while 4 pays are at the channel = %d %s, want 201", r.Status, r.Body)
 	}
@@ -300,20 +305,7 @@ func TestCallsToTheChannelBeyondItsBoundWaitForAConnection(t *testing.T) {
 		}
 	}
 	m, c := startMoney(t, env)
-	ids := make([]string, 4)
-	for i := range ids {
-		ids[i] = createOrder(t, c, moneyKey("create"))
-	}
-	answers := make([]apptest.Response, len(ids))
-	var wg sync.WaitGroup
-	for i, id := range ids {
-		wg.Go(func() {
-			var err error
-			if answers[i], err = c.Send(http.MethodPost, "/v1/orders/"+id+"/pay", moneyKey("pay"), moneyPayBody("pm_slow"), nil); err != nil {
-				t.Errorf("pay %d: %v", i, err)
-			}
-		})
-	}
+	answers := slowPays(t, c, 4, nil)
 	// All four are sent; while two are at the channel (1s each), the other
 	// two wait for a connection.
 	moneyEventually(t, 5*time.Second, "two pays at the channel", func() (bool, string) {
@@ -324,8 +316,7 @@ func TestCallsToTheChannelBeyondItsBoundWaitForAConnection(t *testing.T) {
 	if n := m.Channel.Stats().Requests; n != 2 {
 		t.Errorf("%d requests reached the channel before its first answer, want 2 (PAYMENT_CHANNEL_MAX_IN_FLIGHT)", n)
 	}
-	wg.Wait()
-	for i, r := range answers {
+	for i, r := range answers() {
 		if r.Status != http.StatusOK || r.JSON(t)["status"] != "PAID" {
 			t.Errorf("pay %d = %d %s, want 200 PAID: a call that waited for a connection still charges", i, r.Status, r.Body)
 		}
