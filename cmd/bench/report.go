@@ -377,9 +377,11 @@ func (r *report) pay(res *results) {
 	r.p("The service restarted with DB_MAX_CONNS=%d; the embedded channel adds %s to every call (reset", py.Pool, py.Latency)
 	r.p("afterwards). Closed loop at c=%d, each pay on its own CREATED order (%d prepared by one INSERT),", py.Concurrency, py.Prepared)
 	r.p("its own key, `pm_ok`. A service holding a connection across the channel call could not pass")
-	r.p("pool / latency = %d / %s = %s. Nor could %d pays at once pass HTTP_MAX_IN_FLIGHT=%d if each held its", py.Pool, py.Latency, perSecond(py.Bound()), py.Concurrency, py.MaxInFlight)
-	r.p("admission slot through the channel call; a 503 here is the CPUs and the pool at capacity, which the")
-	r.p("closed loop sends straight back.")
+	r.p("pool / latency = %d / %s = %s.", py.Pool, py.Latency, perSecond(py.Bound()))
+	if py.MaxInFlight > 0 && py.MaxInFlight < py.Concurrency {
+		r.p("Nor could %d pays at once pass HTTP_MAX_IN_FLIGHT=%d if each held its admission slot through the", py.Concurrency, py.MaxInFlight)
+		r.p("channel call; a 503 here is the CPUs and the pool at capacity, which the closed loop sends straight back.")
+	}
 	r.p("")
 	r.p("| c | pool | channel latency | pays | p50 | p99 | pool / latency | pays / (pool / latency) | charges at the channel | answers |")
 	r.p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|")

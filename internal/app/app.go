@@ -198,8 +198,8 @@ func (m *Main) start(ctx context.Context) error {
 	m.Orders = &order.Service{
 		DB: db, Records: records, Logger: m.Logger, Observe: m.Metrics, Lifetime: lifetime,
 		Channel: payment.NewClient(channelURL, &http.Client{Transport: &http.Transport{
-			MaxConnsPerHost: cfg.ChannelMaxInFlight, MaxIdleConnsPerHost: cfg.ChannelMaxInFlight, IdleConnTimeout: 90 * time.Second}}),
-		Money: order.MoneyConfig{ChannelTimeout: cfg.ChannelTimeout, RetryAfter: cfg.RetryAfter},
+			MaxIdleConnsPerHost: cfg.ChannelMaxInFlight, IdleConnTimeout: 90 * time.Second}}),
+		Money: order.MoneyConfig{ChannelTimeout: cfg.ChannelTimeout, RetryAfter: cfg.RetryAfter, MaxChannelCalls: cfg.ChannelMaxInFlight},
 	}
 	api := &httpapi.Server{Orders: m.Orders, Records: records, DB: db, Logger: m.Logger,
 		Tenants: httpapi.NewTenants(cfg.APIKeys), Policy: policy, Metrics: m.Metrics,

@@ -57,10 +57,10 @@ type Config struct {
 	SweepBatch     int           `env:"SWEEP_BATCH" envDefault:"100"`
 	// ChannelSlowDelay is how long the embedded mock channel takes for pm_slow.
 	ChannelSlowDelay time.Duration `env:"PAYMENT_SLOW_DELAY" envDefault:"2s"`
-	// ChannelMaxInFlight bounds the calls to the payment channel at once; a
-	// call beyond it waits for a connection within its ChannelTimeout. The
-	// admission limit does not bound them: a pay gives its slot back while
-	// it waits for the channel.
+	// ChannelMaxInFlight bounds the money intents at the payment channel at
+	// once, per instance; one beyond it is refused before anything is
+	// recorded. The admission limit does not bound them: a pay or refund
+	// gives its slot back while it waits for the channel.
 	ChannelMaxInFlight int `env:"PAYMENT_CHANNEL_MAX_IN_FLIGHT" envDefault:"64"`
 
 	ClientRetryWindow        time.Duration `env:"REPLAY_WINDOW_CLIENT_RETRY" envDefault:"24h"`

@@ -59,7 +59,7 @@ func (s *Server) awaitFirst(c echo.Context, scope idempotency.Scope, wait time.D
 		stop := context.AfterFunc(s.Stopping, cancel)
 		defer stop()
 	}
-	transport.Yield(c.Request().Context()) // it waits holding no connection either
+	transport.Yield(c.Request().Context()) // it waits holding neither a slot nor a connection
 	for problem.CodeOf(err) == problem.RequestInProgress && s.Waiter.Await(ctx, s.DB, scope) {
 		resp, err = run()
 	}

@@ -58,6 +58,14 @@ func errPostponed(retryAfter time.Duration) error {
 		Detail: "The payment channel's answer is not known yet; retry with the same Idempotency-Key."}
 }
 
+// errChannelBusy refuses a money intent in phase 1 when MaxChannelCalls
+// intents are at the channel already; phase 1 rolls back, so nothing is
+// recorded and the same key is a fresh attempt.
+func errChannelBusy() error {
+	return &problem.Error{Code: problem.ServiceUnavailable, RetryAfter: time.Second,
+		Detail: "The payment channel is at capacity and this request was not started; nothing was recorded. Retry with the same Idempotency-Key."}
+}
+
 // errSuperseded answers a request whose lease was taken over while it
 // worked: the new owner will record the outcome, which a retry then replays.
 func errSuperseded() error {

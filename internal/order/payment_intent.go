@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"golang.org/x/sync/semaphore"
 	"gorm.io/gorm"
 
 	"github.com/orderservice/orderservice/internal/database"
@@ -93,6 +94,10 @@ type MoneyConfig struct {
 	// RetryAfter is what a client is told to wait after an unknown outcome;
 	// the sweeper resumes the intent itself after that if nobody retries.
 	RetryAfter time.Duration
+	// MaxChannelCalls bounds the intents at the channel at once (0: no
+	// bound). One beyond it is refused in phase 1 with 503 and Retry-After,
+	// before anything is recorded; see channelPlace.
+	MaxChannelCalls int
 }
 
 // Pay charges the order total through the payment channel.
@@ -148,7 +153,9 @@ func (s *Service) runPaymentIntent(ctx context.Context, c Caller, op, orderID st
 	if err != nil {
 		return idempotency.Result{}, err
 	}
-	opened, err := s.open(ctx, c, id, in, rule)
+	place := &channelPlace{calls: s.channelCalls()}
+	defer place.release()
+	opened, err := s.open(ctx, c, id, in, rule, place)
 	if err != nil || !opened.awaitsChannel {
 		return opened.result, err
 	}
@@ -166,8 +173,9 @@ func (s *Service) runPaymentIntent(ctx context.Context, c Caller, op, orderID st
 	// key again.
 	lookupFirst := opened.claim.ResumedFrom == idempotency.Processing
 	// From here the intent waits for the channel, holding no connection:
-	// its admission slot goes to a request with work to do. The channel
-	// client's own bound (PAYMENT_CHANNEL_MAX_IN_FLIGHT) limits these calls.
+	// its admission slot goes to a request with work to do. Its place at
+	// the channel, held until its answer is stored, bounds what it does
+	// from now on.
 	transport.Yield(ctx)
 	work, cancel := s.detach(ctx)
 	defer cancel()
@@ -184,8 +192,51 @@ type opening struct {
 	result        idempotency.Result
 }
 
-// open is phase 1, in one transaction.
-func (s *Service) open(ctx context.Context, c Caller, id uuid.UUID, in idempotency.Intent, rule func(*Order) (plan, error)) (opened opening, err error) {
+// channelPlace is an intent's place among the MaxChannelCalls intents at
+// the channel at once. Phase 1 takes it when the intent is about to move
+// money, so an intent the channel has no room for is refused while
+// everything it wrote can still be rolled back; the intent holds it
+// through the call and until the answer is stored (phase 3).
+type channelPlace struct {
+	calls *semaphore.Weighted // nil: no bound
+	held  bool
+}
+
+// take reserves the place, or refuses with 503 when every place is taken.
+// A place already held is kept: a transaction that is tried again takes it
+// once.
+func (p *channelPlace) take() error {
+	if p.calls == nil || p.held {
+		return nil
+	}
+	if !p.calls.TryAcquire(1) {
+		return errChannelBusy()
+	}
+	p.held = true
+	return nil
+}
+
+func (p *channelPlace) release() {
+	if p.held {
+		p.calls.Release(1)
+		p.held = false
+	}
+}
+
+// channelCalls is the bound of MaxChannelCalls, made on first use; nil
+// when there is none.
+func (s *Service) channelCalls() *semaphore.Weighted {
+	s.callsOnce.Do(func() {
+		if s.Money.MaxChannelCalls > 0 {
+			s.calls = semaphore.NewWeighted(int64(s.Money.MaxChannelCalls))
+		}
+	})
+	return s.calls
+}
+
+// open is phase 1, in one transaction. An intent that goes on to the
+// channel leaves it holding place.
+func (s *Service) open(ctx context.Context, c Caller, id uuid.UUID, in idempotency.Intent, rule func(*Order) (plan, error), place *channelPlace) (opened opening, err error) {
 	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
 		opened = opening{}
 		claim, err := s.Records.ClaimOrReplay(tx, in)
@@ -199,15 +250,18 @@ func (s *Service) open(ctx context.Context, c Caller, id uuid.UUID, in idempoten
 		}
 		if claim.Resumes() { // an earlier attempt recorded its payment: resume it
 			p, found, err := pendingPayment(tx, in.Scope)
-			if err != nil || found {
-				opened.awaitsChannel, opened.payment = found, p
+			if err != nil {
 				return err
+			}
+			if found {
+				opened.awaitsChannel, opened.payment = true, p
+				return place.take()
 			}
 		}
 		res, pending, err := s.applyRule(tx, c, in.Operation, id, rule)
 		if err == nil && pending != nil {
 			opened.awaitsChannel, opened.payment = true, *pending
-			return nil
+			return place.take()
 		}
 		opened.result, err = s.finish(tx, in, claim.Token(), res, err)
 		return err
@@ -575,6 +629,12 @@ func (s *Service) resume(ctx context.Context, rec idempotency.Record, p Payment)
 			s.logger().ErrorContext(ctx, "sweeper recovered from a panic", "operation", rec.Operation, "key", rec.IdempotencyKey, "panic", r)
 		}
 	}()
+	if calls := s.channelCalls(); calls != nil { // the sweeper waits for a place
+		if err := calls.Acquire(ctx, 1); err != nil {
+			return // stopping: the lease and the next sweep finish it
+		}
+		defer calls.Release(1)
+	}
 	if _, err := s.settle(ctx, rec, p, true); err != nil {
 		s.logger().DebugContext(ctx, "sweep left intent unfinished", "operation", rec.Operation, "key", rec.IdempotencyKey, "err", err)
 	}

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
+	"golang.org/x/sync/semaphore"
 	"gorm.io/gorm"
 
 	"github.com/orderservice/orderservice/internal/database"
@@ -57,6 +59,9 @@ type Service struct {
 	Lifetime context.Context
 	// Hooks inject failures at the points where a crash would hurt most.
 	Hooks Hooks
+
+	callsOnce sync.Once
+	calls     *semaphore.Weighted // see channelCalls
 }
 
 // detach returns a context for work that must not stop when ctx's caller

@@ -5,6 +5,7 @@ package order_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"runtime"
@@ -13,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"gorm.io/gorm"
 
 	"github.com/orderservice/orderservice/internal/app"
 	"github.com/orderservice/orderservice/internal/apptest"
@@ -253,6 +256,7 @@ func slowPays(t *testing.T, c *apptest.Client, n int, sent func(i int)) (answers
 	}
 	rs := make([]apptest.Response, n)
 	var wg sync.WaitGroup
+	t.Cleanup(wg.Wait) // a test that stops early still outlives its pays
 	for i, id := range ids {
 		wg.Go(func() {
 			var err error
@@ -267,6 +271,19 @@ func slowPays(t *testing.T, c *apptest.Client, n int, sent func(i int)) (answers
 	return func() []apptest.Response { wg.Wait(); return rs }
 }
 
+// eachAtTheChannel is slowPays' sent for pays sent one after another: it
+// returns once pay i is at m's channel.
+func eachAtTheChannel(t *testing.T, m *app.Main) func(i int) {
+	before := m.Channel.Stats().Requests
+	return func(i int) {
+		t.Helper()
+		moneyEventually(t, 5*time.Second, fmt.Sprintf("pay %d at the channel", i), func() (bool, string) {
+			got := m.Channel.Stats().Requests - before
+			return got == int64(i+1), fmt.Sprintf("%d at the channel", got)
+		})
+	}
+}
+
 func TestAPayGivesItsAdmissionSlotBackWhileTheChannelWorks(t *testing.T) {
 	// Two slots and no queue: a request that finds both taken is refused at
 	// once. Four pays stand at the slow channel together, and a create is
@@ -277,13 +294,7 @@ func TestAPayGivesItsAdmissionSlotBackWhileTheChannelWorks(t *testing.T) {
 		env[k] = v
 	}
 	m, c := startMoney(t, env)
-	before := m.Channel.Stats().Requests
-	answers := slowPays(t, c, 4, func(i int) {
-		moneyEventually(t, 5*time.Second, fmt.Sprintf("pay %d at the channel", i), func() (bool, string) {
-			got := m.Channel.Stats().Requests - before
-			return got == int64(i+1), fmt.Sprintf("%d at the channel", got)
-		})
-	})
+	answers := slowPays(t, c, 4, eachAtTheChannel(t, m))
 	if r := c.Do(t, http.MethodPost, "/v1/orders", moneyKey("create-admitted"), createBody("cus_admitted")); r.Status != http.StatusCreated {
 		t.Errorf("a create while 4 pays are at the channel = %d %s, want 201", r.Status, r.Body)
 	}
@@ -297,32 +308,45 @@ func TestAPayGivesItsAdmissionSlotBackWhileTheChannelWorks(t *testing.T) {
 	}
 }
 
-func TestCallsToTheChannelBeyondItsBoundWaitForAConnection(t *testing.T) {
-	env := map[string]string{"PAYMENT_CHANNEL_MAX_IN_FLIGHT": "2", "PAYMENT_SLOW_DELAY": "1s"}
-	for k, v := range slowPayEnv {
-		if env[k] == "" {
-			env[k] = v
-		}
+func TestAPayTheChannelHasNoRoomForIsRefusedBeforeAnythingIsRecorded(t *testing.T) {
+	m, c := startMoney(t, map[string]string{"PAYMENT_CHANNEL_MAX_IN_FLIGHT": "2",
+		"PAYMENT_SLOW_DELAY": "2s", "PAYMENT_CHANNEL_TIMEOUT": "4s", "IDEMPOTENCY_LEASE": "10s", "SWEEP_INTERVAL": "1h"})
+	first := slowPays(t, c, 2, eachAtTheChannel(t, m))
+
+	// Two intents hold the channel's two places: the third is refused in
+	// phase 1, which rolls back its claim, its payment and its transition.
+	id, key := createOrder(t, c, moneyKey("create")), moneyKey("pay-refused")
+	r, err := c.Send(http.MethodPost, "/v1/orders/"+id+"/pay", key, moneyPayBody("pm_ok"), nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	m, c := startMoney(t, env)
-	answers := slowPays(t, c, 4, nil)
-	// All four are sent; while two are at the channel (1s each), the other
-	// two wait for a connection.
-	moneyEventually(t, 5*time.Second, "two pays at the channel", func() (bool, string) {
-		n := m.Channel.Stats().Requests
-		return n >= 2, fmt.Sprintf("%d at the channel", n)
-	})
-	time.Sleep(300 * time.Millisecond)
-	if n := m.Channel.Stats().Requests; n != 2 {
-		t.Errorf("%d requests reached the channel before its first answer, want 2 (PAYMENT_CHANNEL_MAX_IN_FLIGHT)", n)
+	moneyWantAnswer(t, "a pay while the channel's places are taken", r, http.StatusServiceUnavailable, "service_unavailable")
+	if r.Header.Get("Retry-After") == "" {
+		t.Error("the refusal has no Retry-After")
 	}
-	for i, r := range answers() {
+	if _, err := m.Orders.Records.Get(m.DB, idempotency.Scope{TenantID: moneyTenant, Operation: order.OpPay, Key: key}); !errors.Is(err, gorm.ErrRecordNotFound) {
+		t.Errorf("the refused pay's record: %v, want none", err)
+	}
+	if n := apptest.Count(t, m.DB, "SELECT count(*) FROM payments WHERE order_id = ?", id); n != 0 {
+		t.Errorf("the refused pay left %d payments", n)
+	}
+	if o := c.Do(t, http.MethodGet, "/v1/orders/"+id, "", nil); o.JSON(t)["status"] != "CREATED" {
+		t.Errorf("the refused pay's order is %v, want CREATED", o.JSON(t)["status"])
+	}
+
+	for i, r := range first() {
 		if r.Status != http.StatusOK || r.JSON(t)["status"] != "PAID" {
-			t.Errorf("pay %d = %d %s, want 200 PAID: a call that waited for a connection still charges", i, r.Status, r.Body)
+			t.Errorf("pay %d = %d %s, want 200 PAID", i, r.Status, r.Body)
 		}
 	}
-	if st := m.Channel.Stats(); st.Charges != 4 || st.Requests != 4 {
-		t.Errorf("the channel made %d charges from %d requests, want 4 from 4", st.Charges, st.Requests)
+	// Their places are free again: the same key is a fresh first attempt.
+	r = c.Do(t, http.MethodPost, "/v1/orders/"+id+"/pay", key, moneyPayBody("pm_ok"))
+	if r.Status != http.StatusOK || r.JSON(t)["status"] != "PAID" {
+		t.Errorf("the refused pay sent again = %d %s, want 200 PAID", r.Status, r.Body)
+	}
+	moneyWantFresh(t, r)
+	if st := m.Channel.Stats(); st.Charges != 3 || st.Requests != 3 {
+		t.Errorf("the channel made %d charges from %d requests, want 3 from 3", st.Charges, st.Requests)
 	}
 }
 

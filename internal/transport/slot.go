@@ -8,10 +8,15 @@ import (
 // A door may bound how many requests run at once (httpapi's Admission): a
 // request holds a slot while it runs. A use case that is about to wait on
 // something other than the service's own capacity, holding no database
-// connection (a pay waiting for the payment channel, a duplicate waiting
-// for its first attempt's outcome), gives its slot back with Yield, so
-// that requests with work to do are admitted meanwhile. What it does after
-// the wait is bounded by what it waited on, not by the door.
+// connection (a pay or refund waiting for the payment channel, a duplicate
+// waiting for its first attempt's outcome), gives its slot back with Yield,
+// so that requests with work to do are admitted meanwhile. What it does
+// after the wait runs without a slot: a pay stores the channel's answer
+// while it still holds its place at the channel (order.MoneyConfig.MaxChannelCalls), a
+// duplicate asks again once.
+
+// slot gives a request's slot back; only its first call does anything.
+type slot func()
 
 type slotKey struct{}
 
@@ -20,14 +25,14 @@ type slotKey struct{}
 // releases the slot; the door defers the call, so the slot is back when
 // the request ends at the latest.
 func WithSlot(ctx context.Context, release func()) (context.Context, func()) {
-	once := sync.OnceFunc(release)
+	once := slot(sync.OnceFunc(release))
 	return context.WithValue(ctx, slotKey{}, once), once
 }
 
 // Yield gives back the slot ctx carries, if any: the request waits now
 // without using the service's capacity.
 func Yield(ctx context.Context) {
-	if release, ok := ctx.Value(slotKey{}).(func()); ok {
+	if release, ok := ctx.Value(slotKey{}).(slot); ok {
 		release()
 	}
 }

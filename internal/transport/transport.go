@@ -1,7 +1,9 @@
 // Package transport is what every door into the service shares, so that an
 // HTTP request and a message carrying the same intent are read the same way
-// and answered with the same bytes: the strict JSON body decoder, and the
-// mapping from any error a use case returns to the problem it answers.
+// and answered with the same bytes: the strict JSON body decoder, the
+// mapping from any error a use case returns to the problem it answers, and
+// the slot a door may hold for a request, which a use case gives back
+// while it waits (slot.go).
 package transport
 
 import (
