@@ -130,7 +130,7 @@ func (b *bench) growth(ctx context.Context, res *results) error {
 	eg.Go(func() error {
 		for i := range g.Phases + 1 {
 			end := start.Add(time.Duration(i+1) * g.Phase)
-			if i%2 == 1 { // phase 0, and every other one after it, has no cleanup
+			if i%2 == 1 { // the odd phases clean up; phase 0 and the other even ones do not
 				pctx, cancel := context.WithDeadline(ctx, end)
 				began := time.Now()
 				r, err := cleaner.Pass(pctx)

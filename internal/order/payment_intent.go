@@ -216,6 +216,19 @@ func (p *channelPlace) take() error {
 	return nil
 }
 
+// wait takes the place when one frees, for work that may not be refused
+// (the sweeper's); it fails only when ctx ends.
+func (p *channelPlace) wait(ctx context.Context) error {
+	if p.calls == nil || p.held {
+		return nil
+	}
+	if err := p.calls.Acquire(ctx, 1); err != nil {
+		return err
+	}
+	p.held = true
+	return nil
+}
+
 func (p *channelPlace) release() {
 	if p.held {
 		p.calls.Release(1)
@@ -629,12 +642,11 @@ func (s *Service) resume(ctx context.Context, rec idempotency.Record, p Payment)
 			s.logger().ErrorContext(ctx, "sweeper recovered from a panic", "operation", rec.Operation, "key", rec.IdempotencyKey, "panic", r)
 		}
 	}()
-	if calls := s.channelCalls(); calls != nil { // the sweeper waits for a place
-		if err := calls.Acquire(ctx, 1); err != nil {
-			return // stopping: the lease and the next sweep finish it
-		}
-		defer calls.Release(1)
+	place := &channelPlace{calls: s.channelCalls()}
+	if err := place.wait(ctx); err != nil {
+		return // stopping: the lease and the next sweep finish it
 	}
+	defer place.release()
 	if _, err := s.settle(ctx, rec, p, true); err != nil {
 		s.logger().DebugContext(ctx, "sweep left intent unfinished", "operation", rec.Operation, "key", rec.IdempotencyKey, "err", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"runtime"
 	"strconv"
@@ -25,6 +26,13 @@ import (
 
 // slowPayEnv makes pm_slow take 2s at the channel, well inside its timeout.
 var slowPayEnv = map[string]string{"PAYMENT_SLOW_DELAY": "2s", "PAYMENT_CHANNEL_TIMEOUT": "4s", "IDEMPOTENCY_LEASE": "10s", "SWEEP_INTERVAL": "1h"}
+
+// slowPayEnvWith is slowPayEnv with the settings of env added or replaced.
+func slowPayEnvWith(env map[string]string) map[string]string {
+	merged := maps.Clone(slowPayEnv)
+	maps.Copy(merged, env)
+	return merged
+}
 
 // startSlowPay creates an order on c and starts its slow pay under key in the
 // background; it returns once the intent is PROCESSING at the channel, and
@@ -205,14 +213,8 @@ func goroutinesIn(fn string) int {
 }
 
 func TestWaitingDuplicatesDoNotTakeTheAdmissionSlotsOfOtherRequests(t *testing.T) {
-	env := map[string]string{"HTTP_MAX_IN_FLIGHT": "4", "HTTP_MAX_QUEUE": "4", "HTTP_QUEUE_TIMEOUT": "200ms",
-		"PAYMENT_SLOW_DELAY": "3s"}
-	for k, v := range slowPayEnv {
-		if env[k] == "" {
-			env[k] = v
-		}
-	}
-	m, c := startMoney(t, env)
+	m, c := startMoney(t, slowPayEnvWith(map[string]string{"HTTP_MAX_IN_FLIGHT": "4", "HTTP_MAX_QUEUE": "4", "HTTP_QUEUE_TIMEOUT": "200ms",
+		"PAYMENT_SLOW_DELAY": "3s"}))
 	key := moneyKey("R2-admitted")
 	id, first := startSlowPay(t, m, c, key)
 	// Five times the admission limit, in waves the size of the limit: each
@@ -289,11 +291,7 @@ func TestAPayGivesItsAdmissionSlotBackWhileTheChannelWorks(t *testing.T) {
 	// once. Four pays stand at the slow channel together, and a create is
 	// still admitted; were the slots held through the channel call, the
 	// third pay would be refused with 503.
-	env := map[string]string{"HTTP_MAX_IN_FLIGHT": "2", "HTTP_MAX_QUEUE": "0"}
-	for k, v := range slowPayEnv {
-		env[k] = v
-	}
-	m, c := startMoney(t, env)
+	m, c := startMoney(t, slowPayEnvWith(map[string]string{"HTTP_MAX_IN_FLIGHT": "2", "HTTP_MAX_QUEUE": "0"}))
 	answers := slowPays(t, c, 4, eachAtTheChannel(t, m))
 	if r := c.Do(t, http.MethodPost, "/v1/orders", moneyKey("create-admitted"), createBody("cus_admitted")); r.Status != http.StatusCreated {
 		t.Errorf("a create while 4 pays are at the channel = %d %s, want 201", r.Status, r.Body)
@@ -309,8 +307,7 @@ func TestAPayGivesItsAdmissionSlotBackWhileTheChannelWorks(t *testing.T) {
 }
 
 func TestAPayTheChannelHasNoRoomForIsRefusedBeforeAnythingIsRecorded(t *testing.T) {
-	m, c := startMoney(t, map[string]string{"PAYMENT_CHANNEL_MAX_IN_FLIGHT": "2",
-		"PAYMENT_SLOW_DELAY": "2s", "PAYMENT_CHANNEL_TIMEOUT": "4s", "IDEMPOTENCY_LEASE": "10s", "SWEEP_INTERVAL": "1h"})
+	m, c := startMoney(t, slowPayEnvWith(map[string]string{"PAYMENT_CHANNEL_MAX_IN_FLIGHT": "2"}))
 	first := slowPays(t, c, 2, eachAtTheChannel(t, m))
 
 	// Two intents hold the channel's two places: the third is refused in
