@@ -221,3 +221,65 @@ func TestCheckURL(t *testing.T) {
 		}
 	}
 }
+
+// TestATransactionWhoseCallerLeftSaysSo: when the caller's context ends
+// while a transaction is open, database/sql rolls it back, and the commit
+// that follows fails with sql.ErrTxDone, which says nothing of why. The
+// caller must learn that its context ended (a 503 "cancelled, retry with
+// the same key"), not that the service broke (a 500), and nothing of the
+// transaction may be committed.
+func TestATransactionWhoseCallerLeftSaysSo(t *testing.T) {
+	db := open(t, dbURL, testOptions)
+	if err := db.Exec(`CREATE TABLE cancelled_writes (n int)`).Error; err != nil {
+		t.Fatal(err)
+	}
+	for name, tc := range map[string]struct {
+		ctx  func() (context.Context, context.CancelFunc)
+		want error
+	}{
+		"cancelled": {func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) }, context.Canceled},
+		"past its deadline": {func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), 50*time.Millisecond)
+		}, context.DeadlineExceeded},
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := tc.ctx()
+			defer cancel()
+			err := database.Transact(ctx, db, func(tx *gorm.DB) error {
+				var pid int
+				if err := tx.Raw(`INSERT INTO cancelled_writes VALUES (1) RETURNING pg_backend_pid()`).Scan(&pid).Error; err != nil {
+					return err
+				}
+				if tc.want == context.Canceled {
+					cancel()
+				}
+				<-ctx.Done()
+				waitIdle(t, db, pid) // database/sql has rolled the transaction back
+				return nil
+			})
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("Transact = %v, want an error that is %v", err, tc.want)
+			}
+			var n int64
+			if err := db.Raw(`SELECT count(*) FROM cancelled_writes`).Scan(&n).Error; err != nil || n != 0 {
+				t.Fatalf("rows committed = %d (%v), want 0", n, err)
+			}
+		})
+	}
+}
+
+// waitIdle waits until backend pid is no longer in a transaction: idle, or
+// gone with the connection database/sql discarded.
+func waitIdle(t *testing.T, db *gorm.DB, pid int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		var state string
+		if err := db.Raw(`SELECT state FROM pg_stat_activity WHERE pid = ?`, pid).Scan(&state).Error; err != nil {
+			t.Fatal(err)
+		}
+		if state != "idle in transaction" && state != "active" {
+			return
+		}
+	}
+	t.Fatalf("backend %d still in its transaction after 10s", pid)
+}

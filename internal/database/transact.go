@@ -3,6 +3,8 @@ package database
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"fmt"
 
 	"gorm.io/gorm"
 )
@@ -18,10 +20,22 @@ const maxAttempts = 3
 func Transact(ctx context.Context, db *gorm.DB, fn func(tx *gorm.DB) error) error {
 	var err error
 	for attempt := 1; attempt <= maxAttempts; attempt++ {
-		err = db.WithContext(ctx).Transaction(fn)
+		err = ended(ctx, db.WithContext(ctx).Transaction(fn))
 		if !isRetryable(err) || ctx.Err() != nil {
 			return err
 		}
+	}
+	return err
+}
+
+// ended names the context's end as the cause of a transaction that
+// database/sql rolled back because its context ended: the statement or
+// commit after that fails with sql.ErrTxDone, which says nothing of why,
+// and would be answered as the service's own failure (500) instead of a
+// cancelled or timed-out request (503, retry with the same key).
+func ended(ctx context.Context, err error) error {
+	if ctx.Err() != nil && errors.Is(err, sql.ErrTxDone) {
+		return fmt.Errorf("%w: %w", ctx.Err(), err)
 	}
 	return err
 }
@@ -35,5 +49,5 @@ func isRetryable(err error) bool {
 // statement of a read sees the same committed state: a read racing a
 // settlement shows the order and its payment both before or both after it.
 func Snapshot(ctx context.Context, db *gorm.DB, fn func(tx *gorm.DB) error) error {
-	return db.WithContext(ctx).Transaction(fn, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+	return ended(ctx, db.WithContext(ctx).Transaction(fn, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true}))
 }
