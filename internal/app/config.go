@@ -72,7 +72,7 @@ type Config struct {
 
 	CleanupInterval time.Duration `env:"CLEANUP_INTERVAL" envDefault:"1h"`
 	CleanupBatch    int           `env:"CLEANUP_BATCH" envDefault:"500"`
-	CleanupPause    time.Duration `env:"CLEANUP_PAUSE" envDefault:"15ms"`
+	CleanupPause    time.Duration `env:"CLEANUP_PAUSE" envDefault:"5ms"`
 
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"8s"`
 
