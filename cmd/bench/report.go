@@ -506,8 +506,9 @@ func (r *report) growth(res *results) {
 
 func (r *report) overload(res *results) {
 	ov := res.Overload
-	r.p("Open loop (vegeta sends whatever the answers take) at %d× the capacity scenario 1 measured at its", ov.Factor)
-	r.p("highest concurrency (%s): %d creates/s for %s, fresh keys, a client timeout of %s. Right when", perSecond(ov.Capacity), ov.Rate, ov.For, ov.ClientTimeout)
+	r.p("Open loop (vegeta sends whatever the answers take) at %d× the capacity: the most creates per second", ov.Factor)
+	r.p("scenario 1's closed loops answered 201 at any concurrency (%s, at c=%d). %d creates/s for %s, fresh keys,", perSecond(ov.Capacity), ov.CapacityAt, ov.Rate, ov.For)
+	r.p("a client timeout of %s. Right when", ov.ClientTimeout)
 	r.p("the overload stops sending, a normal load of %d/s (half the capacity) starts; *back to normal* is", ov.NormalRate)
 	r.p("the end of the last %s of it (by send time) with an answer other than 201 or a p90 above twice the", recoveryBucket)
 	r.p("p99 of the same load before any overload (%s). *Goodput* is accepted answers per second from the first", ms(ov.Normal.P99))
