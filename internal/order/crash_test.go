@@ -426,3 +426,58 @@ func startBinary(t *testing.T, name, bin, readyURL string, env ...string) *testp
 	}
 	return p
 }
+
+// TestTheSweeperWaitsForAPlaceAtTheChannel: the sweeper takes over an
+// intent whose owner died after phase 1, but PAYMENT_CHANNEL_MAX_IN_FLIGHT
+// bounds the sweeper's calls too. While another pay holds the only place,
+// the taken-over intent does not reach the channel, not even to ask it
+// for the outcome; once the place is free it is finished, with one charge.
+func TestTheSweeperWaitsForAPlaceAtTheChannel(t *testing.T) {
+	m, c := startMoney(t, map[string]string{"PAYMENT_CHANNEL_MAX_IN_FLIGHT": "1"})
+	crash, _ := crashOnce(false)
+	holding, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	m.Orders.Hooks.AfterPhase1 = crash
+	m.Orders.Hooks.AfterChannelCall = func() error { // the second pay's call holds its place here
+		if calls.Add(1) == 1 {
+			close(holding)
+			<-release
+		}
+		return nil
+	}
+
+	orphan, orphanKey := createOrder(t, c, moneyKey("create-orphan")), moneyKey("pay-orphan")
+	apptest.WantAnswer(t, "the pay whose owner dies after phase 1",
+		moneyPay(t, c, orphan, orphanKey, "pm_ok"), http.StatusInternalServerError, "internal")
+
+	holder, holderKey := createOrder(t, c, moneyKey("create-holder")), moneyKey("pay-holder")
+	held := make(chan apptest.Response, 1)
+	go func() { held <- moneyPay(t, c, holder, holderKey, "pm_ok") }()
+	<-holding
+	moneyCheckStats(t, m.Channel.Stats(), moneyStats{charges: 1, requests: 1})
+
+	expireLease(t, moneyTenant, order.OpPay, orphanKey)
+	moneyEventually(t, 10*time.Second, "the orphan taken over by the sweeper", func() (bool, string) {
+		rec := moneyRecord(t, m, order.OpPay, orphanKey)
+		return rec.LeaseToken == 2, fmt.Sprintf("record %s token %d", rec.State, rec.LeaseToken)
+	})
+	// Give a sweeper that ignored the bound the time to call the channel;
+	// one that honours it is waiting for the place all along.
+	time.Sleep(500 * time.Millisecond)
+	moneyCheckStats(t, m.Channel.Stats(), moneyStats{charges: 1, requests: 1})
+	if rec := moneyRecord(t, m, order.OpPay, orphanKey); rec.State != idempotency.Processing {
+		t.Errorf("the orphan while the place is held = %s, want PROCESSING", rec.State)
+	}
+
+	close(release)
+	if r := <-held; r.Status != http.StatusOK || moneyDecodeOrder(t, r.Body).Status != "PAID" {
+		t.Fatalf("the pay that held the place = %d %s, want 200 PAID", r.Status, r.Body)
+	}
+	moneyEventually(t, 10*time.Second, "the orphan PAID by the sweeper", func() (bool, string) {
+		rec := moneyRecord(t, m, order.OpPay, orphanKey)
+		o := moneyReadOrder(t, c, orphan)
+		return rec.State == idempotency.Succeeded && o.Status == "PAID", fmt.Sprintf("record %s, order %s", rec.State, o.Status)
+	})
+	// The sweeper asked the channel for the orphan's outcome (none), then charged it.
+	moneyCheckStats(t, m.Channel.Stats(), moneyStats{charges: 2, requests: 2, lookups: 1})
+}
