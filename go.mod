@@ -13,6 +13,8 @@ require (
 	gorm.io/gorm v1.31.2
 )
 
+require github.com/vgarvardt/pgx-google-uuid/v5 v5.6.0 // indirect
+
 require (
 	github.com/antithesishq/antithesis-sdk-go v0.9.0-default-no-op // indirect
 	github.com/chromedp/cdproto v0.160.1 // indirect

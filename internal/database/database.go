@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
+	pgxuuid "github.com/vgarvardt/pgx-google-uuid/v5"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -80,7 +81,13 @@ func open(ctx context.Context, url string, opts Options) (*gorm.DB, error) {
 	cfg.RuntimeParams["idle_in_transaction_session_timeout"] = "60000"
 	cfg.RuntimeParams["application_name"] = cmp.Or(opts.ApplicationName, "orderservice")
 
-	sqlDB := stdlib.OpenDB(*cfg)
+	// uuid.UUID arguments are encoded as the 16 bytes they are; without
+	// this pgx asks their driver.Valuer for a string and parses it back,
+	// for every id of every statement.
+	sqlDB := stdlib.OpenDB(*cfg, stdlib.OptionAfterConnect(func(_ context.Context, c *pgx.Conn) error {
+		pgxuuid.Register(c.TypeMap())
+		return nil
+	}))
 	sqlDB.SetMaxOpenConns(opts.MaxConns)
 	sqlDB.SetMaxIdleConns(opts.MaxConns)
 	lifetime := opts.ConnMaxLifetime
