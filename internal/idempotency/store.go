@@ -82,7 +82,7 @@ func (s *Store) ClaimOrReplay(tx *gorm.DB, in Intent) (Claim, error) {
 		ON CONFLICT DO NOTHING
 		RETURNING lease_token, lease_expires_at, created_at`,
 		in.TenantID, in.Operation, in.Key, in.Fingerprint, in.ResourceID, s.Lease.Seconds(),
-		s.Policy.RetentionFor(in.Operation).Seconds()).Scan(&rec)
+		s.Policy.RetentionFor(in.Operation).Seconds()).Find(&rec) // Find, not Scan: see Replay
 	if res.Error != nil {
 		return Claim{}, s.waitError(res.Error)
 	}
@@ -156,11 +156,14 @@ func (s *Store) Record(tx *gorm.DB, in Intent, result Result) error {
 // from an outcome already committed.
 func (s *Store) Replay(db *gorm.DB, in Intent) (*Result, error) {
 	var rec Record
+	// Find, not Scan: every request runs this read, and GORM's Scan renders
+	// the statement with its values for its logger each time, whether
+	// anything logs or not.
 	res := db.Raw(`
 		SELECT tenant_id, operation, idempotency_key, fingerprint, state, resource_id, outcome, result_code, result_body
 		FROM idempotency_records
 		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ? AND state IN ('SUCCEEDED', 'FAILED_FINAL')`,
-		in.TenantID, in.Operation, in.Key).Scan(&rec)
+		in.TenantID, in.Operation, in.Key).Find(&rec)
 	if res.Error != nil || res.RowsAffected == 0 {
 		return nil, res.Error
 	}
