@@ -26,28 +26,48 @@ type growthResult struct {
 	// OldGauges is the SQL the metrics ran up to now, once, on the big table.
 	ScrapeEmpty, ScrapeBig, OldGauges time.Duration
 	Scrapes                           int
-	// Cleanup: the service's cleanup job (its CLEANUP_BATCH and
-	// CLEANUP_PAUSE) in every other one of Phases phases of Phase, while
-	// creates run at CleanupRate throughout; Quiet and DuringCleanup are
-	// the creates sent in the phases without and with it. CleanupTook is
-	// the time the job ran.
-	CleanupRate          int
-	Phase                time.Duration
-	Phases               int
-	Cleaned              idempotency.CleanupResult
-	CleanupTook          time.Duration
-	Quiet, DuringCleanup point
-	Batch                int
-	Pause                time.Duration
-	CleanupErr           string
+	// Cleanup: the cleanup job against the expired records while creates
+	// run at CleanupRate, in Phases phases of Phase: with the service's
+	// CLEANUP_BATCH and CLEANUP_PAUSE (Cleanup), and before that with the
+	// defaults they had before (CleanupBefore), each on its own share of
+	// the expired records.
+	CleanupRate            int
+	Phase                  time.Duration
+	Phases                 int
+	CleanupBefore, Cleanup cleanupRun
 }
 
-// CleanedPerSecond is the cleanup job's rate while creates ran.
-func (g growthResult) CleanedPerSecond() float64 {
-	if g.CleanupTook <= 0 {
+// cleanupRun is the cleanup job at one batch size and pause, in every
+// other phase while creates run throughout; Quiet and During are the
+// creates sent in the phases without and with it, Took the time it ran.
+type cleanupRun struct {
+	Batch         int
+	Pause         time.Duration
+	Cleaned       idempotency.CleanupResult
+	Took          time.Duration
+	Quiet, During point
+	Err           string
+}
+
+// The cleanup settings before issue 15 measured them (CLEANUP_BATCH,
+// CLEANUP_PAUSE): the "before" of the pair scenario 7 measures.
+const (
+	cleanupBatchBefore = 500
+	cleanupPauseBefore = 15 * time.Millisecond
+)
+
+// PerSecond is the job's rate while creates ran.
+func (c cleanupRun) PerSecond() float64 {
+	if c.Took <= 0 {
 		return 0
 	}
-	return float64(g.Cleaned.Deleted) / g.CleanupTook.Seconds()
+	return float64(c.Cleaned.Deleted) / c.Took.Seconds()
+}
+
+// P99Up is how much higher the creates' p99 was in the phases with the
+// job than in those without it (0.25 is 25 % higher).
+func (c cleanupRun) P99Up() float64 {
+	return float64(c.During.P99)/max(float64(c.Quiet.P99), 1) - 1
 }
 
 // summarise is the point of the samples that keep selects: their count,
@@ -117,14 +137,40 @@ func (b *bench) growth(ctx context.Context, res *results) error {
 
 	// The cleanup job against the expired share, while creates run at a
 	// constant rate: in alternate phases with and without it, so that the
-	// two halves are measured over the same stretch of time.
+	// two halves are measured over the same stretch of time; first at the
+	// settings of before, then at the service's.
 	g.CleanupRate = max(1, int(g.Big.Throughput/2))
 	g.Phase = o.Duration / 10
 	g.Phases = 20 // after phase 0, while the load opens its connections, which counts for neither
-
 	cfg := b.svc.Config
-	g.Batch, g.Pause = cfg.CleanupBatch, cfg.CleanupPause
-	cleaner := &idempotency.Cleaner{DB: b.svc.DB, Store: b.svc.Orders.Records, Batch: cfg.CleanupBatch, Pause: cfg.CleanupPause, Logger: b.svc.Logger}
+	for _, run := range []struct {
+		into  *cleanupRun
+		batch int
+		pause time.Duration
+	}{
+		{&g.CleanupBefore, cleanupBatchBefore, cleanupPauseBefore},
+		{&g.Cleanup, cfg.CleanupBatch, cfg.CleanupPause},
+	} {
+		*run.into = b.cleanupPhases(ctx, url, g, run.batch, run.pause)
+		c := *run.into
+		if c.Err != "" {
+			res.fail("cleanup during creates: %s", c.Err)
+		}
+		b.progress("  cleanup (batch %d, pause %s): %d deleted (%d archived) in %s = %.0f/s; creates at %d/s p99 %s quiet, %s during cleanup",
+			c.Batch, c.Pause, c.Cleaned.Deleted, c.Cleaned.Archived, c.Took.Round(time.Millisecond), c.PerSecond(), g.CleanupRate,
+			ms(c.Quiet.P99), ms(c.During.P99))
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// cleanupPhases runs the service's cleanup job with batch and pause in the
+// odd phases of g while creates run at g.CleanupRate through all of them.
+func (b *bench) cleanupPhases(ctx context.Context, url string, g *growthResult, batch int, pause time.Duration) cleanupRun {
+	c := cleanupRun{Batch: batch, Pause: pause}
+	cleaner := &idempotency.Cleaner{DB: b.svc.DB, Store: b.svc.Orders.Records, Batch: batch, Pause: pause, Logger: b.svc.Logger}
 	start := time.Now()
 	var eg errgroup.Group
 	eg.Go(func() error {
@@ -135,15 +181,15 @@ func (b *bench) growth(ctx context.Context, res *results) error {
 				began := time.Now()
 				r, err := cleaner.Pass(pctx)
 				cancel()
-				g.Cleaned.Deleted += r.Deleted
-				g.Cleaned.Archived += r.Archived
+				c.Cleaned.Deleted += r.Deleted
+				c.Cleaned.Archived += r.Archived
 				if err != nil && pctx.Err() == nil {
-					g.CleanupErr = err.Error()
+					c.Err = err.Error()
 					return nil
 				}
 				// A pass that ran out of expired records ends early; the rest of
 				// the phase has no cleanup either way.
-				g.CleanupTook += time.Since(began)
+				c.Took += time.Since(began)
 			}
 			select {
 			case <-time.After(time.Until(end)):
@@ -156,15 +202,9 @@ func (b *bench) growth(ctx context.Context, res *results) error {
 		targeter: freshCreates(url, &b.keys), duration: time.Duration(g.Phases+1) * g.Phase, keepSamples: true})
 	_ = eg.Wait()
 	phase := func(at time.Time) int { return int(at.Sub(start) / g.Phase) }
-	g.Quiet = summarise(creates.Samples, func(s sample) bool { p := phase(s.At); return p > 0 && p%2 == 0 })
-	g.DuringCleanup = summarise(creates.Samples, func(s sample) bool { return phase(s.At)%2 == 1 })
-	if g.CleanupErr != "" {
-		res.fail("cleanup during creates: %s", g.CleanupErr)
-	}
-	b.progress("  cleanup: %d deleted (%d archived) in %s = %.0f/s; creates at %d/s p99 %s quiet, %s during cleanup",
-		g.Cleaned.Deleted, g.Cleaned.Archived, g.CleanupTook.Round(time.Millisecond), g.CleanedPerSecond(), g.CleanupRate,
-		ms(g.Quiet.P99), ms(g.DuringCleanup.P99))
-	return ctx.Err()
+	c.Quiet = summarise(creates.Samples, func(s sample) bool { p := phase(s.At); return p > 0 && p%2 == 0 })
+	c.During = summarise(creates.Samples, func(s sample) bool { return phase(s.At)%2 == 1 })
+	return c
 }
 
 // generate fills the tables of the benchmark's database in SQL: records

@@ -104,7 +104,7 @@ func noisyPoints(res *results) []string {
 	}
 	all = append(all, named{"first execution", res.First}, named{"replay", res.Replay}, named{"storm", res.Storm.Point},
 		named{"pay", res.Pay.Point}, named{"constant rate", res.Steady}, named{"empty tables", res.Growth.Empty},
-		named{"big tables", res.Growth.Big}, named{"during cleanup", res.Growth.DuringCleanup},
+		named{"big tables", res.Growth.Big}, named{"during cleanup", res.Growth.Cleanup.During},
 		named{"overload", res.Overload.Shed.Point}, named{"overload without admission", res.Overload.Unshed.Point})
 	for _, l := range res.Overload.Limited {
 		all = append(all, named{fmt.Sprintf("overload at HTTP_MAX_IN_FLIGHT=%d", l.MaxInFlight), l.Point})
@@ -490,18 +490,25 @@ func (r *report) growth(res *results) {
 	r.p("the finished ones from PostgreSQL's statistics.")
 	r.p("")
 	r.p("Cleanup: creates came at a constant %d/s (half the big-table throughput) for %d phases of %s after", g.CleanupRate, g.Phases, g.Phase)
-	r.p("one more in which the load opened its connections (not counted); in every other phase the service's own job (`idempotency.Cleaner`, CLEANUP_BATCH=%d, CLEANUP_PAUSE=%s,", g.Batch, g.Pause)
-	r.p("on the service's pool) ran against the %s expired records. Each create counts in the phase it was", count(g.Expired))
-	r.p("sent in, so the two rows are measured over the same stretch of time. *Removed per second* is over the")
-	r.p("%s the job ran.", g.CleanupTook.Round(time.Millisecond))
+	r.p("one more in which the load opened its connections (not counted); in every other phase the service's own job")
+	r.p("(`idempotency.Cleaner`, on the service's pool) ran against the %s expired records: first with the", count(g.Expired))
+	r.p("settings it had before (CLEANUP_BATCH=%d, CLEANUP_PAUSE=%s), then, on the records left, with the", g.CleanupBefore.Batch, g.CleanupBefore.Pause)
+	r.p("service's (CLEANUP_BATCH=%d, CLEANUP_PAUSE=%s). Each create counts in the phase it was sent in, so", g.Cleanup.Batch, g.Cleanup.Pause)
+	r.p("the rows of one setting are measured over the same stretch of time. *Removed per second* is over")
+	r.p("the time the job ran; the second setting starts behind the rows the first deleted, which can only slow it.")
 	r.p("")
-	r.p("| creates at %d/s | p50 | p99 | answers | records removed | of them archived | removed per second |", g.CleanupRate)
-	r.p("|---|--:|--:|---|--:|--:|--:|")
-	r.p("| without cleanup | %s | %s | %s | | | |", ms(g.Quiet.P50), ms(g.Quiet.P99), statuses(g.Quiet))
-	r.p("| during cleanup | %s | %s | %s | %d | %d | %.0f/s |", ms(g.DuringCleanup.P50), ms(g.DuringCleanup.P99), statuses(g.DuringCleanup),
-		g.Cleaned.Deleted, g.Cleaned.Archived, g.CleanedPerSecond())
+	r.p("| cleanup job | creates at %d/s | p50 | p99 | answers | records removed | of them archived | removed per second | create p99 during ÷ without |", g.CleanupRate)
+	r.p("|---|---|--:|--:|---|--:|--:|--:|--:|")
+	for _, c := range []struct {
+		name string
+		run  cleanupRun
+	}{{"before", g.CleanupBefore}, {"the service's", g.Cleanup}} {
+		setting := fmt.Sprintf("%s: batch %d, pause %s", c.name, c.run.Batch, c.run.Pause)
+		r.p("| %s | without cleanup | %s | %s | %s | | | | |", setting, ms(c.run.Quiet.P50), ms(c.run.Quiet.P99), statuses(c.run.Quiet))
+		r.p("| %s | during cleanup | %s | %s | %s | %d | %d | %.0f/s | %s |", setting, ms(c.run.During.P50), ms(c.run.During.P99), statuses(c.run.During),
+			c.run.Cleaned.Deleted, c.run.Cleaned.Archived, c.run.PerSecond(), ratio(float64(c.run.During.P99), float64(c.run.Quiet.P99)))
+	}
 	r.p("")
-	r.p("Create p99 during cleanup ÷ without: %s.", ratio(float64(g.DuringCleanup.P99), float64(g.Quiet.P99)))
 }
 
 func (r *report) overload(res *results) {

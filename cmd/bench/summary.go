@@ -39,9 +39,9 @@ func (r *report) summary(res *results) {
 	r.p("| create throughput with %s records and %s orders ÷ empty tables (§7) | not measured | %.2f | ≥ 0.8 | %s |", count(g.Records), count(g.Orders), gr, yes(gr >= 0.8))
 	r.p("| `/metrics` scrape with %s records (§7) | `count(*)` per state at every scrape (%s here, once) | %s (%s on empty tables) | < 50 ms, independent of table size | %s |",
 		count(g.Records), ms(g.OldGauges), ms(g.ScrapeBig), ms(g.ScrapeEmpty), yes(g.ScrapeBig < 50*time.Millisecond))
-	up := float64(g.DuringCleanup.P99)/max(float64(g.Quiet.P99), 1) - 1
+	cl := g.Cleanup
 	r.p("| cleanup: expired records removed per second while creates run (§7) | not measured | %.0f/s, create p99 %+.0f %% | ≥ 20 000/s, create p99 up < 25 %% | %s |",
-		g.CleanedPerSecond(), 100*up, yes(g.CleanedPerSecond() >= 20000 && up < 0.25))
+		cl.PerSecond(), 100*cl.P99Up(), yes(cl.PerSecond() >= 20000 && cl.P99Up() < 0.25))
 	ov := res.Overload
 	s := ov.Shed
 	total := max(len(s.Point.Samples), 1)
@@ -71,6 +71,9 @@ func (r *report) summary(res *results) {
 		perSecond(res.DirectReplayRead.Throughput), micros(pgPerRequest(res.DirectReplayRead)))
 	r.p("| gauges from the sweeper's index and the statistics (`Store.Gauges`) | the gauges with %s records: the old SQL → GET /metrics | %s | %s |",
 		count(g.Records), ms(g.OldGauges), ms(g.ScrapeBig))
+	cb := g.CleanupBefore
+	r.p("| the cleanup job's pause between batches (CLEANUP_PAUSE) | the cleanup while creates run (§7): batch %d, pause %s → batch %d, pause %s | %.0f/s, create p99 %+.0f %% | %.0f/s, create p99 %+.0f %% |",
+		cb.Batch, cb.Pause, cl.Batch, cl.Pause, cb.PerSecond(), 100*cb.P99Up(), cl.PerSecond(), 100*cl.P99Up())
 	u := ov.Unshed
 	r.p("| admission limit (HTTP_MAX_IN_FLIGHT …) | 3× overload: HTTP_MAX_IN_FLIGHT=0 → defaults | accepted p99 %s, %d client timeouts, goodput %s, back to normal %s | accepted p99 %s, %d client timeouts, goodput %s, back to normal %s |",
 		ms(u.AcceptedP99), u.Timeout, percent(u.Goodput, ov.Capacity), recovery(u),
