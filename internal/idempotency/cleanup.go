@@ -51,7 +51,7 @@ func (s *Store) CleanupBatch(tx *gorm.DB, limit int) (CleanupResult, error) {
 			RETURNING 1
 		)
 		SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM archived) AS archived`,
-		limit, money).Scan(&res).Error
+		limit, money).Find(&res).Error
 	return res, err
 }
 

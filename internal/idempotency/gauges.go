@@ -57,7 +57,7 @@ func (s *Store) Gauges(db *gorm.DB) (Gauges, error) {
 			COALESCE((SELECT m.f FROM pg_stats st, unnest(st.most_common_vals::text::text[], st.most_common_freqs) AS m(v, f)
 			          WHERE st.schemaname = current_schema() AND st.tablename = 'idempotency_records'
 			            AND st.attname = 'state' AND m.v = 'FAILED_FINAL'), 0) AS final_share`,
-		RetriedAttempts).Scan(&row).Error
+		RetriedAttempts).Find(&row).Error
 	if err != nil {
 		return Gauges{}, err
 	}

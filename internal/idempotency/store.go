@@ -16,7 +16,10 @@ import (
 var ErrFenced = errors.New("idempotency: lease superseded by a newer owner")
 
 // Store reads and writes idempotency records. Every method takes the
-// transaction (or *gorm.DB) it runs in, chosen by the caller.
+// transaction (or *gorm.DB) it runs in, chosen by the caller. Raw
+// statements read their rows with Find, not Scan: GORM's Scan renders
+// every statement with its values for its logger (logger.Recorder),
+// whether anything logs or not, and these run on every request.
 type Store struct {
 	// Lease is how long an owner may work on an intent before a retry or
 	// the sweeper may take it over.
@@ -82,7 +85,7 @@ func (s *Store) ClaimOrReplay(tx *gorm.DB, in Intent) (Claim, error) {
 		ON CONFLICT DO NOTHING
 		RETURNING lease_token, lease_expires_at, created_at`,
 		in.TenantID, in.Operation, in.Key, in.Fingerprint, in.ResourceID, s.Lease.Seconds(),
-		s.Policy.RetentionFor(in.Operation).Seconds()).Find(&rec) // Find, not Scan: see Replay
+		s.Policy.RetentionFor(in.Operation).Seconds()).Find(&rec)
 	if res.Error != nil {
 		return Claim{}, s.waitError(res.Error)
 	}
@@ -156,9 +159,6 @@ func (s *Store) Record(tx *gorm.DB, in Intent, result Result) error {
 // from an outcome already committed.
 func (s *Store) Replay(db *gorm.DB, in Intent) (*Result, error) {
 	var rec Record
-	// Find, not Scan: every request runs this read, and GORM's Scan renders
-	// the statement with its values for its logger each time, whether
-	// anything logs or not.
 	res := db.Raw(`
 		SELECT tenant_id, operation, idempotency_key, fingerprint, state, resource_id, outcome, result_code, result_body
 		FROM idempotency_records
@@ -222,7 +222,7 @@ func (s *Store) current(tx *gorm.DB, scope Scope) (observed, error) {
 		       EXTRACT(EPOCH FROM now() - updated_at)::float8 AS owned_for_seconds
 		FROM idempotency_records
 		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?`,
-		scope.TenantID, scope.Operation, scope.Key).Scan(&cur).Error
+		scope.TenantID, scope.Operation, scope.Key).Find(&cur).Error
 	return cur, s.waitError(err)
 }
 
@@ -253,7 +253,7 @@ func (s *Store) takeOver(tx *gorm.DB, rec Record) (claim Claim, won bool, err er
 		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?
 		  AND lease_token = ? AND state IN ('PROCESSING', 'FAILED_RETRYABLE')
 		RETURNING *`,
-		s.Lease.Seconds(), rec.TenantID, rec.Operation, rec.IdempotencyKey, rec.LeaseToken).Scan(&next)
+		s.Lease.Seconds(), rec.TenantID, rec.Operation, rec.IdempotencyKey, rec.LeaseToken).Find(&next)
 	if res.Error != nil {
 		return Claim{}, false, s.waitError(res.Error)
 	}
@@ -289,7 +289,7 @@ func (s *Store) Complete(tx *gorm.DB, scope Scope, token int64, result Result) e
 		RETURNING waiting`,
 		state, resourceID, outcome, code, body,
 		s.Policy.RetentionFor(scope.Operation).Seconds(),
-		scope.TenantID, scope.Operation, scope.Key, token).Scan(&waiting)
+		scope.TenantID, scope.Operation, scope.Key, token).Find(&waiting)
 	return moved(tx, res, waiting, scope)
 }
 
@@ -316,7 +316,7 @@ func (s *Store) Hold(tx *gorm.DB, scope Scope, token int64) error {
 		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?
 		  AND lease_token = ? AND state = 'PROCESSING'
 		FOR UPDATE`,
-		scope.TenantID, scope.Operation, scope.Key, token).Scan(&held).Error
+		scope.TenantID, scope.Operation, scope.Key, token).Find(&held).Error
 	if err != nil {
 		return s.waitError(err)
 	}
@@ -337,7 +337,7 @@ func (s *Store) Fail(tx *gorm.DB, scope Scope, token int64, retryAfter time.Dura
 		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?
 		  AND lease_token = ? AND state = 'PROCESSING'
 		RETURNING waiting`,
-		retryAfter.Seconds(), scope.TenantID, scope.Operation, scope.Key, token).Scan(&waiting)
+		retryAfter.Seconds(), scope.TenantID, scope.Operation, scope.Key, token).Find(&waiting)
 	return moved(tx, res, waiting, scope)
 }
 
@@ -363,7 +363,7 @@ func (s *Store) ClaimDue(tx *gorm.DB, operations []string, limit int) ([]Record,
 		FROM due
 		WHERE r.tenant_id = due.tenant_id AND r.operation = due.operation AND r.idempotency_key = due.idempotency_key
 		RETURNING r.*`,
-		operations, limit, s.Lease.Seconds()).Scan(&recs).Error
+		operations, limit, s.Lease.Seconds()).Find(&recs).Error
 	for _, rec := range recs {
 		if err == nil {
 			err = wake(tx, rec.Waiting, rec.Scope())

@@ -169,7 +169,7 @@ func (w *Waiter) Await(ctx context.Context, db *gorm.DB, scope Scope) bool {
 		SELECT EXISTS (SELECT 1 FROM flagged) OR EXISTS (
 			SELECT 1 FROM idempotency_records
 			WHERE tenant_id = ? AND operation = ? AND idempotency_key = ? AND state = 'PROCESSING' AND waiting)`,
-		scope.TenantID, scope.Operation, scope.Key, scope.TenantID, scope.Operation, scope.Key).Scan(&inFlight).Error
+		scope.TenantID, scope.Operation, scope.Key, scope.TenantID, scope.Operation, scope.Key).Find(&inFlight).Error
 	switch {
 	case ctx.Err() != nil:
 		return false
