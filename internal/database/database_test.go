@@ -233,26 +233,23 @@ func TestATransactionWhoseCallerLeftSaysSo(t *testing.T) {
 	if err := db.Exec(`CREATE TABLE cancelled_writes (n int)`).Error; err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { db.Exec(`DROP TABLE cancelled_writes`) })
 	for name, tc := range map[string]struct {
-		ctx  func() (context.Context, context.CancelFunc)
+		end  func(cancel context.CancelFunc) // ends the context mid-transaction
 		want error
 	}{
-		"cancelled": {func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) }, context.Canceled},
-		"past its deadline": {func() (context.Context, context.CancelFunc) {
-			return context.WithTimeout(context.Background(), 50*time.Millisecond)
-		}, context.DeadlineExceeded},
+		"cancelled":         {func(cancel context.CancelFunc) { cancel() }, context.Canceled},
+		"past its deadline": {func(context.CancelFunc) {}, context.DeadlineExceeded}, // the deadline ends it
 	} {
 		t.Run(name, func(t *testing.T) {
-			ctx, cancel := tc.ctx()
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 			defer cancel()
 			err := database.Transact(ctx, db, func(tx *gorm.DB) error {
 				var pid int
 				if err := tx.Raw(`INSERT INTO cancelled_writes VALUES (1) RETURNING pg_backend_pid()`).Scan(&pid).Error; err != nil {
 					return err
 				}
-				if tc.want == context.Canceled {
-					cancel()
-				}
+				tc.end(cancel)
 				<-ctx.Done()
 				waitIdle(t, db, pid) // database/sql has rolled the transaction back
 				return nil
