@@ -47,7 +47,19 @@ type cleanupRun struct {
 	Took          time.Duration
 	Quiet, During point
 	Err           string
+	// RefusedIn is in how many windows of refusalWindow (by send time) a
+	// create was refused: a few windows with many 503s each are stalls of
+	// every request at once, not a steady overload.
+	RefusedIn int
+	// Checkpoints is how many checkpoints PostgreSQL completed while this
+	// setting's phases ran, and CheckpointSync the time their sync phases
+	// took (pg_stat_bgwriter).
+	Checkpoints    int64
+	CheckpointSync time.Duration
 }
+
+// refusalWindow is the width of the windows RefusedIn counts.
+const refusalWindow = 100 * time.Millisecond
 
 // The cleanup settings before issue 15 measured them (CLEANUP_BATCH,
 // CLEANUP_PAUSE): the "before" of the pair scenario 7 measures.
@@ -151,8 +163,17 @@ func (b *bench) growth(ctx context.Context, res *results) error {
 		{&g.CleanupBefore, cleanupBatchBefore, cleanupPauseBefore},
 		{&g.Cleanup, cfg.CleanupBatch, cfg.CleanupPause},
 	} {
+		checkpoints, synced, err := b.checkpoints(ctx)
+		if err != nil {
+			return err
+		}
 		*run.into = b.cleanupPhases(ctx, url, g, run.batch, run.pause)
-		c := *run.into
+		c := run.into
+		after, syncedAfter, err := b.checkpoints(ctx)
+		if err != nil {
+			return err
+		}
+		c.Checkpoints, c.CheckpointSync = after-checkpoints, syncedAfter-synced
 		if c.Err != "" {
 			res.fail("cleanup during creates: %s", c.Err)
 		}
@@ -204,7 +225,22 @@ func (b *bench) cleanupPhases(ctx context.Context, url string, g *growthResult, 
 	phase := func(at time.Time) int { return int(at.Sub(start) / g.Phase) }
 	c.Quiet = summarise(creates.Samples, func(s sample) bool { p := phase(s.At); return p > 0 && p%2 == 0 })
 	c.During = summarise(creates.Samples, func(s sample) bool { return phase(s.At)%2 == 1 })
+	windows := map[time.Duration]bool{}
+	for _, s := range creates.Samples {
+		if s.Code == http.StatusServiceUnavailable && phase(s.At) > 0 {
+			windows[s.At.Sub(start)/refusalWindow] = true
+		}
+	}
+	c.RefusedIn = len(windows)
 	return c
+}
+
+// checkpoints is how many checkpoints PostgreSQL has completed, and how
+// long their sync phases took in all.
+func (b *bench) checkpoints(ctx context.Context) (n int64, synced time.Duration, err error) {
+	var ms float64
+	err = b.admin.QueryRow(ctx, `SELECT checkpoints_timed + checkpoints_req, checkpoint_sync_time FROM pg_stat_bgwriter`).Scan(&n, &ms)
+	return n, time.Duration(ms * float64(time.Millisecond)), err
 }
 
 // generate fills the tables of the benchmark's database in SQL: records

@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"maps"
+	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -71,6 +73,20 @@ func unexpected(p point, want int) string {
 			errs = errs[:3]
 		}
 		s += " (" + strings.Join(errs, "; ") + ")"
+	}
+	return s
+}
+
+// others is what p answered besides 201 and 503 (a client timeout is a
+// request with no answer), with vegeta's error texts.
+func others(p point) string {
+	rest := p
+	rest.Statuses = maps.Clone(p.Statuses)
+	delete(rest.Statuses, strconv.Itoa(http.StatusCreated))
+	delete(rest.Statuses, strconv.Itoa(http.StatusServiceUnavailable))
+	s := statuses(rest)
+	if len(p.Errors) > 0 {
+		s += "; vegeta's errors: " + strings.Join(p.Errors[:min(len(p.Errors), 3)], "; ")
 	}
 	return s
 }
@@ -509,6 +525,23 @@ func (r *report) growth(res *results) {
 			c.run.Cleaned.Deleted, c.run.Cleaned.Archived, c.run.PerSecond(), ratio(float64(c.run.During.P99), float64(c.run.Quiet.P99)))
 	}
 	r.p("")
+	r.p("A 503 at half the throughput is a create that found every admission slot taken for longer than the")
+	r.p("queue allows (HTTP_QUEUE_TIMEOUT, or a quarter of it once the queue stands): the requests in flight had")
+	r.p("stopped finishing. *When* the 503s came says what stopped them: counted in windows of %s by send time,", refusalWindow)
+	r.p("beside the checkpoints PostgreSQL completed meanwhile (pg_stat_bgwriter; its settings are in the table at")
+	r.p("the top, and deleting from a page not touched since the last checkpoint logs the whole page):")
+	r.p("")
+	r.p("| cleanup job | 503s | windows of %s with a 503 | checkpoints completed | their sync phases |", refusalWindow)
+	r.p("|---|--:|--:|--:|--:|")
+	for _, c := range []struct {
+		name string
+		run  cleanupRun
+	}{{"before", g.CleanupBefore}, {"the service's", g.Cleanup}} {
+		r.p("| %s: batch %d, pause %s | %d | %d of %d | %d | %s |", c.name, c.run.Batch, c.run.Pause,
+			c.run.Quiet.ok(http.StatusServiceUnavailable)+c.run.During.ok(http.StatusServiceUnavailable),
+			c.run.RefusedIn, int(time.Duration(g.Phases)*g.Phase/refusalWindow), c.run.Checkpoints, ms(c.run.CheckpointSync))
+	}
+	r.p("")
 }
 
 func (r *report) overload(res *results) {
@@ -549,6 +582,12 @@ func (r *report) overload(res *results) {
 			percentOf(int64(x.run.Timeout), int64(len(x.run.Point.Samples))), x.run.Other, percent(x.run.Goodput, ov.Capacity), back)
 	}
 	r.p("")
+	for _, x := range append(rows, row{"no admission control", ov.Unshed}) {
+		if x.run.Other > 0 {
+			r.p("The %d other answers of *%s* (not 201, not 503, not a client timeout): %s.", x.run.Other, x.name, others(x.run.Point))
+			r.p("")
+		}
+	}
 	noRetryAfter := ov.Shed.NoRetryAfter
 	for _, l := range ov.Limited {
 		noRetryAfter += l.NoRetryAfter
