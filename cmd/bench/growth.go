@@ -56,6 +56,53 @@ type cleanupRun struct {
 	// took (pg_stat_bgwriter).
 	Checkpoints    int64
 	CheckpointSync time.Duration
+	// WALWaitRefused and WALWaitOther are the share of the service's active
+	// sessions that were waiting for the WAL to be written or flushed
+	// (wait events WALWrite, WALSync), sampled every walSampleEvery, in the
+	// windows with a 503 and in the others.
+	WALWaitRefused, WALWaitOther float64
+}
+
+// walSampleEvery is how often cleanupPhases samples pg_stat_activity.
+const walSampleEvery = 10 * time.Millisecond
+
+// walSample is one look at the service's active sessions.
+type walSample struct {
+	at                 time.Time
+	waitingWAL, active int
+}
+
+// sampleWAL samples until ctx ends how many of the service's sessions are
+// active and how many of those wait for the WAL, on a connection of its own.
+func (b *bench) sampleWAL(ctx context.Context) ([]walSample, error) {
+	conn, err := b.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.Background())
+	var samples []walSample
+	t := time.NewTicker(walSampleEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return samples, nil
+		case <-t.C:
+		}
+		s := walSample{at: time.Now()}
+		err := conn.QueryRow(ctx, `
+			SELECT count(*) FILTER (WHERE wait_event IN ('WALWrite', 'WALSync')), count(*)
+			FROM pg_stat_activity
+			WHERE datname = current_database() AND backend_type = 'client backend' AND state = 'active'
+			  AND pid <> pg_backend_pid()`).Scan(&s.waitingWAL, &s.active)
+		if err != nil {
+			if ctx.Err() != nil {
+				return samples, nil
+			}
+			return samples, err
+		}
+		samples = append(samples, s)
+	}
 }
 
 // refusalWindow is the width of the windows RefusedIn counts.
@@ -194,7 +241,16 @@ func (b *bench) cleanupPhases(ctx context.Context, url string, g *growthResult, 
 	cleaner := &idempotency.Cleaner{DB: b.svc.DB, Store: b.svc.Orders.Records, Batch: batch, Pause: pause, Logger: b.svc.Logger}
 	start := time.Now()
 	var eg errgroup.Group
+	sampling, stopSampling := context.WithCancel(ctx)
+	defer stopSampling()
+	var walSamples []walSample
+	var walErr error
 	eg.Go(func() error {
+		walSamples, walErr = b.sampleWAL(sampling)
+		return nil
+	})
+	eg.Go(func() error {
+		defer stopSampling()
 		for i := range g.Phases + 1 {
 			end := start.Add(time.Duration(i+1) * g.Phase)
 			if i%2 == 1 { // the odd phases clean up; phase 0 and the other even ones do not
@@ -232,6 +288,19 @@ func (b *bench) cleanupPhases(ctx context.Context, url string, g *growthResult, 
 		}
 	}
 	c.RefusedIn = len(windows)
+	if walErr != nil {
+		c.Err = "sampling pg_stat_activity: " + walErr.Error()
+	}
+	var wal, active [2]int // [in a window without a 503, with one]
+	for _, s := range walSamples {
+		if phase(s.at) > 0 {
+			i := btoi(windows[s.at.Sub(start)/refusalWindow])
+			wal[i] += s.waitingWAL
+			active[i] += s.active
+		}
+	}
+	c.WALWaitOther = float64(wal[0]) / float64(max(active[0], 1))
+	c.WALWaitRefused = float64(wal[1]) / float64(max(active[1], 1))
 	return c
 }
 

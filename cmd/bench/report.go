@@ -529,17 +529,24 @@ func (r *report) growth(res *results) {
 	r.p("queue allows (HTTP_QUEUE_TIMEOUT, or a quarter of it once the queue stands): the requests in flight had")
 	r.p("stopped finishing. *When* the 503s came says what stopped them: counted in windows of %s by send time,", refusalWindow)
 	r.p("beside the checkpoints PostgreSQL completed meanwhile (pg_stat_bgwriter; its settings are in the table at")
-	r.p("the top, and deleting from a page not touched since the last checkpoint logs the whole page):")
+	r.p("the top, and deleting from a page not touched since the last checkpoint logs the whole page) and the")
+	r.p("share of the service's active sessions that were waiting for the WAL to be written or flushed, a commit")
+	r.p("waiting for its fsync (wait events WALWrite and WALSync, pg_stat_activity sampled every %s):", walSampleEvery)
 	r.p("")
-	r.p("| cleanup job | 503s | windows of %s with a 503 | checkpoints completed | their sync phases |", refusalWindow)
-	r.p("|---|--:|--:|--:|--:|")
+	r.p("| cleanup job | 503s | windows of %s with a 503 | checkpoints completed | their sync phases | active sessions waiting for the WAL: windows with a 503 | the others |", refusalWindow)
+	r.p("|---|--:|--:|--:|--:|--:|--:|")
 	for _, c := range []struct {
 		name string
 		run  cleanupRun
 	}{{"before", g.CleanupBefore}, {"the service's", g.Cleanup}} {
-		r.p("| %s: batch %d, pause %s | %d | %d of %d | %d | %s |", c.name, c.run.Batch, c.run.Pause,
+		refusedWAL := "–"
+		if c.run.RefusedIn > 0 {
+			refusedWAL = fmt.Sprintf("%.0f %%", 100*c.run.WALWaitRefused)
+		}
+		r.p("| %s: batch %d, pause %s | %d | %d of %d | %d | %s | %s | %.0f %% |", c.name, c.run.Batch, c.run.Pause,
 			c.run.Quiet.ok(http.StatusServiceUnavailable)+c.run.During.ok(http.StatusServiceUnavailable),
-			c.run.RefusedIn, int(time.Duration(g.Phases)*g.Phase/refusalWindow), c.run.Checkpoints, ms(c.run.CheckpointSync))
+			c.run.RefusedIn, int(time.Duration(g.Phases)*g.Phase/refusalWindow), c.run.Checkpoints, ms(c.run.CheckpointSync),
+			refusedWAL, 100*c.run.WALWaitOther)
 	}
 	r.p("")
 }
