@@ -106,3 +106,20 @@ func TestOptions(t *testing.T) {
 }
 
 func noEnv(string) string { return "" }
+
+// The overload table counts client timeouts apart, so what it lists as a
+// run's other answers leaves them out.
+func TestOthersLeaveTheClientTimeoutsOut(t *testing.T) {
+	run := overloadRun{Point: point{Statuses: map[string]int{"201": 5, "503": 3, "0": 10, "500": 2},
+		Errors: []string{"socket: too many open files", "Client.Timeout exceeded"}}, Timeout: 4}
+	want := "no answer ×6, 500 ×2; vegeta's errors (timeouts included): socket: too many open files; Client.Timeout exceeded"
+	if got := others(run); got != want {
+		t.Errorf("others = %q, want %q", got, want)
+	}
+	if run.Point.Statuses["0"] != 10 {
+		t.Errorf("others changed the run's own counts: %v", run.Point.Statuses)
+	}
+	if got := others(overloadRun{Point: point{Statuses: map[string]int{"201": 5, "0": 4}}, Timeout: 4}); got != "" {
+		t.Errorf("others of a run whose only unanswered requests timed out = %q, want nothing", got)
+	}
+}

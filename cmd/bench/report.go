@@ -77,16 +77,19 @@ func unexpected(p point, want int) string {
 	return s
 }
 
-// others is what p answered besides 201 and 503 (a client timeout is a
-// request with no answer), with vegeta's error texts.
-func others(p point) string {
-	rest := p
-	rest.Statuses = maps.Clone(p.Statuses)
+// others is what a run answered besides 201, 503 and its client timeouts
+// (requests with no answer too), with vegeta's error texts.
+func others(run overloadRun) string {
+	rest := run.Point
+	rest.Statuses = maps.Clone(rest.Statuses)
 	delete(rest.Statuses, strconv.Itoa(http.StatusCreated))
 	delete(rest.Statuses, strconv.Itoa(http.StatusServiceUnavailable))
+	if rest.Statuses["0"] -= run.Timeout; rest.Statuses["0"] <= 0 {
+		delete(rest.Statuses, "0")
+	}
 	s := statuses(rest)
-	if len(p.Errors) > 0 {
-		s += "; vegeta's errors: " + strings.Join(p.Errors[:min(len(p.Errors), 3)], "; ")
+	if errs := rest.Errors; len(errs) > 0 {
+		s += "; vegeta's errors (timeouts included): " + strings.Join(errs[:min(len(errs), 3)], "; ")
 	}
 	return s
 }
@@ -579,7 +582,8 @@ func (r *report) overload(res *results) {
 	for _, l := range ov.Limited {
 		rows = append(rows, row{fmt.Sprintf("HTTP_MAX_IN_FLIGHT=%d", l.MaxInFlight), l.overloadRun})
 	}
-	for _, x := range append(rows, row{"no admission control", ov.Unshed}) {
+	rows = append(rows, row{"no admission control", ov.Unshed})
+	for _, x := range rows {
 		back := x.run.BackToNormal.String()
 		if !x.run.Recovered {
 			back = "> " + back
@@ -589,9 +593,9 @@ func (r *report) overload(res *results) {
 			percentOf(int64(x.run.Timeout), int64(len(x.run.Point.Samples))), x.run.Other, percent(x.run.Goodput, ov.Capacity), back)
 	}
 	r.p("")
-	for _, x := range append(rows, row{"no admission control", ov.Unshed}) {
+	for _, x := range rows {
 		if x.run.Other > 0 {
-			r.p("The %d other answers of *%s* (not 201, not 503, not a client timeout): %s.", x.run.Other, x.name, others(x.run.Point))
+			r.p("The %d other answers of *%s* (not 201, not 503, not a client timeout): %s.", x.run.Other, x.name, others(x.run))
 			r.p("")
 		}
 	}
