@@ -210,17 +210,8 @@ func (b *bench) growth(ctx context.Context, res *results) error {
 		{&g.CleanupBefore, cleanupBatchBefore, cleanupPauseBefore},
 		{&g.Cleanup, cfg.CleanupBatch, cfg.CleanupPause},
 	} {
-		checkpoints, synced, err := b.checkpoints(ctx)
-		if err != nil {
-			return err
-		}
 		*run.into = b.cleanupPhases(ctx, url, g, run.batch, run.pause)
-		c := run.into
-		after, syncedAfter, err := b.checkpoints(ctx)
-		if err != nil {
-			return err
-		}
-		c.Checkpoints, c.CheckpointSync = after-checkpoints, syncedAfter-synced
+		c := *run.into
 		if c.Err != "" {
 			res.fail("cleanup during creates: %s", c.Err)
 		}
@@ -239,6 +230,13 @@ func (b *bench) growth(ctx context.Context, res *results) error {
 func (b *bench) cleanupPhases(ctx context.Context, url string, g *growthResult, batch int, pause time.Duration) cleanupRun {
 	c := cleanupRun{Batch: batch, Pause: pause}
 	cleaner := &idempotency.Cleaner{DB: b.svc.DB, Store: b.svc.Orders.Records, Batch: batch, Pause: pause, Logger: b.svc.Logger}
+	// The admin connection before and after, never while the load measures
+	// the CPU with it.
+	checkpoints, synced, err := b.checkpoints(ctx)
+	if err != nil {
+		c.Err = err.Error()
+		return c
+	}
 	start := time.Now()
 	var eg errgroup.Group
 	sampling, stopSampling := context.WithCancel(ctx)
@@ -281,27 +279,44 @@ func (b *bench) cleanupPhases(ctx context.Context, url string, g *growthResult, 
 	phase := func(at time.Time) int { return int(at.Sub(start) / g.Phase) }
 	c.Quiet = summarise(creates.Samples, func(s sample) bool { p := phase(s.At); return p > 0 && p%2 == 0 })
 	c.During = summarise(creates.Samples, func(s sample) bool { return phase(s.At)%2 == 1 })
+	counted := start.Add(g.Phase) // phase 0 counts for neither
+	refused := refusedWindows(creates.Samples, start, counted)
+	c.RefusedIn = len(refused)
+	c.WALWaitRefused, c.WALWaitOther = walShares(walSamples, refused, start, counted)
+	after, syncedAfter, err := b.checkpoints(ctx)
+	c.Checkpoints, c.CheckpointSync = after-checkpoints, syncedAfter-synced
+	for _, err := range []error{walErr, err} {
+		if err != nil && c.Err == "" {
+			c.Err = err.Error()
+		}
+	}
+	return c
+}
+
+// refusedWindows is the set of windows of refusalWindow, numbered from
+// start, in which a create sent from counted on was refused with 503.
+func refusedWindows(samples []sample, start, counted time.Time) map[time.Duration]bool {
 	windows := map[time.Duration]bool{}
-	for _, s := range creates.Samples {
-		if s.Code == http.StatusServiceUnavailable && phase(s.At) > 0 {
+	for _, s := range samples {
+		if s.Code == http.StatusServiceUnavailable && !s.At.Before(counted) {
 			windows[s.At.Sub(start)/refusalWindow] = true
 		}
 	}
-	c.RefusedIn = len(windows)
-	if walErr != nil {
-		c.Err = "sampling pg_stat_activity: " + walErr.Error()
-	}
-	var wal, active [2]int // [in a window without a 503, with one]
-	for _, s := range walSamples {
-		if phase(s.at) > 0 {
-			i := btoi(windows[s.at.Sub(start)/refusalWindow])
+	return windows
+}
+
+// walShares is the share of the active sessions sampled from counted on
+// that were waiting for the WAL, in the refused windows and in the others.
+func walShares(samples []walSample, refused map[time.Duration]bool, start, counted time.Time) (inRefused, elsewhere float64) {
+	var wal, active [2]int // [elsewhere, in a refused window]
+	for _, s := range samples {
+		if !s.at.Before(counted) {
+			i := btoi(refused[s.at.Sub(start)/refusalWindow])
 			wal[i] += s.waitingWAL
 			active[i] += s.active
 		}
 	}
-	c.WALWaitOther = float64(wal[0]) / float64(max(active[0], 1))
-	c.WALWaitRefused = float64(wal[1]) / float64(max(active[1], 1))
-	return c
+	return float64(wal[1]) / float64(max(active[1], 1)), float64(wal[0]) / float64(max(active[0], 1))
 }
 
 // checkpoints is how many checkpoints PostgreSQL has completed, and how

@@ -63,7 +63,7 @@ func TestQuickRun(t *testing.T) {
 
 	t.Run("the layer, the big tables and the overload are measured", func(t *testing.T) {
 		for _, want := range []string{"| throughput loss |", "| claim first |", "| one SELECT | ",
-			"Big ÷ empty: ", "| during cleanup | ", "| admission limit (defaults) | ", "| no admission control | ", "## Summary\n"} {
+			"Big ÷ empty: ", "| during cleanup | ", "| windows of 100ms with a 503 |", "| admission limit (defaults) | ", "| no admission control | ", "## Summary\n"} {
 			if !strings.Contains(report, want) {
 				t.Errorf("the report lacks %q:\n%s", want, report)
 			}
@@ -121,5 +121,36 @@ func TestOthersLeaveTheClientTimeoutsOut(t *testing.T) {
 	}
 	if got := others(overloadRun{Point: point{Statuses: map[string]int{"201": 5, "0": 4}}, Timeout: 4}); got != "" {
 		t.Errorf("others of a run whose only unanswered requests timed out = %q, want nothing", got)
+	}
+}
+
+// A window of the big tables' cleanup counts as refused when a create sent
+// in it got a 503, and the WAL waits are split between those windows and
+// the others; the load's first phase counts for neither.
+func TestWALWaitsAreSplitByTheWindowsWithARefusal(t *testing.T) {
+	start := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return start.Add(time.Duration(ms) * time.Millisecond) }
+	counted := at(1000)
+	samples := []sample{
+		{At: at(500), Code: 503},  // phase 0: not counted
+		{At: at(1050), Code: 503}, // window 10
+		{At: at(1090), Code: 503}, // window 10 again
+		{At: at(1150), Code: 201},
+		{At: at(1420), Code: 503}, // window 14
+	}
+	refused := refusedWindows(samples, start, counted)
+	if len(refused) != 2 || !refused[10] || !refused[14] {
+		t.Fatalf("refused windows = %v, want 10 and 14", refused)
+	}
+	wal := []walSample{
+		{at: at(510), waitingWAL: 9, active: 9},  // phase 0: not counted
+		{at: at(1010), waitingWAL: 3, active: 4}, // window 10
+		{at: at(1430), waitingWAL: 1, active: 1}, // window 14
+		{at: at(1200), waitingWAL: 1, active: 4}, // elsewhere
+		{at: at(1300), waitingWAL: 0, active: 0}, // nobody active
+	}
+	in, elsewhere := walShares(wal, refused, start, counted)
+	if in != 0.8 || elsewhere != 0.25 {
+		t.Errorf("WAL waits = %v in the refused windows and %v elsewhere, want 0.8 and 0.25", in, elsewhere)
 	}
 }

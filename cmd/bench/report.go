@@ -518,10 +518,11 @@ func (r *report) growth(res *results) {
 	r.p("")
 	r.p("| cleanup job | creates at %d/s | p50 | p99 | answers | records removed | of them archived | removed per second | create p99 during ÷ without |", g.CleanupRate)
 	r.p("|---|---|--:|--:|---|--:|--:|--:|--:|")
-	for _, c := range []struct {
+	settings := []struct {
 		name string
 		run  cleanupRun
-	}{{"before", g.CleanupBefore}, {"the service's", g.Cleanup}} {
+	}{{"before", g.CleanupBefore}, {"the service's", g.Cleanup}}
+	for _, c := range settings {
 		setting := fmt.Sprintf("%s: batch %d, pause %s", c.name, c.run.Batch, c.run.Pause)
 		r.p("| %s | without cleanup | %s | %s | %s | | | | |", setting, ms(c.run.Quiet.P50), ms(c.run.Quiet.P99), statuses(c.run.Quiet))
 		r.p("| %s | during cleanup | %s | %s | %s | %d | %d | %.0f/s | %s |", setting, ms(c.run.During.P50), ms(c.run.During.P99), statuses(c.run.During),
@@ -538,10 +539,7 @@ func (r *report) growth(res *results) {
 	r.p("")
 	r.p("| cleanup job | 503s | windows of %s with a 503 | checkpoints completed | their sync phases | active sessions waiting for the WAL: windows with a 503 | the others |", refusalWindow)
 	r.p("|---|--:|--:|--:|--:|--:|--:|")
-	for _, c := range []struct {
-		name string
-		run  cleanupRun
-	}{{"before", g.CleanupBefore}, {"the service's", g.Cleanup}} {
+	for _, c := range settings {
 		refusedWAL := "–"
 		if c.run.RefusedIn > 0 {
 			refusedWAL = fmt.Sprintf("%.0f %%", 100*c.run.WALWaitRefused)
