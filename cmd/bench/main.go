@@ -7,10 +7,12 @@
 // SQL, and an overload at three times capacity. `make bench` runs it and
 // writes docs/benchmarks/.
 //
-// Everything runs in this process: a fresh database, the real service
-// (app.Start on 127.0.0.1:0 with its embedded payment channel) and vegeta
-// as the load generator, so the service, the load and PostgreSQL share the
-// machine's cores. The report says how many there were.
+// Everything but the overload runs in this process: a fresh database, the
+// real service (app.Start on 127.0.0.1:0 with its embedded payment channel)
+// and vegeta as the load generator. The overload's service is the
+// cmd/orderservice binary in a process of its own (serviceProcess). The
+// service, the load and PostgreSQL share the machine's cores; the report
+// says how many there were.
 package main
 
 import (

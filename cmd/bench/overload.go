@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"time"
@@ -14,11 +16,13 @@ import (
 // limit (its defaults) and with the limit off, each followed by a normal
 // load that shows how soon the service is back to normal.
 type overloadResult struct {
-	// Capacity is the most creates/s the service answered 201 in a closed
-	// loop, at CapacityAt: the best of scenario 1's concurrencies, not its
-	// highest, where the admission limit refuses part of the loop.
+	// Capacity is the most creates/s the service's process answered 201
+	// in a closed loop, at CapacityAt: scenario 1's best concurrency, not
+	// its highest, where the admission limit refuses part of the loop.
+	// InProcess is scenario 1's figure there, for the in-process service.
 	Capacity   float64
 	CapacityAt int
+	InProcess  float64
 	Factor     int
 	Rate       int // Factor × Capacity
 	For        time.Duration
@@ -63,70 +67,98 @@ type overloadRun struct {
 
 const recoveryBucket = 250 * time.Millisecond
 
-// overload is scenario 8.
-func (b *bench) overload(ctx context.Context, res *results) error {
+// overload is scenario 8. Its service runs in a process of its own, the
+// binary cmd/orderservice builds with the bench's configuration (see
+// serviceProcess); the in-process service is stopped meanwhile, so only one
+// works on the database.
+func (b *bench) overload(ctx context.Context, res *results) (err error) {
 	o := b.opts
 	ov := &res.Overload
 	ov.Factor, ov.For, ov.ClientTimeout = 3, o.OverloadFor, 10*time.Second
-	best := func(c int, p point) {
-		if p.Throughput > ov.Capacity {
-			ov.Capacity, ov.CapacityAt = p.Throughput, c
+	dir, err := os.MkdirTemp("", "orderservice-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	bin, err := buildService(ctx, dir)
+	if err != nil {
+		return err
+	}
+	if err := b.svc.Close(); err != nil {
+		return err
+	}
+	b.svc = nil
+	defer func() {
+		var svcErr error
+		b.svc, svcErr = b.startService(ctx, o.Pool, nil)
+		err = errors.Join(err, svcErr)
+	}()
+	client := &http.Client{Timeout: ov.ClientTimeout, Transport: &http.Transport{MaxIdleConns: 0, MaxIdleConnsPerHost: 4096, IdleConnTimeout: time.Minute}}
+	defer client.CloseIdleConnections()
+	// at runs fn against the service started with extra, then stops it.
+	at := func(extra map[string]string, fn func(svc *serviceProcess) error) error {
+		client.CloseIdleConnections()
+		svc, err := startProcess(ctx, bin, b.serviceEnv(o.Pool, extra))
+		if err != nil {
+			return err
 		}
+		return errors.Join(fn(svc), svc.Close())
 	}
-	for _, l := range res.Levels {
-		best(l.Concurrency, l.Service)
-	}
-	if len(res.Levels) == 0 { // scenario 1 did not run (-only): measure as it would
-		for _, c := range o.Concurrency {
+
+	err = at(nil, func(svc *serviceProcess) error {
+		// The capacity: the most creates/s this process answered 201 in a
+		// closed loop, at scenario 1's best concurrency (all of them when
+		// scenario 1 did not run).
+		levels := o.Concurrency
+		for _, l := range res.Levels {
+			if l.Service.Throughput > ov.InProcess {
+				ov.InProcess, levels = l.Service.Throughput, []int{l.Concurrency}
+			}
+		}
+		for _, c := range levels {
 			p, err := b.measure(ctx, shot{name: fmt.Sprintf("capacity-c%d", c), client: b.client, workers: c,
-				targeter: freshCreates(b.svc.URL()+"/v1/orders", &b.keys), duration: o.Duration})
+				targeter: freshCreates(svc.url+"/v1/orders", &b.keys), duration: o.Duration})
 			if err != nil {
 				return err
 			}
-			best(c, p)
+			b.progress("  capacity of the service's process at c=%d: %s", c, perSecond(p.Throughput))
+			if p.Throughput > ov.Capacity {
+				ov.Capacity, ov.CapacityAt = p.Throughput, c
+			}
 		}
-	}
-	ov.Rate = int(float64(ov.Factor) * ov.Capacity)
-	ov.NormalRate = max(1, int(ov.Capacity/2))
-	cfg := b.svc.Config
-	ov.Limits = fmt.Sprintf("HTTP_MAX_IN_FLIGHT=%d, HTTP_MAX_QUEUE=%d, HTTP_QUEUE_TIMEOUT=%s", cfg.HTTPMaxInFlight, cfg.HTTPMaxQueue, cfg.HTTPQueueTimeout)
-
-	client := &http.Client{Timeout: ov.ClientTimeout, Transport: &http.Transport{MaxIdleConns: 0, MaxIdleConnsPerHost: 4096, IdleConnTimeout: time.Minute}}
-	defer client.CloseIdleConnections()
-	if err := b.reset(ctx); err != nil {
+		ov.Rate = int(float64(ov.Factor) * ov.Capacity)
+		ov.NormalRate = max(1, int(ov.Capacity/2))
+		cfg := svc.config
+		ov.Limits = fmt.Sprintf("HTTP_MAX_IN_FLIGHT=%d, HTTP_MAX_QUEUE=%d, HTTP_QUEUE_TIMEOUT=%s", cfg.HTTPMaxInFlight, cfg.HTTPMaxQueue, cfg.HTTPQueueTimeout)
+		if err := b.reset(ctx); err != nil {
+			return err
+		}
+		ov.Normal = b.fire(ctx, shot{name: "normal", client: client, rate: rate(ov.NormalRate),
+			targeter: freshCreates(svc.url+"/v1/orders", &b.keys), duration: o.Duration / 2})
+		b.progress("  normal load %d/s: p50 %s p99 %s", ov.NormalRate, ms(ov.Normal.P50), ms(ov.Normal.P99))
+		ov.Shed, err = b.overloadRun(ctx, client, ov, svc.url, "overload")
 		return err
-	}
-	ov.Normal = b.fire(ctx, shot{name: "normal", client: client, rate: rate(ov.NormalRate),
-		targeter: freshCreates(b.svc.URL()+"/v1/orders", &b.keys), duration: o.Duration / 2})
-	b.progress("  normal load %d/s: p50 %s p99 %s", ov.NormalRate, ms(ov.Normal.P50), ms(ov.Normal.P99))
-
-	var err error
-	if ov.Shed, err = b.overloadRun(ctx, client, ov, "overload"); err != nil {
+	})
+	if err != nil {
 		return err
 	}
 	// The same at other limits, then without admission control: the
 	// service as it was.
-	restartAt := func(limit int) error {
-		client.CloseIdleConnections()
-		return b.restart(ctx, o.Pool, map[string]string{"HTTP_MAX_IN_FLIGHT": strconv.Itoa(limit)})
-	}
 	for _, limit := range o.OverloadLimits {
-		if err := restartAt(limit); err != nil {
+		err := at(map[string]string{"HTTP_MAX_IN_FLIGHT": strconv.Itoa(limit)}, func(svc *serviceProcess) error {
+			run, err := b.overloadRun(ctx, client, ov, svc.url, fmt.Sprintf("overload-limit-%d", limit))
+			ov.Limited = append(ov.Limited, limitedRun{MaxInFlight: limit, overloadRun: run})
 			return err
-		}
-		run, err := b.overloadRun(ctx, client, ov, fmt.Sprintf("overload-limit-%d", limit))
+		})
 		if err != nil {
 			return err
 		}
-		ov.Limited = append(ov.Limited, limitedRun{MaxInFlight: limit, overloadRun: run})
 	}
-	if err := restartAt(0); err != nil {
+	return at(map[string]string{"HTTP_MAX_IN_FLIGHT": "0"}, func(svc *serviceProcess) error {
+		var err error
+		ov.Unshed, err = b.overloadRun(ctx, client, ov, svc.url, "overload-unshed")
 		return err
-	}
-	if ov.Unshed, err = b.overloadRun(ctx, client, ov, "overload-unshed"); err != nil {
-		return err
-	}
-	return b.restart(ctx, o.Pool, nil)
+	})
 }
 
 // restart replaces the service with one started with pool and extra.
@@ -144,12 +176,12 @@ func (b *bench) restart(ctx context.Context, pool int, extra map[string]string) 
 	return nil
 }
 
-func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overloadResult, name string) (overloadRun, error) {
+func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overloadResult, base, name string) (overloadRun, error) {
 	var run overloadRun
 	if err := b.reset(ctx); err != nil {
 		return run, err
 	}
-	url := b.svc.URL() + "/v1/orders"
+	url := base + "/v1/orders"
 	after := make(chan point, 1)
 	go func() {
 		// The normal load starts when the overload stops sending.

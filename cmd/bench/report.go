@@ -554,8 +554,17 @@ func (r *report) growth(res *results) {
 
 func (r *report) overload(res *results) {
 	ov := res.Overload
+	r.p("The service runs here in a process of its own: the binary `go build ./cmd/orderservice` makes, with the bench's")
+	r.p("configuration, so that the thousands of requests a second vegeta starts, and its garbage collection, do not")
+	r.p("share the service's Go scheduler. (They still share the machine's cores, with PostgreSQL.)")
+	r.p("")
 	r.p("Open loop (vegeta sends whatever the answers take) at %d× the capacity: the most creates per second", ov.Factor)
-	r.p("scenario 1's closed loops answered 201 at any concurrency (%s, at c=%d). %d creates/s for %s, fresh keys,", perSecond(ov.Capacity), ov.CapacityAt, ov.Rate, ov.For)
+	if ov.InProcess > 0 {
+		r.p("that process answered 201 in a closed loop at scenario 1's best concurrency (%s, at c=%d; %s in process in scenario 1).", perSecond(ov.Capacity), ov.CapacityAt, perSecond(ov.InProcess))
+	} else {
+		r.p("that process answered 201 in closed loops at any of c=%s (%s, at c=%d).", (*intList)(&res.Opts.Concurrency), perSecond(ov.Capacity), ov.CapacityAt)
+	}
+	r.p("%d creates/s for %s, fresh keys,", ov.Rate, ov.For)
 	r.p("a client timeout of %s. Right when", ov.ClientTimeout)
 	r.p("the overload stops sending, a normal load of %d/s (half the capacity) starts; *back to normal* is", ov.NormalRate)
 	r.p("the end of the last %s of it (by send time) with an answer other than 201 or a p90 above twice the", recoveryBucket)

@@ -80,6 +80,17 @@ func (b *bench) close() {
 // startService boots the real service in this process, as its tests do,
 // with DB_MAX_CONNS pool and its defaults for everything else but extra.
 func (b *bench) startService(ctx context.Context, pool int, extra map[string]string) (*app.Main, error) {
+	cfg, err := app.LoadConfig(b.serviceEnv(pool, extra))
+	if err != nil {
+		return nil, err
+	}
+	logger := slog.New(slog.NewTextHandler(b.log, &slog.HandlerOptions{Level: slog.LevelError}))
+	return app.Start(ctx, cfg, logger)
+}
+
+// serviceEnv is the service's environment in the bench: DB_MAX_CONNS pool
+// and the defaults for everything else but extra.
+func (b *bench) serviceEnv(pool int, extra map[string]string) map[string]string {
 	env := map[string]string{
 		"DATABASE_URL":         b.dbURL,
 		"CHANNEL_DATABASE_URL": b.channelURL,
@@ -98,12 +109,7 @@ func (b *bench) startService(ctx context.Context, pool int, extra map[string]str
 	for k, v := range extra {
 		env[k] = v
 	}
-	cfg, err := app.LoadConfig(env)
-	if err != nil {
-		return nil, err
-	}
-	logger := slog.New(slog.NewTextHandler(b.log, &slog.HandlerOptions{Level: slog.LevelError}))
-	return app.Start(ctx, cfg, logger)
+	return env
 }
 
 func (b *bench) progress(format string, args ...any) {
