@@ -72,6 +72,9 @@ type options struct {
 	// OverloadLimits are the other HTTP_MAX_IN_FLIGHT the overload is run
 	// at again, besides the default: what the limit trades.
 	OverloadLimits []int
+	// OverloadPools are the DB_MAX_CONNS it is also run at: how many
+	// backends at once the database's CPUs can serve.
+	OverloadPools []int
 	Quick          bool
 	CPUProfile     string
 	// outboxInterval and outboxBatch are the service's relay settings, for the report.
@@ -89,7 +92,7 @@ type options struct {
 func (o options) runs(n int) bool { return len(o.Only) == 0 || o.Only[n] }
 
 func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (options, error) {
-	o := options{Concurrency: []int{1, 4, 16, 64}, OverloadLimits: []int{16, 64}, args: args, viaMake: getenv("MAKELEVEL") != ""}
+	o := options{Concurrency: []int{1, 4, 16, 64}, OverloadLimits: []int{16, 64}, OverloadPools: []int{8}, args: args, viaMake: getenv("MAKELEVEL") != ""}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.Out, "out", "docs/benchmarks", "directory for results.md and throughput.svg (empty: print only)")
@@ -112,6 +115,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs.IntVar(&o.BigOrders, "orders", 2_000_000, "orders (two items and an event each) generated for the big-table scenario")
 	fs.DurationVar(&o.OverloadFor, "overload-duration", 20*time.Second, "length of the overload at three times capacity")
 	fs.Var((*intList)(&o.OverloadLimits), "overload-limits", "HTTP_MAX_IN_FLIGHT values the overload is also run at, comma-separated")
+	fs.Var((*intList)(&o.OverloadPools), "overload-pools", "DB_MAX_CONNS values the overload is also run at, comma-separated")
 	fs.BoolVar(&o.Quick, "quick", false, "a smoke-test run: short points, concurrencies 1 and 4, a storm of 50, 16 pays in flight, 20 000 records")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run (service and load) to this file")
 	var only intList

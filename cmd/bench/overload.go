@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	vegeta "github.com/tsenart/vegeta/v12/lib"
 )
 
 // overloadResult is scenario 8: an open loop at OverloadFactor times the
@@ -32,17 +34,21 @@ type overloadResult struct {
 	Normal       point
 	Shed, Unshed overloadRun
 	// Limited is the same overload with the service restarted at each
-	// HTTP_MAX_IN_FLIGHT of -overload-limits.
+	// HTTP_MAX_IN_FLIGHT of -overload-limits and each DB_MAX_CONNS of
+	// -overload-pools.
 	Limited       []limitedRun
 	ClientTimeout time.Duration
 	Limits        string // the admission settings of the shedding run
 }
 
-// limitedRun is an overload run at one HTTP_MAX_IN_FLIGHT.
+// limitedRun is an overload run with one setting other than the defaults.
 type limitedRun struct {
-	MaxInFlight int
+	Name, Value string // the variable and its value
 	overloadRun
 }
+
+// Setting is "NAME=value".
+func (l limitedRun) Setting() string { return l.Name + "=" + l.Value }
 
 // overloadRun is one overload and the normal load right after it.
 type overloadRun struct {
@@ -63,7 +69,12 @@ type overloadRun struct {
 	// the load after it.
 	BackToNormal time.Duration
 	Recovered    bool
+	// Healthz is GET /healthz at healthzRate during the overload: no
+	// admission, no database, the cheapest answer the service gives.
+	Healthz point
 }
+
+const healthzRate = 50
 
 const recoveryBucket = 250 * time.Millisecond
 
@@ -136,7 +147,7 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 		ov.Normal = b.fire(ctx, shot{name: "normal", client: client, rate: rate(ov.NormalRate),
 			targeter: freshCreates(svc.url+"/v1/orders", &b.keys), duration: o.Duration / 2})
 		b.progress("  normal load %d/s: p50 %s p99 %s", ov.NormalRate, ms(ov.Normal.P50), ms(ov.Normal.P99))
-		ov.Shed, err = b.overloadRun(ctx, client, ov, svc.url, "overload")
+		ov.Shed, err = b.overloadRun(ctx, client, ov, svc, "overload")
 		return err
 	})
 	if err != nil {
@@ -144,10 +155,18 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 	}
 	// The same at other limits, then without admission control: the
 	// service as it was.
+	var others []limitedRun
 	for _, limit := range o.OverloadLimits {
-		err := at(map[string]string{"HTTP_MAX_IN_FLIGHT": strconv.Itoa(limit)}, func(svc *serviceProcess) error {
-			run, err := b.overloadRun(ctx, client, ov, svc.url, fmt.Sprintf("overload-limit-%d", limit))
-			ov.Limited = append(ov.Limited, limitedRun{MaxInFlight: limit, overloadRun: run})
+		others = append(others, limitedRun{Name: "HTTP_MAX_IN_FLIGHT", Value: strconv.Itoa(limit)})
+	}
+	for _, pool := range o.OverloadPools {
+		others = append(others, limitedRun{Name: "DB_MAX_CONNS", Value: strconv.Itoa(pool)})
+	}
+	for _, l := range others {
+		err := at(map[string]string{l.Name: l.Value}, func(svc *serviceProcess) error {
+			var err error
+			l.overloadRun, err = b.overloadRun(ctx, client, ov, svc, "overload-"+l.Setting())
+			ov.Limited = append(ov.Limited, l)
 			return err
 		})
 		if err != nil {
@@ -156,7 +175,7 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 	}
 	return at(map[string]string{"HTTP_MAX_IN_FLIGHT": "0"}, func(svc *serviceProcess) error {
 		var err error
-		ov.Unshed, err = b.overloadRun(ctx, client, ov, svc.url, "overload-unshed")
+		ov.Unshed, err = b.overloadRun(ctx, client, ov, svc, "overload-unshed")
 		return err
 	})
 }
@@ -176,12 +195,12 @@ func (b *bench) restart(ctx context.Context, pool int, extra map[string]string) 
 	return nil
 }
 
-func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overloadResult, base, name string) (overloadRun, error) {
+func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overloadResult, svc *serviceProcess, name string) (overloadRun, error) {
 	var run overloadRun
 	if err := b.reset(ctx); err != nil {
 		return run, err
 	}
-	url := base + "/v1/orders"
+	url := svc.url + "/v1/orders"
 	after := make(chan point, 1)
 	go func() {
 		// The normal load starts when the overload stops sending.
@@ -194,8 +213,16 @@ func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overlo
 		after <- shot{name: name + "-after", client: client, rate: rate(ov.NormalRate),
 			targeter: freshCreates(url, &b.keys), duration: max(ov.For/2, 2*time.Second), keepSamples: true}.fire(ctx)
 	}()
+	probe := make(chan point, 1)
+	go func() {
+		// The service's cheapest answer, meanwhile: what any answer costs
+		// on this machine under the overload, admission or not.
+		probe <- shot{name: name + "-healthz", client: b.client, rate: rate(healthzRate),
+			targeter: vegeta.NewStaticTargeter(vegeta.Target{Method: http.MethodGet, URL: svc.url + "/healthz"}), duration: ov.For}.fire(ctx)
+	}()
 	run.Point = b.fire(ctx, shot{name: name, client: client, rate: rate(ov.Rate), targeter: freshCreates(url, &b.keys),
 		duration: ov.For, keepSamples: true})
+	run.Healthz = <-probe
 	run.After = <-after
 	if err := ctx.Err(); err != nil {
 		return run, err
@@ -226,6 +253,7 @@ func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overlo
 	b.progress("  %s at %d/s: %d accepted (p50 %s p99 %s), %d refused (p99 %s), %d timeouts, %d other; goodput %.0f/s; back to normal after %s (%v)",
 		name, ov.Rate, run.Accepted, ms(run.AcceptedP50), ms(run.AcceptedP99), run.Refused, ms(run.RefusedP99),
 		run.Timeout, run.Other, run.Goodput, run.BackToNormal.Round(time.Millisecond), run.Recovered)
+	b.progress("  %s: GET /healthz meanwhile: p50 %s p99 %s", name, ms(run.Healthz.P50), ms(run.Healthz.P99))
 	return run, nil
 }
 

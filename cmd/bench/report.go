@@ -126,7 +126,7 @@ func noisyPoints(res *results) []string {
 		named{"big tables", res.Growth.Big}, named{"during cleanup", res.Growth.Cleanup.During},
 		named{"overload", res.Overload.Shed.Point}, named{"overload without admission", res.Overload.Unshed.Point})
 	for _, l := range res.Overload.Limited {
-		all = append(all, named{fmt.Sprintf("overload at HTTP_MAX_IN_FLIGHT=%d", l.MaxInFlight), l.Point})
+		all = append(all, named{"overload at " + l.Setting(), l.Point})
 	}
 	var out []string
 	for _, n := range all {
@@ -571,23 +571,23 @@ func (r *report) overload(res *results) {
 	r.p("p99 of the same load before any overload (%s). *Goodput* is accepted answers per second from the first", ms(ov.Normal.P99))
 	r.p("request sent to the last answer received. Once with the service's admission defaults (%s),", ov.Limits)
 	if len(ov.Limited) > 0 {
-		limits := make([]string, len(ov.Limited))
+		settings := make([]string, len(ov.Limited))
 		for i, l := range ov.Limited {
-			limits[i] = strconv.Itoa(l.MaxInFlight)
+			settings[i] = l.Setting()
 		}
-		r.p("once restarted at each other HTTP_MAX_IN_FLIGHT of %s (the rest as the defaults),", strings.Join(limits, ", "))
+		r.p("once restarted with each of %s (the rest as the defaults),", strings.Join(settings, ", "))
 	}
 	r.p("once restarted with HTTP_MAX_IN_FLIGHT=0 (no admission control, as before).")
 	r.p("")
-	r.p("| service | accepted (201) | p50 | p99 | refused (503) | refused p50 | p99 | max | client timeouts | other | goodput ÷ capacity | back to normal |")
-	r.p("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+	r.p("| service | accepted (201) | p50 | p99 | refused (503) | refused p50 | p99 | max | client timeouts | other | goodput ÷ capacity | back to normal | `/healthz` meanwhile: p50 | p99 |")
+	r.p("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 	type row struct {
 		name string
 		run  overloadRun
 	}
 	rows := []row{{"admission limit (defaults)", ov.Shed}}
 	for _, l := range ov.Limited {
-		rows = append(rows, row{fmt.Sprintf("HTTP_MAX_IN_FLIGHT=%d", l.MaxInFlight), l.overloadRun})
+		rows = append(rows, row{l.Setting(), l.overloadRun})
 	}
 	rows = append(rows, row{"no admission control", ov.Unshed})
 	for _, x := range rows {
@@ -595,9 +595,14 @@ func (r *report) overload(res *results) {
 		if !x.run.Recovered {
 			back = "> " + back
 		}
-		r.p("| %s | %d | %s | %s | %d | %s | %s | %s | %d (%s) | %d | %s | %s |", x.name, x.run.Accepted, ms(x.run.AcceptedP50), ms(x.run.AcceptedP99),
+		healthzP50, healthzP99 := ms(x.run.Healthz.P50), ms(x.run.Healthz.P99)
+		if h := x.run.Healthz; h.Statuses["200"] != int(h.Requests) {
+			healthzP50, healthzP99 = "not all 200", fmt.Sprint(h.Statuses)
+		}
+		r.p("| %s | %d | %s | %s | %d | %s | %s | %s | %d (%s) | %d | %s | %s | %s | %s |", x.name, x.run.Accepted, ms(x.run.AcceptedP50), ms(x.run.AcceptedP99),
 			x.run.Refused, ms(x.run.RefusedP50), ms(x.run.RefusedP99), ms(x.run.RefusedMax), x.run.Timeout,
-			percentOf(int64(x.run.Timeout), int64(len(x.run.Point.Samples))), x.run.Other, percent(x.run.Goodput, ov.Capacity), back)
+			percentOf(int64(x.run.Timeout), int64(len(x.run.Point.Samples))), x.run.Other, percent(x.run.Goodput, ov.Capacity), back,
+			healthzP50, healthzP99)
 	}
 	r.p("")
 	for _, x := range rows {
@@ -615,12 +620,18 @@ func (r *report) overload(res *results) {
 	} else {
 		r.p("%d refusals came without Retry-After.", noRetryAfter)
 	}
+	r.p("")
+	r.p("*`/healthz` meanwhile* is GET /healthz at %d/s through the overload: no admission, no database, the cheapest", healthzRate)
+	r.p("answer the service gives. A refusal itself costs microseconds; where the refused quantiles are close to")
+	r.p("`/healthz`'s, the rest of their time is what any answer waits for on this machine under the overload (a CPU")
+	r.p("shared with PostgreSQL and the load generator), not the admission limit.")
 	if len(ov.Limited) > 0 {
 		r.p("")
-		r.p("The other limits show what HTTP_MAX_IN_FLIGHT trades. A request admitted beyond what the CPUs and")
+		r.p("The other settings show what each trades. A request admitted beyond what the CPUs and")
 		r.p("the database pool (DB_MAX_CONNS=%d) run at once only waits inside the process, for a connection or a", res.Opts.Pool)
-		r.p("CPU, and every runnable request delays the next refusal too: a larger limit lets that wait in, a")
-		r.p("smaller one keeps it out at the price of less room for bursts. Pays and waiting duplicates need no room")
+		r.p("CPU, and every runnable request delays the next refusal too: a larger HTTP_MAX_IN_FLIGHT lets that wait in, a")
+		r.p("smaller one keeps it out at the price of less room for bursts. DB_MAX_CONNS bounds how many PostgreSQL")
+		r.p("backends run at once, on the cores the service's answers share here. Pays and waiting duplicates need no room")
 		r.p("of their own: they give their slot back while they wait for the channel or for the first attempt (§5")
 		r.p("runs %d pays at once).", res.Opts.PayConc)
 	}
