@@ -51,6 +51,12 @@ type cleanupRun struct {
 	// create was refused: a few windows with many 503s each are stalls of
 	// every request at once, not a steady overload.
 	RefusedIn int
+	// RefusedDuring is how many of those windows fell in a phase with the
+	// cleanup job.
+	RefusedDuring int
+	// Paired is the creates' p99 phase by phase: each phase with the job
+	// ÷ the phase without it right after, over the pairs.
+	Paired spread
 	// Checkpoints is how many checkpoints PostgreSQL completed while this
 	// setting's phases ran, and CheckpointSync the time their sync phases
 	// took (pg_stat_bgwriter).
@@ -218,6 +224,7 @@ func (b *bench) growth(ctx context.Context, res *results) error {
 		b.progress("  cleanup (batch %d, pause %s): %d deleted (%d archived) in %s = %.0f/s; creates at %d/s p99 %s quiet, %s during cleanup",
 			c.Batch, c.Pause, c.Cleaned.Deleted, c.Cleaned.Archived, c.Took.Round(time.Millisecond), c.PerSecond(), g.CleanupRate,
 			ms(c.Quiet.P99), ms(c.During.P99))
+		b.progress("  phase by phase p99 %s; 503s in %d windows, %d of them with the job", timesSpread(c.Paired), c.RefusedIn, c.RefusedDuring)
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -282,6 +289,10 @@ func (b *bench) cleanupPhases(ctx context.Context, url string, g *growthResult, 
 	counted := start.Add(g.Phase) // phase 0 counts for neither
 	refused := refusedWindows(creates.Samples, start, counted)
 	c.RefusedIn = len(refused)
+	for w := range refused {
+		c.RefusedDuring += btoi(phase(start.Add(w*refusalWindow))%2 == 1)
+	}
+	c.Paired = pairedP99(creates.Samples, start, g.Phase, g.Phases)
 	c.WALWaitRefused, c.WALWaitOther = walShares(walSamples, refused, start, counted)
 	after, syncedAfter, err := b.checkpoints(ctx)
 	c.Checkpoints, c.CheckpointSync = after-checkpoints, syncedAfter-synced
@@ -303,6 +314,30 @@ func refusedWindows(samples []sample, start, counted time.Time) map[time.Duratio
 		}
 	}
 	return windows
+}
+
+// pairedP99 compares the creates' p99 phase by phase, as scenario 2
+// interleaves its paths: each odd phase (with the cleanup job) ÷ the even
+// one right after it (without), from phase 1 to phases. A stall that hits
+// one phase moves one ratio, not the whole figure.
+func pairedP99(samples []sample, start time.Time, phase time.Duration, phases int) spread {
+	byPhase := make([][]time.Duration, phases+1)
+	for _, s := range samples {
+		if p := int(s.At.Sub(start) / phase); s.At.After(start) && p <= phases {
+			byPhase[p] = append(byPhase[p], s.Latency)
+		}
+	}
+	var ratios []float64
+	for p := 1; p+1 <= phases; p += 2 {
+		during, quiet := byPhase[p], byPhase[p+1]
+		if len(during) == 0 || len(quiet) == 0 {
+			continue
+		}
+		slices.Sort(during)
+		slices.Sort(quiet)
+		ratios = append(ratios, float64(quantile(during, 0.99))/float64(quantile(quiet, 0.99)))
+	}
+	return spreadOf(ratios)
 }
 
 // walShares is the share of the active sessions sampled from counted on

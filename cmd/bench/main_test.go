@@ -158,3 +158,24 @@ func TestWALWaitsAreSplitByTheWindowsWithARefusal(t *testing.T) {
 		t.Errorf("WAL waits = %v in the refused windows and %v elsewhere, want 0.8 and 0.25", in, elsewhere)
 	}
 }
+
+// The phase-by-phase ratio pairs each phase with the cleanup job with the
+// phase without it right after, and leaves phase 0 out.
+func TestThePhaseByPhaseP99PairsEachCleanupPhaseWithTheNext(t *testing.T) {
+	start := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	phase := time.Second
+	in := func(p int, latency time.Duration) sample {
+		return sample{At: start.Add(time.Duration(p)*phase + phase/2), Latency: latency, Code: 201}
+	}
+	samples := []sample{
+		{At: start.Add(-time.Millisecond), Latency: time.Hour}, // before the start
+		in(0, time.Hour), // phase 0: while the load opens its connections
+		in(1, 20*time.Millisecond), in(2, 10*time.Millisecond),
+		in(3, 30*time.Millisecond), in(4, 10*time.Millisecond),
+		in(5, time.Minute), // phase 5 has no phase 6 within 4 phases: not paired
+	}
+	got := pairedP99(samples, start, phase, 4)
+	if want := (spread{Median: 2.5, Min: 2, Max: 3}); got != want {
+		t.Errorf("pairedP99 = %+v, want %+v", got, want)
+	}
+}

@@ -516,17 +516,21 @@ func (r *report) growth(res *results) {
 	r.p("the rows of one setting are measured over the same stretch of time. *Removed per second* is over")
 	r.p("the time the job ran; the second setting starts behind the rows the first deleted, which can only slow it.")
 	r.p("")
-	r.p("| cleanup job | creates at %d/s | p50 | p99 | answers | records removed | of them archived | removed per second | create p99 during ÷ without |", g.CleanupRate)
-	r.p("|---|---|--:|--:|---|--:|--:|--:|--:|")
+	r.p("*Phase by phase* divides the p99 of each phase with the job by that of the phase without it right after,")
+	r.p("as §2 interleaves its paths: the median and range of those %d ratios. A stall that hits one phase moves one", g.Phases/2)
+	r.p("ratio there, where it moves the p99 of a whole half.")
+	r.p("")
+	r.p("| cleanup job | creates at %d/s | p50 | p99 | answers | records removed | of them archived | removed per second | create p99 during ÷ without | phase by phase |", g.CleanupRate)
+	r.p("|---|---|--:|--:|---|--:|--:|--:|--:|--:|")
 	settings := []struct {
 		name string
 		run  cleanupRun
 	}{{"before", g.CleanupBefore}, {"the service's", g.Cleanup}}
 	for _, c := range settings {
 		setting := fmt.Sprintf("%s: batch %d, pause %s", c.name, c.run.Batch, c.run.Pause)
-		r.p("| %s | without cleanup | %s | %s | %s | | | | |", setting, ms(c.run.Quiet.P50), ms(c.run.Quiet.P99), statuses(c.run.Quiet))
-		r.p("| %s | during cleanup | %s | %s | %s | %d | %d | %.0f/s | %s |", setting, ms(c.run.During.P50), ms(c.run.During.P99), statuses(c.run.During),
-			c.run.Cleaned.Deleted, c.run.Cleaned.Archived, c.run.PerSecond(), ratio(float64(c.run.During.P99), float64(c.run.Quiet.P99)))
+		r.p("| %s | without cleanup | %s | %s | %s | | | | | |", setting, ms(c.run.Quiet.P50), ms(c.run.Quiet.P99), statuses(c.run.Quiet))
+		r.p("| %s | during cleanup | %s | %s | %s | %d | %d | %.0f/s | %s | %s |", setting, ms(c.run.During.P50), ms(c.run.During.P99), statuses(c.run.During),
+			c.run.Cleaned.Deleted, c.run.Cleaned.Archived, c.run.PerSecond(), ratio(float64(c.run.During.P99), float64(c.run.Quiet.P99)), timesSpread(c.run.Paired))
 	}
 	r.p("")
 	r.p("A 503 at half the throughput is a create that found every admission slot taken for longer than the")
@@ -537,16 +541,16 @@ func (r *report) growth(res *results) {
 	r.p("share of the service's active sessions that were waiting for the WAL to be written or flushed, a commit")
 	r.p("waiting for its fsync (wait events WALWrite and WALSync, pg_stat_activity sampled every %s):", walSampleEvery)
 	r.p("")
-	r.p("| cleanup job | 503s | windows of %s with a 503 | checkpoints completed | their sync phases | active sessions waiting for the WAL: windows with a 503 | the others |", refusalWindow)
-	r.p("|---|--:|--:|--:|--:|--:|--:|")
+	r.p("| cleanup job | 503s | windows of %s with a 503 | of them in phases with the job | checkpoints completed | their sync phases | active sessions waiting for the WAL: windows with a 503 | the others |", refusalWindow)
+	r.p("|---|--:|--:|--:|--:|--:|--:|--:|")
 	for _, c := range settings {
 		refusedWAL := "–"
 		if c.run.RefusedIn > 0 {
 			refusedWAL = fmt.Sprintf("%.0f %%", 100*c.run.WALWaitRefused)
 		}
-		r.p("| %s: batch %d, pause %s | %d | %d of %d | %d | %s | %s | %.0f %% |", c.name, c.run.Batch, c.run.Pause,
+		r.p("| %s: batch %d, pause %s | %d | %d of %d | %d | %d | %s | %s | %.0f %% |", c.name, c.run.Batch, c.run.Pause,
 			c.run.Quiet.ok(http.StatusServiceUnavailable)+c.run.During.ok(http.StatusServiceUnavailable),
-			c.run.RefusedIn, int(time.Duration(g.Phases)*g.Phase/refusalWindow), c.run.Checkpoints, ms(c.run.CheckpointSync),
+			c.run.RefusedIn, int(time.Duration(g.Phases)*g.Phase/refusalWindow), c.run.RefusedDuring, c.run.Checkpoints, ms(c.run.CheckpointSync),
 			refusedWAL, 100*c.run.WALWaitOther)
 	}
 	r.p("")
