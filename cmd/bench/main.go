@@ -75,8 +75,8 @@ type options struct {
 	// OverloadPools are the DB_MAX_CONNS it is also run at: how many
 	// backends at once the database's CPUs can serve.
 	OverloadPools []int
-	Quick          bool
-	CPUProfile     string
+	Quick         bool
+	CPUProfile    string
 	// outboxInterval and outboxBatch are the service's relay settings, for the report.
 	outboxInterval time.Duration
 	outboxBatch    int
