@@ -11,8 +11,9 @@ import (
 const clockTick = 10 * time.Millisecond
 
 // cpuSample is the CPU time used so far by this process (service, load
-// generator and direct client alike), by the PostgreSQL backends serving
-// the benchmark's database, and by the whole machine.
+// generator and direct client alike) with the service's own process where
+// it runs in one (scenario 8), by the PostgreSQL backends serving the
+// benchmark's database, and by the whole machine.
 type cpuSample struct {
 	at       time.Time
 	process  time.Duration
@@ -33,10 +34,10 @@ type cpuUse struct {
 	OK       bool
 }
 
-// readCPU samples /proc for this process, the backends and the machine; on
-// a system without /proc the sample is marked unusable and the report
-// prints n/a.
-func readCPU(backends []int) cpuSample {
+// readCPU samples /proc for this process and the processes of also, the
+// backends and the machine; on a system without /proc the sample is marked
+// unusable and the report prints n/a.
+func readCPU(backends, also []int) cpuSample {
 	s := cpuSample{at: time.Now(), backends: map[int]time.Duration{}}
 	self, ok := procCPU("self")
 	all, err := os.ReadFile("/proc/stat")
@@ -44,6 +45,13 @@ func readCPU(backends []int) cpuSample {
 		return s
 	}
 	s.process = self
+	for _, pid := range also {
+		t, ok := procCPU(strconv.Itoa(pid))
+		if !ok {
+			return s
+		}
+		s.process += t
+	}
 	for _, pid := range backends {
 		if t, ok := procCPU(strconv.Itoa(pid)); ok {
 			s.backends[pid] = t

@@ -33,6 +33,9 @@ type shot struct {
 	keepSamples bool
 	// backends lists the PostgreSQL backends whose CPU time is measured.
 	backends func() []int
+	// service is the pid of the service's own process, when it runs in
+	// one: its CPU counts with this process's.
+	service int
 }
 
 // point is what one shot measured. Throughput, rate and status counts come
@@ -102,7 +105,11 @@ func (s shot) fire(ctx context.Context) point {
 	if s.backends != nil {
 		backends = s.backends()
 	}
-	before := readCPU(backends)
+	var also []int
+	if s.service != 0 {
+		also = []int{s.service}
+	}
+	before := readCPU(backends, also)
 	for r := range atk.Attack(s.targeter, pacer, s.duration, s.name) {
 		m.Add(r)
 		latencies = append(latencies, r.Latency)
@@ -121,7 +128,7 @@ func (s shot) fire(ctx context.Context) point {
 	if s.backends != nil {
 		backends = s.backends() // with any connection opened meanwhile
 	}
-	p.CPU = readCPU(backends).since(before)
+	p.CPU = readCPU(backends, also).since(before)
 	m.Close()
 
 	p.Requests, p.Throughput, p.Rate = m.Requests, m.Throughput, m.Rate

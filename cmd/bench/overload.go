@@ -128,7 +128,7 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 		}
 		for _, c := range levels {
 			p, err := b.measure(ctx, shot{name: fmt.Sprintf("capacity-c%d", c), client: b.client, workers: c,
-				targeter: freshCreates(svc.url+"/v1/orders", &b.keys), duration: o.Duration})
+				targeter: freshCreates(svc.url+"/v1/orders", &b.keys), duration: o.Duration, service: svc.cmd.Process.Pid})
 			if err != nil {
 				return err
 			}
@@ -145,7 +145,7 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 			return err
 		}
 		ov.Normal = b.fire(ctx, shot{name: "normal", client: client, rate: rate(ov.NormalRate),
-			targeter: freshCreates(svc.url+"/v1/orders", &b.keys), duration: o.Duration / 2})
+			targeter: freshCreates(svc.url+"/v1/orders", &b.keys), duration: o.Duration / 2, service: svc.cmd.Process.Pid})
 		b.progress("  normal load %d/s: p50 %s p99 %s", ov.NormalRate, ms(ov.Normal.P50), ms(ov.Normal.P99))
 		ov.Shed, err = b.overloadRun(ctx, client, ov, svc, "overload")
 		return err
@@ -221,7 +221,7 @@ func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overlo
 			targeter: vegeta.NewStaticTargeter(vegeta.Target{Method: http.MethodGet, URL: svc.url + "/healthz"}), duration: ov.For}.fire(ctx)
 	}()
 	run.Point = b.fire(ctx, shot{name: name, client: client, rate: rate(ov.Rate), targeter: freshCreates(url, &b.keys),
-		duration: ov.For, keepSamples: true})
+		duration: ov.For, keepSamples: true, service: svc.cmd.Process.Pid})
 	run.Healthz = <-probe
 	run.After = <-after
 	if err := ctx.Err(); err != nil {

@@ -56,6 +56,9 @@ func startProcess(ctx context.Context, bin string, env map[string]string) (*serv
 		p.cmd.Env = append(p.cmd.Env, k+"="+v)
 	}
 	p.cmd.Stdout, p.cmd.Stderr = &p.output, &p.output
+	// A bench killed outright takes its service with it, not left serving
+	// on the benchmark's database.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start the service: %w", err)
 	}
