@@ -107,16 +107,23 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 	client := &http.Client{Timeout: ov.ClientTimeout, Transport: &http.Transport{MaxIdleConns: 0, MaxIdleConnsPerHost: 4096, IdleConnTimeout: time.Minute}}
 	defer client.CloseIdleConnections()
 	// at runs fn against the service started with extra, then stops it.
-	at := func(extra map[string]string, fn func(svc *serviceProcess) error) error {
+	// A fresh process has cold PostgreSQL backends; warm, when set, runs
+	// them in at the capacity's concurrency first (unmeasured), as the
+	// first run's capacity point ran in the defaults' process.
+	at := func(extra map[string]string, warm bool, fn func(svc *serviceProcess) error) error {
 		client.CloseIdleConnections()
 		svc, err := startProcess(ctx, bin, b.serviceEnv(o.Pool, extra))
 		if err != nil {
 			return err
 		}
+		if warm && o.Warmup > 0 {
+			b.fire(ctx, shot{name: "overload-warmup", client: b.client, workers: ov.CapacityAt,
+				targeter: freshCreates(svc.url+"/v1/orders", &b.keys), duration: o.Warmup})
+		}
 		return errors.Join(fn(svc), svc.Close())
 	}
 
-	err = at(nil, func(svc *serviceProcess) error {
+	err = at(nil, false, func(svc *serviceProcess) error {
 		// The capacity: the most creates/s this process answered 201 in a
 		// closed loop, at scenario 1's best concurrency (all of them when
 		// scenario 1 did not run).
@@ -163,7 +170,7 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 		others = append(others, limitedRun{Name: "DB_MAX_CONNS", Value: strconv.Itoa(pool)})
 	}
 	for _, l := range others {
-		err := at(map[string]string{l.Name: l.Value}, func(svc *serviceProcess) error {
+		err := at(map[string]string{l.Name: l.Value}, true, func(svc *serviceProcess) error {
 			var err error
 			l.overloadRun, err = b.overloadRun(ctx, client, ov, svc, "overload-"+l.Setting())
 			ov.Limited = append(ov.Limited, l)
@@ -173,7 +180,7 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 			return err
 		}
 	}
-	return at(map[string]string{"HTTP_MAX_IN_FLIGHT": "0"}, func(svc *serviceProcess) error {
+	return at(map[string]string{"HTTP_MAX_IN_FLIGHT": "0"}, true, func(svc *serviceProcess) error {
 		var err error
 		ov.Unshed, err = b.overloadRun(ctx, client, ov, svc, "overload-unshed")
 		return err
