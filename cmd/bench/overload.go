@@ -91,7 +91,7 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	bin, err := buildService(ctx, dir)
+	bin, err := buildService(dir)
 	if err != nil {
 		return err
 	}
@@ -112,7 +112,7 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 	// first run's capacity point ran in the defaults' process.
 	at := func(extra map[string]string, warm bool, fn func(svc *serviceProcess) error) error {
 		client.CloseIdleConnections()
-		svc, err := startProcess(ctx, bin, b.serviceEnv(o.Pool, extra))
+		svc, err := startProcess(bin, b.serviceEnv(o.Pool, extra))
 		if err != nil {
 			return err
 		}
@@ -135,7 +135,7 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 		}
 		for _, c := range levels {
 			p, err := b.measure(ctx, shot{name: fmt.Sprintf("capacity-c%d", c), client: b.client, workers: c,
-				targeter: freshCreates(svc.url+"/v1/orders", &b.keys), duration: o.Duration, service: svc.cmd.Process.Pid})
+				targeter: freshCreates(svc.url+"/v1/orders", &b.keys), duration: o.Duration, service: svc.pid()})
 			if err != nil {
 				return err
 			}
@@ -152,7 +152,7 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 			return err
 		}
 		ov.Normal = b.fire(ctx, shot{name: "normal", client: client, rate: rate(ov.NormalRate),
-			targeter: freshCreates(svc.url+"/v1/orders", &b.keys), duration: o.Duration / 2, service: svc.cmd.Process.Pid})
+			targeter: freshCreates(svc.url+"/v1/orders", &b.keys), duration: o.Duration / 2, service: svc.pid()})
 		b.progress("  normal load %d/s: p50 %s p99 %s", ov.NormalRate, ms(ov.Normal.P50), ms(ov.Normal.P99))
 		ov.Shed, err = b.overloadRun(ctx, client, ov, svc, "overload")
 		return err
@@ -187,21 +187,6 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 	})
 }
 
-// restart replaces the service with one started with pool and extra.
-func (b *bench) restart(ctx context.Context, pool int, extra map[string]string) error {
-	if err := b.svc.Close(); err != nil {
-		return err
-	}
-	b.svc = nil
-	b.client.CloseIdleConnections()
-	svc, err := b.startService(ctx, pool, extra)
-	if err != nil {
-		return err
-	}
-	b.svc = svc
-	return nil
-}
-
 func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overloadResult, svc *serviceProcess, name string) (overloadRun, error) {
 	var run overloadRun
 	if err := b.reset(ctx); err != nil {
@@ -228,7 +213,7 @@ func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overlo
 			targeter: vegeta.NewStaticTargeter(vegeta.Target{Method: http.MethodGet, URL: svc.url + "/healthz"}), duration: ov.For}.fire(ctx)
 	}()
 	run.Point = b.fire(ctx, shot{name: name, client: client, rate: rate(ov.Rate), targeter: freshCreates(url, &b.keys),
-		duration: ov.For, keepSamples: true, service: svc.cmd.Process.Pid})
+		duration: ov.For, keepSamples: true, service: svc.pid()})
 	run.Healthz = <-probe
 	run.After = <-after
 	if err := ctx.Err(); err != nil {

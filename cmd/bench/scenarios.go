@@ -88,6 +88,21 @@ func (b *bench) startService(ctx context.Context, pool int, extra map[string]str
 	return app.Start(ctx, cfg, logger)
 }
 
+// restart replaces the service with one started with pool and extra.
+func (b *bench) restart(ctx context.Context, pool int, extra map[string]string) error {
+	if err := b.svc.Close(); err != nil {
+		return err
+	}
+	b.svc = nil
+	b.client.CloseIdleConnections()
+	svc, err := b.startService(ctx, pool, extra)
+	if err != nil {
+		return err
+	}
+	b.svc = svc
+	return nil
+}
+
 // serviceEnv is the service's environment in the bench: DB_MAX_CONNS pool
 // and the defaults for everything else but extra.
 func (b *bench) serviceEnv(pool int, extra map[string]string) map[string]string {

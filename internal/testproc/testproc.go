@@ -1,4 +1,5 @@
-// Package testproc runs the project's real binaries in tests: built once,
+// Package testproc runs the project's real binaries in tests (and in the
+// benchmark, through Build, Launch, Stop and WaitOK): built once,
 // started on free loopback ports with their output kept for a failing
 // test, waited for, and stopped (SIGTERM) or killed as a crash would. It is
 // the one process runner of the tests (the service's, the fault suite's,
@@ -35,12 +36,21 @@ func Build(dir string, pkgs ...string) (map[string]string, error) {
 // FreeAddr returns a loopback address nobody listened on a moment ago.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := Addr()
 	if err != nil {
 		t.Fatal(err)
 	}
+	return addr
+}
+
+// Addr is FreeAddr outside a test: it returns its error.
+func Addr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
 	defer ln.Close()
-	return ln.Addr().String()
+	return ln.Addr().String(), nil
 }
 
 // Process is a running binary whose output goes to a log file, shown when
@@ -66,16 +76,12 @@ func Start(t testing.TB, name, bin string, env []string) (*Process, error) {
 	}
 	cmd := exec.Command(bin)
 	cmd.Env, cmd.Stdout, cmd.Stderr = env, logFile, logFile
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
-		return nil, fmt.Errorf("start %s: %w", name, err)
+	p, err := Launch(name, cmd)
+	logFile.Close() // the child has its own descriptor
+	if err != nil {
+		return nil, err
 	}
-	p := &Process{Name: name, Cmd: cmd, Done: make(chan struct{}), log: logPath}
-	go func() {
-		p.waitErr = cmd.Wait()
-		logFile.Close()
-		close(p.Done)
-	}()
+	p.log = logPath
 	t.Cleanup(func() {
 		p.Kill(t)
 		if t.Failed() {
@@ -86,6 +92,20 @@ func Start(t testing.TB, name, bin string, env []string) (*Process, error) {
 			t.Logf("%s output (%s):\n%s", name, logPath, out)
 		}
 	})
+	return p, nil
+}
+
+// Launch starts cmd, set up by the caller, and watches it exit: Start
+// without a test, for a program that runs a binary itself (cmd/bench).
+func Launch(name string, cmd *exec.Cmd) (*Process, error) {
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &Process{Name: name, Cmd: cmd, Done: make(chan struct{})}
+	go func() {
+		p.waitErr = cmd.Wait()
+		close(p.Done)
+	}()
 	return p, nil
 }
 
