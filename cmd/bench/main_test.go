@@ -179,3 +179,22 @@ func TestThePhaseByPhaseP99PairsEachCleanupPhaseWithTheNext(t *testing.T) {
 		t.Errorf("pairedP99 = %+v, want %+v", got, want)
 	}
 }
+
+// A service process that exits before /readyz answers is an error at
+// once, with what it printed, not a minute's wait.
+func TestAServiceProcessThatExitsBeforeItIsReadyIsAnError(t *testing.T) {
+	script := filepath.Join(t.TempDir(), "orderservice")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\necho cannot reach the database\nexit 3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	p, err := startProcess(script, map[string]string{})
+	if err == nil {
+		p.Close()
+		t.Fatal("startProcess returned no error for a process that exited at once")
+	}
+	if !strings.Contains(err.Error(), "exited before") || !strings.Contains(err.Error(), "cannot reach the database") {
+		t.Errorf("error = %v, want it to say the service exited, with its output", err)
+	}
+	t.Logf("refused after %s: %v", time.Since(began).Round(time.Millisecond), err)
+}
