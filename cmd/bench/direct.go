@@ -48,7 +48,10 @@ import (
 // DO NOTHING) as the transaction's first write and a completion (a HOT
 // UPDATE to SUCCEEDED with the body) as its last. replayRead and replayTx
 // answer a key that already succeeded, by one SELECT or by the transaction
-// the service used to run for a replay.
+// the service used to run for a replay. The oneTrip modes send withRecord's
+// and withoutRecord's statements as one pipelined batch each, as no
+// service here does: they measure the floor, what the record costs the
+// database when round trips cost nothing.
 type directCreate struct {
 	pool      *pgxpool.Pool
 	lease     time.Duration
@@ -65,6 +68,12 @@ const (
 	claimFirst
 	replayRead
 	replayTx
+	// oneTripWithRecord and oneTripWithoutRecord send withRecord's and
+	// withoutRecord's statements as one pipelined batch each
+	// (createInOneTrip): what the layer costs once round trips cost
+	// nothing.
+	oneTripWithRecord
+	oneTripWithoutRecord
 )
 
 // newDirectCreate opens a pgx pool of maxConns connections with the
@@ -88,6 +97,14 @@ func newDirectCreate(ctx context.Context, dbURL string, mode directMode, maxConn
 }
 
 func (d *directCreate) Close() { d.pool.Close() }
+
+// sharing is a directCreate that runs mode over d's pool: the database's
+// connections are few, and two paths never run at once.
+func (d *directCreate) sharing(mode directMode) *directCreate {
+	shared := *d
+	shared.mode = mode
+	return &shared
+}
 
 var errDirectDuplicate = errors.New("direct create: the idempotency key was already claimed")
 
@@ -155,6 +172,14 @@ type itemView struct {
 }
 
 func (d *directCreate) create(ctx context.Context, key, fingerprint string, in createBody) (body []byte, location string, err error) {
+	rows, err := renderCreate(key, in)
+	if err != nil {
+		return nil, "", err
+	}
+	location = "/v1/orders/" + rows.order.ID
+	if d.mode == oneTripWithRecord || d.mode == oneTripWithoutRecord {
+		return rows.body, location, d.createInOneTrip(ctx, key, fingerprint, rows)
+	}
 	if d.mode != withoutRecord {
 		if _, _, err := d.replayByRead(ctx, key, fingerprint); !errors.Is(err, errDirectNoOutcome) {
 			return nil, "", fmt.Errorf("direct create: the read before the write found %v", err)
@@ -166,36 +191,10 @@ func (d *directCreate) create(ctx context.Context, key, fingerprint string, in c
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 
-	id, err := uuid.NewV7()
-	if err != nil {
-		return nil, "", err
-	}
-	now := time.Now().UTC().Truncate(time.Microsecond)
-	o := orderView{ID: id.String(), CustomerID: in.CustomerID, Status: "CREATED", Currency: in.Currency,
-		Metadata: map[string]string{}, Version: 1, CreatedAt: now, UpdatedAt: now}
-	for _, it := range in.Items {
-		line := it.UnitPrice * int64(it.Quantity)
-		o.Items = append(o.Items, itemView{SKU: it.SKU, Quantity: it.Quantity, UnitPrice: it.UnitPrice, LineTotal: line})
-		o.TotalAmount += line
-	}
-
-	// The order's representation is known before anything is written, as in
-	// Service.Create.
-	body, err = json.Marshal(o)
-	if err != nil {
-		return nil, "", err
-	}
 	var token int64
 	switch d.mode {
 	case withRecord:
-		tag, err := tx.Exec(ctx, `
-			INSERT INTO idempotency_records
-				(tenant_id, operation, idempotency_key, fingerprint, state, resource_id, outcome, result_code, result_body,
-				 lease_token, attempts, completed_at, expires_at, resumable)
-			VALUES ($1, $2, $3, $4, 'SUCCEEDED', $5, 'created', NULL, $6,
-				1, 1, now(), now() + make_interval(secs => $7), false)
-			ON CONFLICT DO NOTHING`,
-			benchTenant, "order.create", key, fingerprint, id.String(), body, d.retention.Seconds())
+		tag, err := tx.Exec(ctx, sqlRecord+` ON CONFLICT DO NOTHING`, d.recordArgs(key, fingerprint, rows)...)
 		if err != nil {
 			return nil, "", err
 		}
@@ -220,48 +219,20 @@ func (d *directCreate) create(ctx context.Context, key, fingerprint string, in c
 		}
 	}
 
-	if _, err := tx.Exec(ctx, `
-		INSERT INTO orders (id, tenant_id, customer_id, status, currency, total_amount, metadata,
-			carrier, tracking_number, version, created_at, updated_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
-		id, benchTenant, o.CustomerID, o.Status, o.Currency, o.TotalAmount, "{}", nil, nil, o.Version, now, now); err != nil {
+	if _, err := tx.Exec(ctx, sqlOrder, rows.orderArgs()...); err != nil {
 		return nil, "", err
 	}
-	values := make([]string, len(o.Items))
-	args := make([]any, 0, 6*len(o.Items))
-	for i, it := range o.Items {
-		p := 6 * i
-		values[i] = fmt.Sprintf("($%d, $%d, $%d, $%d, $%d, $%d)", p+1, p+2, p+3, p+4, p+5, p+6)
-		args = append(args, id, i+1, it.SKU, it.Quantity, it.UnitPrice, it.LineTotal)
-	}
-	if _, err := tx.Exec(ctx, `INSERT INTO order_items (order_id, line_no, sku, quantity, unit_price, line_total) VALUES `+
-		strings.Join(values, ", "), args...); err != nil {
+	if _, err := tx.Exec(ctx, rows.itemsSQL, rows.itemsArgs...); err != nil {
 		return nil, "", err
 	}
 	// GORM reads back the generated ids of the history and outbox rows.
 	var historyID, outboxID int64
-	if err := tx.QueryRow(ctx, `
-		INSERT INTO order_events (order_id, event, operation, idempotency_key, from_status, to_status, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id`,
-		id, "create", "order.create", key, "", o.Status, now).Scan(&historyID); err != nil {
+	if err := tx.QueryRow(ctx, sqlEvent, rows.eventArgs(key)...).Scan(&historyID); err != nil {
 		return nil, "", err
 	}
-	eventID, err := uuid.NewV7()
-	if err != nil {
+	if err := tx.QueryRow(ctx, sqlOutbox, rows.outboxArgs()...).Scan(&outboxID); err != nil {
 		return nil, "", err
 	}
-	payload, err := json.Marshal(order.EventMessage{EventID: eventID.String(), Event: "created", OrderID: o.ID, ToStatus: order.Status(o.Status),
-		Operation: "order.create", IdempotencyKey: key, OccurredAt: now, Order: body})
-	if err != nil {
-		return nil, "", err
-	}
-	if err := tx.QueryRow(ctx, `
-		INSERT INTO order_outbox (event_id, tenant_id, order_id, event, payload, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
-		eventID, benchTenant, id, "created", payload, now).Scan(&outboxID); err != nil {
-		return nil, "", err
-	}
-	location = "/v1/orders/" + id.String()
 
 	if d.mode == claimFirst {
 		tag, err := tx.Exec(ctx, `
@@ -272,7 +243,7 @@ func (d *directCreate) create(ctx context.Context, key, fingerprint string, in c
 			    lease_expires_at = NULL, updated_at = now()
 			WHERE tenant_id = $5 AND operation = $6 AND idempotency_key = $7
 			  AND lease_token = $8 AND state = 'PROCESSING'`,
-			"SUCCEEDED", id.String(), body, d.retention.Seconds(),
+			"SUCCEEDED", rows.order.ID, rows.body, d.retention.Seconds(),
 			benchTenant, "order.create", key, token)
 		if err != nil {
 			return nil, "", err
@@ -281,7 +252,120 @@ func (d *directCreate) create(ctx context.Context, key, fingerprint string, in c
 			return nil, "", errors.New("direct create: the record was not PROCESSING under our token")
 		}
 	}
-	return body, location, tx.Commit(ctx)
+	return rows.body, location, tx.Commit(ctx)
+}
+
+// createInOneTrip sends the create's statements, the read before it
+// included, as one pipelined batch: PostgreSQL runs a batch as one
+// implicit transaction and commits it at its end, so the whole create is
+// one round trip, the least it can cost in round trips. With both paths
+// sent so, what the record still costs is its own read and write. The
+// read's answer is looked at only once the whole batch has run, so it
+// stops nothing: the record's insert has no ON CONFLICT here, and a key
+// already taken fails it and aborts the batch, the order's rows with it.
+func (d *directCreate) createInOneTrip(ctx context.Context, key, fingerprint string, rows createRows) error {
+	var b pgx.Batch
+	if d.mode == oneTripWithRecord {
+		b.Queue(sqlReplayRead, benchTenant, "order.create", key).Query(func(found pgx.Rows) error {
+			if found.Next() {
+				return errors.New("direct create: the read before the write found an outcome")
+			}
+			return found.Err()
+		})
+		b.Queue(sqlRecord, d.recordArgs(key, fingerprint, rows)...)
+	}
+	b.Queue(sqlOrder, rows.orderArgs()...)
+	b.Queue(rows.itemsSQL, rows.itemsArgs...)
+	b.Queue(sqlEvent, rows.eventArgs(key)...)
+	b.Queue(sqlOutbox, rows.outboxArgs()...)
+	return d.pool.SendBatch(ctx, &b).Close()
+}
+
+// The statements of a create, as internal/idempotency and internal/order
+// send them.
+const (
+	sqlReplayRead = `
+		SELECT fingerprint, state, resource_id, outcome, result_code, result_body
+		FROM idempotency_records
+		WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND state IN ('SUCCEEDED', 'FAILED_FINAL')`
+	sqlRecord = `
+		INSERT INTO idempotency_records
+			(tenant_id, operation, idempotency_key, fingerprint, state, resource_id, outcome, result_code, result_body,
+			 lease_token, attempts, completed_at, expires_at, resumable)
+		VALUES ($1, $2, $3, $4, 'SUCCEEDED', $5, 'created', NULL, $6,
+			1, 1, now(), now() + make_interval(secs => $7), false)`
+	sqlOrder = `
+		INSERT INTO orders (id, tenant_id, customer_id, status, currency, total_amount, metadata,
+			carrier, tracking_number, version, created_at, updated_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`
+	sqlEvent = `
+		INSERT INTO order_events (order_id, event, operation, idempotency_key, from_status, to_status, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id`
+	sqlOutbox = `
+		INSERT INTO order_outbox (event_id, tenant_id, order_id, event, payload, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`
+)
+
+// createRows is what one create writes, rendered once, before any
+// statement is sent, as Service.Create renders it.
+type createRows struct {
+	id        uuid.UUID
+	now       time.Time
+	order     orderView
+	body      []byte // the order's JSON: the 201's body, the record's result and the event's payload
+	itemsSQL  string // all lines in one statement
+	itemsArgs []any
+	eventID   uuid.UUID
+	payload   []byte
+}
+
+func renderCreate(key string, in createBody) (createRows, error) {
+	var r createRows
+	var err error
+	if r.id, err = uuid.NewV7(); err != nil {
+		return r, err
+	}
+	if r.eventID, err = uuid.NewV7(); err != nil {
+		return r, err
+	}
+	r.now = time.Now().UTC().Truncate(time.Microsecond)
+	o := orderView{ID: r.id.String(), CustomerID: in.CustomerID, Status: "CREATED", Currency: in.Currency,
+		Metadata: map[string]string{}, Version: 1, CreatedAt: r.now, UpdatedAt: r.now}
+	values := make([]string, len(in.Items))
+	r.itemsArgs = make([]any, 0, 6*len(in.Items))
+	for i, it := range in.Items {
+		line := it.UnitPrice * int64(it.Quantity)
+		o.Items = append(o.Items, itemView{SKU: it.SKU, Quantity: it.Quantity, UnitPrice: it.UnitPrice, LineTotal: line})
+		o.TotalAmount += line
+		p := 6 * i
+		values[i] = fmt.Sprintf("($%d, $%d, $%d, $%d, $%d, $%d)", p+1, p+2, p+3, p+4, p+5, p+6)
+		r.itemsArgs = append(r.itemsArgs, r.id, i+1, it.SKU, it.Quantity, it.UnitPrice, line)
+	}
+	r.order = o
+	r.itemsSQL = `INSERT INTO order_items (order_id, line_no, sku, quantity, unit_price, line_total) VALUES ` + strings.Join(values, ", ")
+	if r.body, err = json.Marshal(o); err != nil {
+		return r, err
+	}
+	r.payload, err = json.Marshal(order.EventMessage{EventID: r.eventID.String(), Event: "created", OrderID: o.ID,
+		ToStatus: order.Status(o.Status), Operation: "order.create", IdempotencyKey: key, OccurredAt: r.now, Order: r.body})
+	return r, err
+}
+
+func (d *directCreate) recordArgs(key, fingerprint string, r createRows) []any {
+	return []any{benchTenant, "order.create", key, fingerprint, r.order.ID, r.body, d.retention.Seconds()}
+}
+
+func (r createRows) orderArgs() []any {
+	o := r.order
+	return []any{r.id, benchTenant, o.CustomerID, o.Status, o.Currency, o.TotalAmount, "{}", nil, nil, o.Version, r.now, r.now}
+}
+
+func (r createRows) eventArgs(key string) []any {
+	return []any{r.id, "create", "order.create", key, "", r.order.Status, r.now}
+}
+
+func (r createRows) outboxArgs() []any {
+	return []any{r.eventID, benchTenant, r.id, "created", r.payload, r.now}
 }
 
 var errDirectNoOutcome = errors.New("direct replay: the key has no stored outcome")
@@ -291,11 +375,7 @@ var errDirectNoOutcome = errors.New("direct replay: the key has no stored outcom
 func (d *directCreate) replayByRead(ctx context.Context, key, fingerprint string) ([]byte, string, error) {
 	var fp, resource string
 	var body []byte
-	err := d.pool.QueryRow(ctx, `
-		SELECT fingerprint, state, resource_id, outcome, result_code, result_body
-		FROM idempotency_records
-		WHERE tenant_id = $1 AND operation = $2 AND idempotency_key = $3 AND state IN ('SUCCEEDED', 'FAILED_FINAL')`,
-		benchTenant, "order.create", key).Scan(&fp, nil, &resource, nil, nil, &body)
+	err := d.pool.QueryRow(ctx, sqlReplayRead, benchTenant, "order.create", key).Scan(&fp, nil, &resource, nil, nil, &body)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, "", errDirectNoOutcome
 	}

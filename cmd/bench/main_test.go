@@ -65,7 +65,7 @@ func TestQuickRun(t *testing.T) {
 		if strings.Contains(report, "not all 200") {
 			t.Errorf("GET /healthz did not answer 200 every time during an overload:\n%s", report)
 		}
-		for _, want := range []string{"| throughput loss |", "| claim first |", "| one SELECT | ",
+		for _, want := range []string{"| throughput loss |", "| claim first |", "| one round trip each: loss |", "| with a record | without a record | with ÷ without |", "| one SELECT | ",
 			"Big ÷ empty: ", "| during cleanup | ", "| windows of 100ms with a 503 |", "| admission limit (defaults) | ", "| DB_MAX_CONNS=8 | ", "| no admission control | ",
 			"| `/healthz` meanwhile: p50 |", "## Summary\n"} {
 			if !strings.Contains(report, want) {

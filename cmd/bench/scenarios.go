@@ -386,6 +386,9 @@ func (b *bench) createLevels(ctx context.Context, res *results) error {
 		}
 		defer d.Close()
 		paths[mode] = &http.Client{Timeout: 30 * time.Second, Transport: d}
+		if oneTrip, ok := map[directMode]directMode{withRecord: oneTripWithRecord, withoutRecord: oneTripWithoutRecord}[mode]; ok {
+			paths[oneTrip] = &http.Client{Timeout: 30 * time.Second, Transport: d.sharing(oneTrip)}
+		}
 	}
 	for _, c := range b.opts.Concurrency {
 		lvl := createLevel{Concurrency: c}
@@ -436,8 +439,13 @@ func (b *bench) createLevels(ctx context.Context, res *results) error {
 type interleaved struct {
 	// Loss is 1 - with ÷ without, in throughput; CPU is with ÷ without, in
 	// PostgreSQL CPU per create. ClaimLoss and ClaimCPU are the same for
-	// claim first.
-	Loss, CPU, ClaimLoss, ClaimCPU spread
+	// claim first, OneTripLoss and OneTripCPU for the two paths sent as
+	// one batch each (oneTripWithRecord ÷ oneTripWithoutRecord).
+	Loss, CPU, ClaimLoss, ClaimCPU, OneTripLoss, OneTripCPU spread
+	// WALWith and WALWithout are the WAL one create wrote, in bytes, with
+	// and without a record (the statement-by-statement paths); WAL is
+	// their ratio.
+	WALWith, WALWithout, WAL spread
 }
 
 // spread is the median and range of one figure over the rounds.
@@ -458,34 +466,67 @@ func spreadOf(v []float64) spread {
 
 // interleave measures scenario 2's ratios at concurrency c: Rounds rounds
 // of one Slice of each path, from one reset (the tables grow alike for all).
+// The WAL each slice wrote is the distance the server's WAL insert position
+// moved meanwhile: the cluster's WAL, so it also holds what runs beside the
+// path (the service's outbox relay marking every path's events published
+// alike, autovacuum), which the median over the rounds evens out.
 func (b *bench) interleave(ctx context.Context, c int, paths map[directMode]*http.Client) (interleaved, error) {
 	var mix interleaved
 	if err := b.reset(ctx); err != nil {
 		return mix, err
 	}
-	modes := []directMode{withRecord, withoutRecord, claimFirst}
-	var loss, cpu, claimLoss, claimCPU []float64
+	modes := []directMode{withRecord, withoutRecord, claimFirst, oneTripWithRecord, oneTripWithoutRecord}
+	var loss, cpu, claimLoss, claimCPU, oneLoss, oneCPU, walWith, walWithout, wal []float64
 	for r := range b.opts.Rounds {
 		round := map[directMode]point{}
+		walPer := map[directMode]float64{}
 		for k := range modes {
 			m := modes[(k+r)%len(modes)]
+			from, err := b.walPosition(ctx)
+			if err != nil {
+				return mix, err
+			}
 			round[m] = b.fire(ctx, shot{name: fmt.Sprintf("interleaved-%d", m), client: paths[m], workers: c,
 				targeter: freshCreates("http://direct.invalid/v1/orders", &b.keys), duration: b.opts.Slice})
 			if err := ctx.Err(); err != nil {
 				return mix, err
 			}
+			to, err := b.walPosition(ctx)
+			if err != nil {
+				return mix, err
+			}
+			walPer[m] = float64(to-from) / float64(max(round[m].Requests, 1))
 		}
-		plain := round[withoutRecord]
-		if plain.Throughput == 0 || pgPerRequest(plain) == 0 {
-			return mix, fmt.Errorf("interleaved round %d at c=%d: the path without a record measured nothing: %s", r+1, c, statuses(plain))
+		for _, base := range []directMode{withoutRecord, oneTripWithoutRecord} {
+			if p := round[base]; p.Throughput == 0 || pgPerRequest(p) == 0 {
+				return mix, fmt.Errorf("interleaved round %d at c=%d: a path without a record measured nothing: %s", r+1, c, statuses(p))
+			}
 		}
-		loss = append(loss, 1-round[withRecord].Throughput/plain.Throughput)
-		cpu = append(cpu, pgPerRequest(round[withRecord])/pgPerRequest(plain))
-		claimLoss = append(claimLoss, 1-round[claimFirst].Throughput/plain.Throughput)
-		claimCPU = append(claimCPU, pgPerRequest(round[claimFirst])/pgPerRequest(plain))
+		lossOf := func(with, without directMode) float64 { return 1 - round[with].Throughput/round[without].Throughput }
+		cpuOf := func(with, without directMode) float64 {
+			return pgPerRequest(round[with]) / pgPerRequest(round[without])
+		}
+		loss = append(loss, lossOf(withRecord, withoutRecord))
+		cpu = append(cpu, cpuOf(withRecord, withoutRecord))
+		claimLoss = append(claimLoss, lossOf(claimFirst, withoutRecord))
+		claimCPU = append(claimCPU, cpuOf(claimFirst, withoutRecord))
+		oneLoss = append(oneLoss, lossOf(oneTripWithRecord, oneTripWithoutRecord))
+		oneCPU = append(oneCPU, cpuOf(oneTripWithRecord, oneTripWithoutRecord))
+		walWith = append(walWith, walPer[withRecord])
+		walWithout = append(walWithout, walPer[withoutRecord])
+		wal = append(wal, walPer[withRecord]/walPer[withoutRecord])
 	}
 	mix.Loss, mix.CPU, mix.ClaimLoss, mix.ClaimCPU = spreadOf(loss), spreadOf(cpu), spreadOf(claimLoss), spreadOf(claimCPU)
+	mix.OneTripLoss, mix.OneTripCPU = spreadOf(oneLoss), spreadOf(oneCPU)
+	mix.WALWith, mix.WALWithout, mix.WAL = spreadOf(walWith), spreadOf(walWithout), spreadOf(wal)
 	return mix, nil
+}
+
+// walPosition is the server's WAL insert position, in bytes.
+func (b *bench) walPosition(ctx context.Context) (int64, error) {
+	var lsn int64
+	err := b.admin.QueryRow(ctx, `SELECT (pg_current_wal_insert_lsn() - '0/0')::int8`).Scan(&lsn)
+	return lsn, err
 }
 
 // replay is scenario 3: fresh creates at ReplayConc, then one request

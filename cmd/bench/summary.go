@@ -18,20 +18,24 @@ func (r *report) summary(res *results) {
 	r.p("")
 	r.p("| figure | before | now | aim | met |")
 	r.p("|---|---|---|---|---|")
-	var losses, cpu []string
+	var losses, cpu, floorLoss, floorCPU []string
 	lossOK, cpuOK := true, true
 	for _, l := range res.Levels {
 		if l.Concurrency < 4 {
 			continue
 		}
-		lv, cv := l.Mixed.Loss.Median, l.Mixed.CPU.Median
-		losses = append(losses, fmt.Sprintf("c=%d %.0f %%", l.Concurrency, 100*lv))
-		lossOK = lossOK && lv < 0.15
-		cpu = append(cpu, fmt.Sprintf("c=%d %.2f×", l.Concurrency, cv))
-		cpuOK = cpuOK && cv <= 1.25
+		m := l.Mixed
+		losses = append(losses, fmt.Sprintf("c=%d %.0f %%", l.Concurrency, 100*m.Loss.Median))
+		lossOK = lossOK && m.Loss.Median < 0.15
+		cpu = append(cpu, fmt.Sprintf("c=%d %.2f×", l.Concurrency, m.CPU.Median))
+		cpuOK = cpuOK && m.CPU.Median <= 1.25
+		floorLoss = append(floorLoss, fmt.Sprintf("%.0f %%", 100*m.OneTripLoss.Median))
+		floorCPU = append(floorCPU, fmt.Sprintf("%.2f×", m.OneTripCPU.Median))
 	}
-	r.p("| idempotency layer cost: throughput loss vs the same rows without a record (§2, interleaved, median) | 29–40 %% | %s | < 15 %% | %s |", strings.Join(losses, ", "), yes(lossOK && len(losses) > 0))
-	r.p("| PostgreSQL CPU per create, with the layer ÷ without (§2, interleaved, median) | ≈ 1.7× | %s | ≤ 1.25× | %s |", strings.Join(cpu, ", "), yes(cpuOK && len(cpu) > 0))
+	r.p("| idempotency layer cost: throughput loss vs the same rows without a record (§2, interleaved, median) | 29–40 %% | %s (each create in one round trip, the floor: %s) | < 15 %% | %s |",
+		strings.Join(losses, ", "), strings.Join(floorLoss, ", "), yes(lossOK && len(losses) > 0))
+	r.p("| PostgreSQL CPU per create, with the layer ÷ without (§2, interleaved, median) | ≈ 1.7× | %s (in one round trip: %s) | ≤ 1.25× | %s |",
+		strings.Join(cpu, ", "), strings.Join(floorCPU, ", "), yes(cpuOK && len(cpu) > 0))
 	rp := res.Replay.Throughput / max(res.First.Throughput, 1e-9)
 	r.p("| replay ÷ first execution, throughput at c=%d (§3) | 1.8–3.1× | %.2f× | ≥ 4× | %s |", res.Opts.ReplayConc, rp, yes(rp >= 4))
 	g := res.Growth

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/orderservice/orderservice/internal/testdb"
+)
+
+// TestACreateInOneTripIsAllOrNothing checks the floor path of §2 against a
+// migrated database: one batch writes the record and every order row, and a
+// second batch with the same key aborts whole, for its read stops nothing
+// and its insert meets the key: no second order, item, event or outbox
+// row. It needs PostgreSQL and fails, never skips, without it.
+func TestACreateInOneTripIsAllOrNothing(t *testing.T) {
+	dbURL, drop, err := testdb.Create("bench_onetrip")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(drop)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	with, err := newDirectCreate(ctx, dbURL, oneTripWithRecord, 2, time.Minute, time.Hour, 5*time.Second, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer with.Close()
+	admin, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	counts := func() (n [5]int64) {
+		t.Helper()
+		for i, table := range []string{"idempotency_records", "orders", "order_items", "order_events", "order_outbox"} {
+			if err := admin.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return n
+	}
+	send := func(d *directCreate) (*http.Response, error) {
+		body, _ := json.Marshal(newCreate(7))
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://direct.invalid/v1/orders", bytes.NewReader(body))
+		req.Header.Set("Idempotency-Key", "one-trip-key")
+		return d.RoundTrip(req)
+	}
+
+	if _, err := send(with); err != nil {
+		t.Fatalf("the first create: %v", err)
+	}
+	if got, want := counts(), [5]int64{1, 1, 2, 1, 1}; got != want {
+		t.Fatalf("after one create: records, orders, items, events, outbox = %v, want %v", got, want)
+	}
+
+	if _, err := send(with); err == nil {
+		t.Fatal("a create in one trip with a key already taken succeeded")
+	}
+	if got, want := counts(), [5]int64{1, 1, 2, 1, 1}; got != want {
+		t.Errorf("after a create whose key was taken: records, orders, items, events, outbox = %v, want %v (nothing more)", got, want)
+	}
+}
