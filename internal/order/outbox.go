@@ -126,7 +126,7 @@ func (x *Outbox) Relay(ctx context.Context, batch int, publish func([]OutboxEven
 			WHERE published_at IS NULL
 			  AND NOT EXISTS (SELECT 1 FROM order_outbox e
 			                  WHERE e.order_id = o.order_id AND e.published_at IS NULL AND e.id < o.id)
-			ORDER BY id LIMIT ? FOR UPDATE OF o SKIP LOCKED`, batch).Scan(&events).Error
+			ORDER BY id LIMIT ? FOR UPDATE OF o SKIP LOCKED`, batch).Find(&events).Error
 		if err != nil || len(events) == 0 {
 			return err
 		}
@@ -148,7 +148,7 @@ func (x *Outbox) Relay(ctx context.Context, batch int, publish func([]OutboxEven
 func (x *Outbox) Lag(ctx context.Context) (time.Duration, error) {
 	var oldest []time.Time
 	err := x.DB.WithContext(ctx).Raw("SELECT created_at FROM order_outbox WHERE published_at IS NULL ORDER BY id LIMIT 1").
-		Scan(&oldest).Error
+		Find(&oldest).Error
 	if err != nil || len(oldest) == 0 {
 		return 0, err
 	}
