@@ -423,9 +423,10 @@ func (b *bench) createLevels(ctx context.Context, res *results) error {
 			return err
 		}
 		lvl.Mixed = mixed
-		b.progress("  c=%-3d interleaved: loss %.1f %% (%.1f–%.1f), PostgreSQL CPU %.2f× (%.2f–%.2f); claim first: loss %.1f %%, %.2f×",
-			c, 100*lvl.Mixed.Loss.Median, 100*lvl.Mixed.Loss.Min, 100*lvl.Mixed.Loss.Max, lvl.Mixed.CPU.Median, lvl.Mixed.CPU.Min, lvl.Mixed.CPU.Max,
-			100*lvl.Mixed.ClaimLoss.Median, lvl.Mixed.ClaimCPU.Median)
+		m := lvl.Mixed
+		b.progress("  c=%-3d interleaved: loss %.1f %% (%.1f–%.1f), PostgreSQL CPU %.2f× (%.2f–%.2f); claim first: loss %.1f %%, %.2f×; one round trip: loss %.1f %%, %.2f×; WAL %.0f ÷ %.0f B",
+			c, 100*m.Loss.Median, 100*m.Loss.Min, 100*m.Loss.Max, m.CPU.Median, m.CPU.Min, m.CPU.Max,
+			100*m.ClaimLoss.Median, m.ClaimCPU.Median, 100*m.OneTripLoss.Median, m.OneTripCPU.Median, m.WALWith.Median, m.WALWithout.Median)
 		res.Levels = append(res.Levels, lvl)
 	}
 	return nil
