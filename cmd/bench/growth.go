@@ -1,16 +1,20 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
+	neturl "net/url"
 	"slices"
 	"strconv"
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"gorm.io/gorm"
 
+	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
 )
 
@@ -30,19 +34,27 @@ type growthResult struct {
 	// run at CleanupRate, in Phases phases of Phase: with the service's
 	// CLEANUP_BATCH and CLEANUP_PAUSE (Cleanup), and before that with the
 	// defaults they had before (CleanupBefore), each on its own share of
-	// the expired records.
-	CleanupRate            int
-	Phase                  time.Duration
-	Phases                 int
-	CleanupBefore, Cleanup cleanupRun
+	// the expired records; last, the service's settings again with the
+	// job's sessions compressing the full-page images they log
+	// (CleanupCompressed).
+	CleanupRate                               int
+	Phase                                     time.Duration
+	Phases                                    int
+	CleanupBefore, Cleanup, CleanupCompressed cleanupRun
 }
 
 // cleanupRun is the cleanup job at one batch size and pause, in every
 // other phase while creates run throughout; Quiet and During are the
 // creates sent in the phases without and with it, Took the time it ran.
 type cleanupRun struct {
-	Batch         int
-	Pause         time.Duration
+	Batch int
+	Pause time.Duration
+	// WALCompression is the wal_compression of the job's own sessions
+	// (the service's pool, at the server's setting, when empty).
+	WALCompression string
+	// WAL is how much WAL the whole cluster wrote during the run, creates
+	// included.
+	WAL           int64
 	Cleaned       idempotency.CleanupResult
 	Took          time.Duration
 	Quiet, During point
@@ -203,27 +215,28 @@ func (b *bench) growth(ctx context.Context, res *results) error {
 	// The cleanup job against the expired share, while creates run at a
 	// constant rate: in alternate phases with and without it, so that the
 	// two halves are measured over the same stretch of time; first at the
-	// settings of before, then at the service's.
+	// settings of before, then at the service's, then at the service's with
+	// the job's sessions compressing the full-page images they log.
 	g.CleanupRate = max(1, int(g.Big.Throughput/2))
 	g.Phase = o.Duration / 10
 	g.Phases = 20 // after phase 0, while the load opens its connections, which counts for neither
 	cfg := b.svc.Config
 	for _, run := range []struct {
-		into  *cleanupRun
-		batch int
-		pause time.Duration
+		into    *cleanupRun
+		setting cleanupRun
 	}{
-		{&g.CleanupBefore, cleanupBatchBefore, cleanupPauseBefore},
-		{&g.Cleanup, cfg.CleanupBatch, cfg.CleanupPause},
+		{&g.CleanupBefore, cleanupRun{Batch: cleanupBatchBefore, Pause: cleanupPauseBefore}},
+		{&g.Cleanup, cleanupRun{Batch: cfg.CleanupBatch, Pause: cfg.CleanupPause}},
+		{&g.CleanupCompressed, cleanupRun{Batch: cfg.CleanupBatch, Pause: cfg.CleanupPause, WALCompression: "lz4"}},
 	} {
-		*run.into = b.cleanupPhases(ctx, url, g, run.batch, run.pause)
+		*run.into = b.cleanupPhases(ctx, url, g, run.setting)
 		c := *run.into
 		if c.Err != "" {
 			res.fail("cleanup during creates: %s", c.Err)
 		}
-		b.progress("  cleanup (batch %d, pause %s): %d deleted (%d archived) in %s = %.0f/s; creates at %d/s p99 %s quiet, %s during cleanup",
-			c.Batch, c.Pause, c.Cleaned.Deleted, c.Cleaned.Archived, c.Took.Round(time.Millisecond), c.PerSecond(), g.CleanupRate,
-			ms(c.Quiet.P99), ms(c.During.P99))
+		b.progress("  cleanup (batch %d, pause %s, wal_compression %s): %d deleted (%d archived) in %s = %.0f/s, %d MB of WAL; creates at %d/s p99 %s quiet, %s during cleanup",
+			c.Batch, c.Pause, cmp.Or(c.WALCompression, "of the server"), c.Cleaned.Deleted, c.Cleaned.Archived, c.Took.Round(time.Millisecond), c.PerSecond(),
+			c.WAL>>20, g.CleanupRate, ms(c.Quiet.P99), ms(c.During.P99))
 		b.progress("  phase by phase p99 %s; 503s in %d windows, %d of them with the job", timesSpread(c.Paired), c.RefusedIn, c.RefusedDuring)
 		if err := ctx.Err(); err != nil {
 			return err
@@ -232,14 +245,31 @@ func (b *bench) growth(ctx context.Context, res *results) error {
 	return nil
 }
 
-// cleanupPhases runs the service's cleanup job with batch and pause in the
-// odd phases of g while creates run at g.CleanupRate through all of them.
-func (b *bench) cleanupPhases(ctx context.Context, url string, g *growthResult, batch int, pause time.Duration) cleanupRun {
-	c := cleanupRun{Batch: batch, Pause: pause}
-	cleaner := &idempotency.Cleaner{DB: b.svc.DB, Store: b.svc.Orders.Records, Batch: batch, Pause: pause, Logger: b.svc.Logger}
+// cleanupPhases runs the service's cleanup job with c's batch and pause in
+// the odd phases of g while creates run at g.CleanupRate through all of
+// them. With a WALCompression, the job runs on two connections of its own
+// that set it (as ALTER ROLE … SET would for a role of the job's own); the
+// creates keep the server's setting.
+func (b *bench) cleanupPhases(ctx context.Context, url string, g *growthResult, c cleanupRun) cleanupRun {
+	db := b.svc.DB
+	if c.WALCompression != "" {
+		own, err := b.openWithSetting("wal_compression", c.WALCompression)
+		if err != nil {
+			c.Err = err.Error()
+			return c
+		}
+		defer database.Close(own)
+		db = own
+	}
+	cleaner := &idempotency.Cleaner{DB: db, Store: b.svc.Orders.Records, Batch: c.Batch, Pause: c.Pause, Logger: b.svc.Logger}
 	// The admin connection before and after, never while the load measures
 	// the CPU with it.
 	checkpoints, synced, err := b.checkpoints(ctx)
+	if err != nil {
+		c.Err = err.Error()
+		return c
+	}
+	walFrom, err := b.walPosition(ctx)
 	if err != nil {
 		c.Err = err.Error()
 		return c
@@ -296,7 +326,9 @@ func (b *bench) cleanupPhases(ctx context.Context, url string, g *growthResult, 
 	c.WALWaitRefused, c.WALWaitOther = walShares(walSamples, refused, start, counted)
 	after, syncedAfter, err := b.checkpoints(ctx)
 	c.Checkpoints, c.CheckpointSync = after-checkpoints, syncedAfter-synced
-	for _, err := range []error{walErr, err} {
+	walTo, walPosErr := b.walPosition(ctx)
+	c.WAL = walTo - walFrom
+	for _, err := range []error{walErr, err, walPosErr} {
 		if err != nil && c.Err == "" {
 			c.Err = err.Error()
 		}
@@ -476,4 +508,29 @@ func (b *bench) oldGauges(ctx context.Context) (time.Duration, error) {
 		}
 	}
 	return time.Since(start), nil
+}
+
+// openWithSetting opens a pool of two connections to the benchmark's
+// database, as the service opens its own, whose sessions start with the
+// server setting name at value (a pgx runtime parameter).
+func (b *bench) openWithSetting(name, value string) (*gorm.DB, error) {
+	u, err := neturl.Parse(b.dbURL)
+	if err != nil {
+		return nil, err
+	}
+	q := u.Query()
+	q.Set(name, value)
+	u.RawQuery = q.Encode()
+	cfg := b.svc.Config
+	db, err := database.Open(context.Background(), u.String(), database.Options{MaxConns: 2,
+		StatementTimeout: cfg.DBStatementTimeout, LockTimeout: cfg.DBLockTimeout})
+	if err != nil {
+		return nil, err
+	}
+	var got string
+	if err := db.Raw(`SELECT current_setting(?)`, name).Row().Scan(&got); err != nil || got != value {
+		database.Close(db)
+		return nil, fmt.Errorf("a session opened with %s=%s has %s=%q (%v)", name, value, name, got, err)
+	}
+	return db, nil
 }

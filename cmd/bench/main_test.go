@@ -66,7 +66,7 @@ func TestQuickRun(t *testing.T) {
 			t.Errorf("GET /healthz did not answer 200 every time during an overload:\n%s", report)
 		}
 		for _, want := range []string{"| throughput loss |", "| claim first |", "| one round trip each: loss |", "| with a record | without a record | with ÷ without |", "| one SELECT | ",
-			"Big ÷ empty: ", "| during cleanup | ", "| windows of 100ms with a 503 |", "| admission limit (defaults) | ", "| DB_MAX_CONNS=8 | ", "| no admission control | ",
+			"Big ÷ empty: ", "| during cleanup | ", "| the service's, wal_compression=lz4: batch ", "| windows of 100ms with a 503 |", "| admission limit (defaults) | ", "| DB_MAX_CONNS=8 | ", "| no admission control | ",
 			"| `/healthz` meanwhile: p50 |", "## Summary\n"} {
 			if !strings.Contains(report, want) {
 				t.Errorf("the report lacks %q:\n%s", want, report)

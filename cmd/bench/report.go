@@ -530,25 +530,29 @@ func (r *report) growth(res *results) {
 	r.p("one more in which the load opened its connections (not counted); in every other phase the service's own job")
 	r.p("(`idempotency.Cleaner`, on the service's pool) ran against the %s expired records: first with the", count(g.Expired))
 	r.p("settings it had before (CLEANUP_BATCH=%d, CLEANUP_PAUSE=%s), then, on the records left, with the", g.CleanupBefore.Batch, g.CleanupBefore.Pause)
-	r.p("service's (CLEANUP_BATCH=%d, CLEANUP_PAUSE=%s). Each create counts in the phase it was sent in, so", g.Cleanup.Batch, g.Cleanup.Pause)
-	r.p("the rows of one setting are measured over the same stretch of time. *Removed per second* is over")
-	r.p("the time the job ran; the second setting starts behind the rows the first deleted, which can only slow it.")
+	r.p("service's (CLEANUP_BATCH=%d, CLEANUP_PAUSE=%s), and last with the service's again, the job on two", g.Cleanup.Batch, g.Cleanup.Pause)
+	r.p("connections of its own whose sessions set `wal_compression=%s` (the server's setting is in the table at the", g.CleanupCompressed.WALCompression)
+	r.p("top; a DBA sets it with ALTER SYSTEM, or for a role with ALTER ROLE … SET): deleting from a page not touched since the")
+	r.p("last checkpoint logs the whole page, and the pages of expired records are old. Each create counts in the")
+	r.p("phase it was sent in, so the rows of one setting are measured over the same stretch of time. *Removed per")
+	r.p("second* is over the time the job ran; each setting starts behind the rows the ones before it deleted,")
+	r.p("which can only slow it. *WAL* is what the whole cluster wrote during the setting's phases, creates included.")
 	r.p("")
 	r.p("*Phase by phase* divides the p99 of each phase with the job by that of the phase without it right after,")
 	r.p("as §2 interleaves its paths: the median and range of those %d ratios. A stall that hits one phase moves one", g.Phases/2)
 	r.p("ratio there, where it moves the p99 of a whole half.")
 	r.p("")
-	r.p("| cleanup job | creates at %d/s | p50 | p99 | answers | records removed | of them archived | removed per second | create p99 during ÷ without | phase by phase |", g.CleanupRate)
-	r.p("|---|---|--:|--:|---|--:|--:|--:|--:|--:|")
+	r.p("| cleanup job | creates at %d/s | p50 | p99 | answers | records removed | of them archived | removed per second | WAL | create p99 during ÷ without | phase by phase |", g.CleanupRate)
+	r.p("|---|---|--:|--:|---|--:|--:|--:|--:|--:|--:|")
 	settings := []struct {
 		name string
 		run  cleanupRun
-	}{{"before", g.CleanupBefore}, {"the service's", g.Cleanup}}
+	}{{"before", g.CleanupBefore}, {"the service's", g.Cleanup}, {"the service's, wal_compression=" + g.CleanupCompressed.WALCompression, g.CleanupCompressed}}
 	for _, c := range settings {
 		setting := fmt.Sprintf("%s: batch %d, pause %s", c.name, c.run.Batch, c.run.Pause)
-		r.p("| %s | without cleanup | %s | %s | %s | | | | | |", setting, ms(c.run.Quiet.P50), ms(c.run.Quiet.P99), statuses(c.run.Quiet))
-		r.p("| %s | during cleanup | %s | %s | %s | %d | %d | %.0f/s | %s | %s |", setting, ms(c.run.During.P50), ms(c.run.During.P99), statuses(c.run.During),
-			c.run.Cleaned.Deleted, c.run.Cleaned.Archived, c.run.PerSecond(), ratio(float64(c.run.During.P99), float64(c.run.Quiet.P99)), timesSpread(c.run.Paired))
+		r.p("| %s | without cleanup | %s | %s | %s | | | | | | |", setting, ms(c.run.Quiet.P50), ms(c.run.Quiet.P99), statuses(c.run.Quiet))
+		r.p("| %s | during cleanup | %s | %s | %s | %d | %d | %.0f/s | %d MB | %s | %s |", setting, ms(c.run.During.P50), ms(c.run.During.P99), statuses(c.run.During),
+			c.run.Cleaned.Deleted, c.run.Cleaned.Archived, c.run.PerSecond(), c.run.WAL>>20, ratio(float64(c.run.During.P99), float64(c.run.Quiet.P99)), timesSpread(c.run.Paired))
 	}
 	r.p("")
 	r.p("A 503 at half the throughput is a create that found every admission slot taken for longer than the")

@@ -319,7 +319,7 @@ func (b *bench) describeMachine(ctx context.Context) (machine, error) {
 		return m, err
 	}
 	var settings []string
-	for _, name := range []string{"shared_buffers", "synchronous_commit", "fsync", "wal_level", "max_wal_size", "checkpoint_timeout", "max_connections"} {
+	for _, name := range []string{"shared_buffers", "synchronous_commit", "fsync", "wal_level", "wal_compression", "max_wal_size", "checkpoint_timeout", "max_connections"} {
 		var v string
 		if err := b.admin.QueryRow(ctx, `SELECT current_setting($1)`, name).Scan(&v); err != nil {
 			return m, err

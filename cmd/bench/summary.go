@@ -44,8 +44,10 @@ func (r *report) summary(res *results) {
 	r.p("| `/metrics` scrape with %s records (§7) | `count(*)` per state at every scrape (%s here, once) | %s (%s on empty tables) | < 50 ms, independent of table size | %s |",
 		count(g.Records), ms(g.OldGauges), ms(g.ScrapeBig), ms(g.ScrapeEmpty), yes(g.ScrapeBig < 50*time.Millisecond))
 	cl := g.Cleanup
-	r.p("| cleanup: expired records removed per second while creates run (§7) | not measured | %.0f/s, create p99 %+.0f %% (phase by phase: median %+.0f %%, %d of %d windows with a 503 in phases with the job) | ≥ 20 000/s, create p99 up < 25 %% | %s |",
-		cl.PerSecond(), 100*cl.P99Up(), 100*(cl.Paired.Median-1), cl.RefusedDuring, cl.RefusedIn, yes(cl.PerSecond() >= 20000 && cl.P99Up() < 0.25))
+	cz := g.CleanupCompressed
+	r.p("| cleanup: expired records removed per second while creates run (§7) | not measured | %.0f/s, create p99 %+.0f %% (phase by phase: median %+.0f %%, %d of %d windows with a 503 in phases with the job); the job's sessions with wal_compression=%s: %.0f/s, create p99 %+.0f %% (phase by phase: median %+.0f %%) | ≥ 20 000/s, create p99 up < 25 %% | %s |",
+		cl.PerSecond(), 100*cl.P99Up(), 100*(cl.Paired.Median-1), cl.RefusedDuring, cl.RefusedIn,
+		cz.WALCompression, cz.PerSecond(), 100*cz.P99Up(), 100*(cz.Paired.Median-1), yes(cl.PerSecond() >= 20000 && cl.P99Up() < 0.25))
 	ov := res.Overload
 	s := ov.Shed
 	total := max(len(s.Point.Samples), 1)
