@@ -465,8 +465,9 @@ func TestContextDeadlineBoundsTheRetryLoop(t *testing.T) {
 			t.Errorf("error %v does not carry the last 503", err)
 		}
 		// Each case is built so that a call that ignored its 300ms deadline
-		// would run for a minute or more: a bound far from both ends holds
-		// on a loaded machine and still tells the two apart.
+		// would run for many seconds (a 60s Retry-After; 1000 attempts, about
+		// 20s of backoff alone): a bound far from both ends holds on a loaded
+		// machine and still tells the two apart.
 		if elapsed > 5*time.Second {
 			t.Errorf("returned after %v: the 300ms deadline did not end the call", elapsed)
 		}

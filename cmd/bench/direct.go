@@ -50,7 +50,8 @@ import (
 // answer a key that already succeeded, by one SELECT or by the transaction
 // the service used to run for a replay. The oneTrip modes send withRecord's
 // and withoutRecord's statements as one pipelined batch each, as no
-// service here does: they measure the floor, what the record costs the
+// service here does (the record's insert without its ON CONFLICT, which a
+// batch cannot use): they measure the floor, what the record costs the
 // database when round trips cost nothing.
 type directCreate struct {
 	pool      *pgxpool.Pool
@@ -70,8 +71,8 @@ const (
 	replayTx
 	// oneTripWithRecord and oneTripWithoutRecord send withRecord's and
 	// withoutRecord's statements as one pipelined batch each
-	// (createInOneTrip): what the layer costs once round trips cost
-	// nothing.
+	// (createInOneTrip), the record's insert a plain INSERT there: what the
+	// layer costs once round trips cost nothing.
 	oneTripWithRecord
 	oneTripWithoutRecord
 )

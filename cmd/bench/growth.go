@@ -253,7 +253,7 @@ func (b *bench) growth(ctx context.Context, res *results) error {
 func (b *bench) cleanupPhases(ctx context.Context, url string, g *growthResult, c cleanupRun) cleanupRun {
 	db := b.svc.DB
 	if c.WALCompression != "" {
-		own, err := b.openWithSetting("wal_compression", c.WALCompression)
+		own, err := b.openWithSetting(ctx, "wal_compression", c.WALCompression)
 		if err != nil {
 			c.Err = err.Error()
 			return c
@@ -263,7 +263,12 @@ func (b *bench) cleanupPhases(ctx context.Context, url string, g *growthResult, 
 	}
 	cleaner := &idempotency.Cleaner{DB: db, Store: b.svc.Orders.Records, Batch: c.Batch, Pause: c.Pause, Logger: b.svc.Logger}
 	// The admin connection before and after, never while the load measures
-	// the CPU with it.
+	// the CPU with it. Each setting starts after a checkpoint, so that the
+	// pages it changes first log whole for every setting alike.
+	if _, err := b.admin.Exec(ctx, `CHECKPOINT`); err != nil {
+		c.Err = err.Error()
+		return c
+	}
 	checkpoints, synced, err := b.checkpoints(ctx)
 	if err != nil {
 		c.Err = err.Error()
@@ -327,7 +332,9 @@ func (b *bench) cleanupPhases(ctx context.Context, url string, g *growthResult, 
 	after, syncedAfter, err := b.checkpoints(ctx)
 	c.Checkpoints, c.CheckpointSync = after-checkpoints, syncedAfter-synced
 	walTo, walPosErr := b.walPosition(ctx)
-	c.WAL = walTo - walFrom
+	if walPosErr == nil {
+		c.WAL = walTo - walFrom
+	}
 	for _, err := range []error{walErr, err, walPosErr} {
 		if err != nil && c.Err == "" {
 			c.Err = err.Error()
@@ -513,7 +520,7 @@ func (b *bench) oldGauges(ctx context.Context) (time.Duration, error) {
 // openWithSetting opens a pool of two connections to the benchmark's
 // database, as the service opens its own, whose sessions start with the
 // server setting name at value (a pgx runtime parameter).
-func (b *bench) openWithSetting(name, value string) (*gorm.DB, error) {
+func (b *bench) openWithSetting(ctx context.Context, name, value string) (*gorm.DB, error) {
 	u, err := neturl.Parse(b.dbURL)
 	if err != nil {
 		return nil, err
@@ -522,7 +529,7 @@ func (b *bench) openWithSetting(name, value string) (*gorm.DB, error) {
 	q.Set(name, value)
 	u.RawQuery = q.Encode()
 	cfg := b.svc.Config
-	db, err := database.Open(context.Background(), u.String(), database.Options{MaxConns: 2,
+	db, err := database.Open(ctx, u.String(), database.Options{MaxConns: 2,
 		StatementTimeout: cfg.DBStatementTimeout, LockTimeout: cfg.DBLockTimeout})
 	if err != nil {
 		return nil, err

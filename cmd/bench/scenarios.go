@@ -467,10 +467,12 @@ func spreadOf(v []float64) spread {
 
 // interleave measures scenario 2's ratios at concurrency c: Rounds rounds
 // of one Slice of each path, from one reset (the tables grow alike for all).
-// The WAL each slice wrote is the distance the server's WAL insert position
-// moved meanwhile: the cluster's WAL, so it also holds what runs beside the
-// path (the service's outbox relay marking every path's events published
-// alike, autovacuum), which the median over the rounds evens out.
+// Before each slice the service's outbox relay has published every event
+// the last one wrote, so that its work for one path does not count in the
+// next. The WAL each slice wrote is the distance the server's WAL insert
+// position moved meanwhile: the cluster's WAL, so it also holds what runs
+// beside the path (the relay marking the slice's own events published,
+// autovacuum).
 func (b *bench) interleave(ctx context.Context, c int, paths map[directMode]*http.Client) (interleaved, error) {
 	var mix interleaved
 	if err := b.reset(ctx); err != nil {
@@ -483,6 +485,9 @@ func (b *bench) interleave(ctx context.Context, c int, paths map[directMode]*htt
 		walPer := map[directMode]float64{}
 		for k := range modes {
 			m := modes[(k+r)%len(modes)]
+			if err := b.outboxDrained(ctx); err != nil {
+				return mix, err
+			}
 			from, err := b.walPosition(ctx)
 			if err != nil {
 				return mix, err
@@ -521,6 +526,25 @@ func (b *bench) interleave(ctx context.Context, c int, paths map[directMode]*htt
 	mix.OneTripLoss, mix.OneTripCPU = spreadOf(oneLoss), spreadOf(oneCPU)
 	mix.WALWith, mix.WALWithout, mix.WAL = spreadOf(walWith), spreadOf(walWithout), spreadOf(wal)
 	return mix, nil
+}
+
+// outboxDrained waits until the service's outbox relay has published every
+// event in the table, for at most ten seconds.
+func (b *bench) outboxDrained(ctx context.Context) error {
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		left, err := b.count(ctx, `SELECT count(*) FROM order_outbox WHERE published_at IS NULL`)
+		if err != nil || left == 0 {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the outbox relay left %d events unpublished for 10s", left)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // walPosition is the server's WAL insert position, in bytes.
