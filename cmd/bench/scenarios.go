@@ -377,7 +377,7 @@ func (b *bench) runAll(ctx context.Context) (*results, error) {
 // last, as the service wrote it before Store.Record.
 func (b *bench) createLevels(ctx context.Context, res *results) error {
 	cfg := b.svc.Config
-	paths := map[directMode]*http.Client{}
+	direct := map[directMode]*directCreate{}
 	for _, mode := range []directMode{withRecord, withoutRecord, claimFirst} {
 		d, err := newDirectCreate(ctx, b.dbURL, mode, cfg.DBMaxConns, cfg.Lease, cfg.Policy().RetentionFor(order.OpCreate),
 			cfg.DBStatementTimeout, cfg.DBLockTimeout)
@@ -385,10 +385,13 @@ func (b *bench) createLevels(ctx context.Context, res *results) error {
 			return err
 		}
 		defer d.Close()
+		direct[mode] = d
+	}
+	direct[oneTripWithRecord] = direct[withRecord].sharing(oneTripWithRecord)
+	direct[oneTripWithoutRecord] = direct[withoutRecord].sharing(oneTripWithoutRecord)
+	paths := map[directMode]*http.Client{}
+	for mode, d := range direct {
 		paths[mode] = &http.Client{Timeout: 30 * time.Second, Transport: d}
-		if oneTrip, ok := map[directMode]directMode{withRecord: oneTripWithRecord, withoutRecord: oneTripWithoutRecord}[mode]; ok {
-			paths[oneTrip] = &http.Client{Timeout: 30 * time.Second, Transport: d.sharing(oneTrip)}
-		}
 	}
 	for _, c := range b.opts.Concurrency {
 		lvl := createLevel{Concurrency: c}
@@ -479,13 +482,45 @@ func (b *bench) interleave(ctx context.Context, c int, paths map[directMode]*htt
 		return mix, err
 	}
 	modes := []directMode{withRecord, withoutRecord, claimFirst, oneTripWithRecord, oneTripWithoutRecord}
-	var loss, cpu, claimLoss, claimCPU, oneLoss, oneCPU, walWith, walWithout, wal []float64
+	// A figure is one ratio or size per round, from the round's points and
+	// the WAL per create of each path.
+	type roundOf = func(round map[directMode]point, wal map[directMode]float64) float64
+	lossOf := func(with, without directMode) roundOf {
+		return func(round map[directMode]point, _ map[directMode]float64) float64 {
+			return 1 - round[with].Throughput/round[without].Throughput
+		}
+	}
+	cpuOf := func(with, without directMode) roundOf {
+		return func(round map[directMode]point, _ map[directMode]float64) float64 {
+			return pgPerRequest(round[with]) / pgPerRequest(round[without])
+		}
+	}
+	walOf := func(m directMode) roundOf {
+		return func(_ map[directMode]point, wal map[directMode]float64) float64 { return wal[m] }
+	}
+	figures := []struct {
+		into   *spread
+		of     roundOf
+		rounds []float64
+	}{
+		{into: &mix.Loss, of: lossOf(withRecord, withoutRecord)},
+		{into: &mix.CPU, of: cpuOf(withRecord, withoutRecord)},
+		{into: &mix.ClaimLoss, of: lossOf(claimFirst, withoutRecord)},
+		{into: &mix.ClaimCPU, of: cpuOf(claimFirst, withoutRecord)},
+		{into: &mix.OneTripLoss, of: lossOf(oneTripWithRecord, oneTripWithoutRecord)},
+		{into: &mix.OneTripCPU, of: cpuOf(oneTripWithRecord, oneTripWithoutRecord)},
+		{into: &mix.WALWith, of: walOf(withRecord)},
+		{into: &mix.WALWithout, of: walOf(withoutRecord)},
+		{into: &mix.WAL, of: func(_ map[directMode]point, wal map[directMode]float64) float64 {
+			return wal[withRecord] / wal[withoutRecord]
+		}},
+	}
 	for r := range b.opts.Rounds {
-		round := map[directMode]point{}
-		walPer := map[directMode]float64{}
+		round, walPer := map[directMode]point{}, map[directMode]float64{}
 		for k := range modes {
 			m := modes[(k+r)%len(modes)]
-			if err := b.outboxDrained(ctx); err != nil {
+			if err := b.waitFor(ctx, func(left int64) bool { return left == 0 },
+				`SELECT count(*) FROM order_outbox WHERE published_at IS NULL`); err != nil {
 				return mix, err
 			}
 			from, err := b.walPosition(ctx)
@@ -508,43 +543,14 @@ func (b *bench) interleave(ctx context.Context, c int, paths map[directMode]*htt
 				return mix, fmt.Errorf("interleaved round %d at c=%d: a path without a record measured nothing: %s", r+1, c, statuses(p))
 			}
 		}
-		lossOf := func(with, without directMode) float64 { return 1 - round[with].Throughput/round[without].Throughput }
-		cpuOf := func(with, without directMode) float64 {
-			return pgPerRequest(round[with]) / pgPerRequest(round[without])
+		for i := range figures {
+			figures[i].rounds = append(figures[i].rounds, figures[i].of(round, walPer))
 		}
-		loss = append(loss, lossOf(withRecord, withoutRecord))
-		cpu = append(cpu, cpuOf(withRecord, withoutRecord))
-		claimLoss = append(claimLoss, lossOf(claimFirst, withoutRecord))
-		claimCPU = append(claimCPU, cpuOf(claimFirst, withoutRecord))
-		oneLoss = append(oneLoss, lossOf(oneTripWithRecord, oneTripWithoutRecord))
-		oneCPU = append(oneCPU, cpuOf(oneTripWithRecord, oneTripWithoutRecord))
-		walWith = append(walWith, walPer[withRecord])
-		walWithout = append(walWithout, walPer[withoutRecord])
-		wal = append(wal, walPer[withRecord]/walPer[withoutRecord])
 	}
-	mix.Loss, mix.CPU, mix.ClaimLoss, mix.ClaimCPU = spreadOf(loss), spreadOf(cpu), spreadOf(claimLoss), spreadOf(claimCPU)
-	mix.OneTripLoss, mix.OneTripCPU = spreadOf(oneLoss), spreadOf(oneCPU)
-	mix.WALWith, mix.WALWithout, mix.WAL = spreadOf(walWith), spreadOf(walWithout), spreadOf(wal)
+	for _, f := range figures {
+		*f.into = spreadOf(f.rounds)
+	}
 	return mix, nil
-}
-
-// outboxDrained waits until the service's outbox relay has published every
-// event in the table, for at most ten seconds.
-func (b *bench) outboxDrained(ctx context.Context) error {
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		left, err := b.count(ctx, `SELECT count(*) FROM order_outbox WHERE published_at IS NULL`)
-		if err != nil || left == 0 {
-			return err
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the outbox relay left %d events unpublished for 10s", left)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
 }
 
 // walPosition is the server's WAL insert position, in bytes.

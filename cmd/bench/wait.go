@@ -88,7 +88,8 @@ func (b *bench) waitScenario(ctx context.Context, res *results) error {
 		firstStatus, _, _ = post(false)
 		firstDone <- time.Now()
 	}()
-	if err := b.waitFor(ctx, `SELECT count(*) FROM idempotency_records WHERE idempotency_key = $1 AND state = 'PROCESSING'`, key); err != nil {
+	if err := b.waitFor(ctx, func(n int64) bool { return n > 0 },
+		`SELECT count(*) FROM idempotency_records WHERE idempotency_key = $1 AND state = 'PROCESSING'`, key); err != nil {
 		return err
 	}
 	answers := make([]time.Time, o.WaitDuplicates)
@@ -167,18 +168,23 @@ func (b *bench) waitScenario(ctx context.Context, res *results) error {
 	return nil
 }
 
-// waitFor polls query (a count with one argument) until it is at least 1.
-func (b *bench) waitFor(ctx context.Context, query string, arg any) error {
+// waitFor polls query, a count, until done says it is the count awaited,
+// for at most ten seconds.
+func (b *bench) waitFor(ctx context.Context, done func(n int64) bool, query string, args ...any) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		n, err := b.count(ctx, query, arg)
-		if err != nil || n > 0 {
+		n, err := b.count(ctx, query, args...)
+		if err != nil || done(n) {
 			return err
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("waited 10s for %s", strings.Fields(query)[0])
+			return fmt.Errorf("waited 10s, and %s still counts %d", strings.Join(strings.Fields(query), " "), n)
 		}
-		time.Sleep(5 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
 	}
 }
 
