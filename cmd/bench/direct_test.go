@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/testdb"
 )
 
@@ -64,5 +65,26 @@ func TestACreateInOneTripIsAllOrNothing(t *testing.T) {
 	}
 	if got, want := counts(), [5]int64{1, 1, 2, 1, 1}; got != want {
 		t.Errorf("after a create whose key was taken: records, orders, items, events, outbox = %v, want %v (nothing more)", got, want)
+	}
+}
+
+// TestASessionSettingIsCheckedWhereItIsOpened checks the pool §7's third
+// cleanup run works on: its sessions have the setting asked for, and a
+// setting the server reads otherwise than it was written is an error, not
+// a run at some other setting.
+func TestASessionSettingIsCheckedWhereItIsOpened(t *testing.T) {
+	dbURL := testdb.ServerURL()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	opts := database.Options{MaxConns: 1, StatementTimeout: 5 * time.Second, LockTimeout: time.Second}
+	db, err := openWithSetting(ctx, dbURL, opts, "wal_compression", "lz4")
+	if err != nil {
+		t.Fatalf("wal_compression=lz4: %v", err)
+	}
+	database.Close(db)
+	// PostgreSQL reads DateStyle=iso as "ISO, MDY".
+	if db, err := openWithSetting(ctx, dbURL, opts, "DateStyle", "iso"); err == nil {
+		database.Close(db)
+		t.Error("a session whose setting reads otherwise than asked was accepted")
 	}
 }

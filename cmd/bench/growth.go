@@ -253,7 +253,9 @@ func (b *bench) growth(ctx context.Context, res *results) error {
 func (b *bench) cleanupPhases(ctx context.Context, url string, g *growthResult, c cleanupRun) cleanupRun {
 	db := b.svc.DB
 	if c.WALCompression != "" {
-		own, err := b.openWithSetting(ctx, "wal_compression", c.WALCompression)
+		cfg := b.svc.Config
+		own, err := openWithSetting(ctx, b.dbURL, database.Options{MaxConns: 2,
+			StatementTimeout: cfg.DBStatementTimeout, LockTimeout: cfg.DBLockTimeout}, "wal_compression", c.WALCompression)
 		if err != nil {
 			c.Err = err.Error()
 			return c
@@ -517,20 +519,18 @@ func (b *bench) oldGauges(ctx context.Context) (time.Duration, error) {
 	return time.Since(start), nil
 }
 
-// openWithSetting opens a pool of two connections to the benchmark's
-// database, as the service opens its own, whose sessions start with the
-// server setting name at value (a pgx runtime parameter).
-func (b *bench) openWithSetting(ctx context.Context, name, value string) (*gorm.DB, error) {
-	u, err := neturl.Parse(b.dbURL)
+// openWithSetting opens a pool to dbURL, as the service opens its own,
+// whose sessions start with the server setting name at value (a pgx
+// runtime parameter), and checks that they have it.
+func openWithSetting(ctx context.Context, dbURL string, opts database.Options, name, value string) (*gorm.DB, error) {
+	u, err := neturl.Parse(dbURL)
 	if err != nil {
 		return nil, err
 	}
 	q := u.Query()
 	q.Set(name, value)
 	u.RawQuery = q.Encode()
-	cfg := b.svc.Config
-	db, err := database.Open(ctx, u.String(), database.Options{MaxConns: 2,
-		StatementTimeout: cfg.DBStatementTimeout, LockTimeout: cfg.DBLockTimeout})
+	db, err := database.Open(ctx, u.String(), opts)
 	if err != nil {
 		return nil, err
 	}
