@@ -116,6 +116,8 @@ type Main struct {
 	JS       jetstream.JetStream
 	Consumer *messaging.Consumer
 	Relay    *messaging.Relay
+	// Waiter wakes the duplicates that wait for a first attempt's outcome.
+	Waiter *idempotency.Waiter
 
 	servers  []*http.Server
 	stopping context.CancelFunc // waiting duplicates stop waiting: the shutdown began
@@ -190,7 +192,8 @@ func (m *Main) start(ctx context.Context) error {
 	records := &idempotency.Store{Lease: cfg.Lease, PhaseTimeout: cfg.ChannelTimeout, Policy: policy}
 	m.Metrics = metrics.New(func(ctx context.Context) (idempotency.Gauges, error) { return records.Gauges(db.WithContext(ctx)) },
 		m.Logger, order.Operations, order.MoneyOperations)
-	waiter := &idempotency.Waiter{URL: cfg.DatabaseURL, Poll: time.Second, Logger: m.Logger}
+	waiter := &idempotency.Waiter{URL: cfg.DatabaseURL, Poll: time.Second, Logger: m.Logger, Observe: m.Metrics.Waited}
+	m.Waiter = waiter
 	stopping, stopWaiting := context.WithCancel(context.WithoutCancel(ctx))
 	m.stopping = stopWaiting
 	lifetime, kill := context.WithCancel(context.WithoutCancel(ctx))

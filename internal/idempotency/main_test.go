@@ -13,10 +13,14 @@ import (
 	"github.com/orderservice/orderservice/internal/testdb"
 )
 
-var db *gorm.DB
+var (
+	db    *gorm.DB
+	dbURL string
+)
 
 func TestMain(m *testing.M) {
 	os.Exit(testdb.Main(func(url string) int {
+		dbURL = url
 		var err error
 		db, err = database.Open(context.Background(), url, database.Options{MaxConns: 10, StatementTimeout: time.Minute, LockTimeout: 3 * time.Second})
 		if err != nil {

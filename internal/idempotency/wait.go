@@ -46,11 +46,37 @@ type Waiter struct {
 	// a missed outcome.
 	Poll   time.Duration
 	Logger *slog.Logger
+	// Observe, when set, is told how each Await ended (for metrics).
+	Observe func(Wake)
 
 	mu        sync.Mutex
-	waiters   map[string]map[chan struct{}]struct{}
+	waiters   map[string]map[chan Wake]struct{}
 	listening bool
 }
+
+// Wake is how one Await ended. Counted, it tells an operator whether
+// duplicates hear of their outcomes (Notified) or have to look for them
+// (Looked: the LISTEN connection is down, and each waits up to Poll longer).
+type Wake string
+
+const (
+	// Notified: the transaction that moved the record announced it.
+	Notified Wake = "notified"
+	// Relistened: the LISTEN connection (re)started, and every waiter reads
+	// its record again, since what was announced before was not heard.
+	Relistened Wake = "relistened"
+	// Looked: with no LISTEN connection, the waiter looked after Poll.
+	Looked Wake = "looked"
+	// NotInFlight: the record was not PROCESSING when the wait began (it
+	// had moved on, or was not committed yet).
+	NotInFlight Wake = "not_in_flight"
+	// GaveUp: the wait ran out, the client hung up, or the service began
+	// to stop; the duplicate is answered 409.
+	GaveUp Wake = "gave_up"
+)
+
+// Wakes is every Wake, in the order a dashboard lists them.
+var Wakes = []Wake{Notified, Relistened, Looked, NotInFlight, GaveUp}
 
 // Run keeps the LISTEN connection up until ctx ends, reconnecting with a
 // bounded backoff. Every reconnect wakes every waiter: what was announced
@@ -83,13 +109,13 @@ func (w *Waiter) listen(ctx context.Context) error {
 		return err
 	}
 	w.setListening(true)
-	w.wakeAll() // anything announced before we listened is read by the waiters
+	w.wakeAll(Relistened) // anything announced before we listened is read by the waiters
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
 			return err
 		}
-		w.wakeScope(n.Payload)
+		w.wakeScope(n.Payload, Notified)
 	}
 }
 
@@ -100,15 +126,15 @@ func (w *Waiter) setListening(up bool) {
 }
 
 // register adds a waiter for scope; the returned func removes it.
-func (w *Waiter) register(id string) (chan struct{}, func()) {
-	ch := make(chan struct{}, 1)
+func (w *Waiter) register(id string) (chan Wake, func()) {
+	ch := make(chan Wake, 1)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.waiters == nil {
-		w.waiters = map[string]map[chan struct{}]struct{}{}
+		w.waiters = map[string]map[chan Wake]struct{}{}
 	}
 	if w.waiters[id] == nil {
-		w.waiters[id] = map[chan struct{}]struct{}{}
+		w.waiters[id] = map[chan Wake]struct{}{}
 	}
 	w.waiters[id][ch] = struct{}{}
 	return ch, func() {
@@ -121,29 +147,38 @@ func (w *Waiter) register(id string) (chan struct{}, func()) {
 	}
 }
 
-func (w *Waiter) wakeScope(id string) {
+func (w *Waiter) wakeScope(id string, why Wake) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for ch := range w.waiters[id] {
-		signal(ch)
+		signal(ch, why)
 	}
 }
 
-func (w *Waiter) wakeAll() {
+func (w *Waiter) wakeAll(why Wake) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, chs := range w.waiters {
 		for ch := range chs {
-			signal(ch)
+			signal(ch, why)
 		}
 	}
 }
 
-func signal(ch chan struct{}) {
+// signal wakes ch's waiter for why, unless something woke it already.
+func signal(ch chan Wake, why Wake) {
 	select {
-	case ch <- struct{}{}:
+	case ch <- why:
 	default: // already signalled
 	}
+}
+
+// Listening reports whether the LISTEN connection is up: while it is not,
+// waiters look at their records every Poll instead of being told.
+func (w *Waiter) Listening() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.listening
 }
 
 // Await waits until the intent of scope has moved on from PROCESSING
@@ -152,8 +187,17 @@ func signal(ch chan struct{}) {
 // returns false when ctx ends first (the wait ran out, the client hung up,
 // or the service is stopping). It marks the record as waited for, so that
 // whoever moves it notifies; a record that is not PROCESSING (any more, or
-// not yet visible) returns true at once or after one poll.
+// not yet visible) returns true at once or after one poll. Observe hears
+// how it ended.
 func (w *Waiter) Await(ctx context.Context, db *gorm.DB, scope Scope) bool {
+	why := w.await(ctx, db, scope)
+	if w.Observe != nil {
+		w.Observe(why)
+	}
+	return why != GaveUp
+}
+
+func (w *Waiter) await(ctx context.Context, db *gorm.DB, scope Scope) Wake {
 	ch, unregister := w.register(scopeID(scope))
 	defer unregister()
 	// Flag the record after registering, so no announcement can slip
@@ -172,9 +216,9 @@ func (w *Waiter) Await(ctx context.Context, db *gorm.DB, scope Scope) bool {
 		scope.TenantID, scope.Operation, scope.Key, scope.TenantID, scope.Operation, scope.Key).Find(&inFlight).Error
 	switch {
 	case ctx.Err() != nil:
-		return false
+		return GaveUp
 	case err == nil && !inFlight: // it moved on already
-		return true
+		return NotInFlight
 	}
 	poll := w.Poll
 	if poll <= 0 {
@@ -185,15 +229,12 @@ func (w *Waiter) Await(ctx context.Context, db *gorm.DB, scope Scope) bool {
 	for {
 		select {
 		case <-ctx.Done():
-			return false
-		case <-ch:
-			return true
+			return GaveUp
+		case why := <-ch:
+			return why
 		case <-tick.C:
-			w.mu.Lock()
-			listening := w.listening
-			w.mu.Unlock()
-			if !listening || err != nil {
-				return true // no word can reach us: look for ourselves
+			if !w.Listening() || err != nil {
+				return Looked // no word can reach us: look for ourselves
 			}
 		}
 	}

@@ -31,6 +31,7 @@ type Metrics struct {
 	duplicates *prometheus.CounterVec
 	http       *prometheus.HistogramVec
 	cleaned    *prometheus.CounterVec
+	waits      *prometheus.CounterVec
 	messages   messages
 	logger     *slog.Logger
 	shed       prometheus.Counter
@@ -75,12 +76,16 @@ func New(gauges GaugeReader, logger *slog.Logger, operations, moneyOperations []
 			Name: "orderservice_idempotency_records_cleaned_total",
 			Help: "Expired records removed by the cleanup job; action is deleted or archived (copied to the archive, then deleted).",
 		}, []string{"action"}),
+		waits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "orderservice_idempotency_waits_total",
+			Help: "Waits of duplicates for their first attempt's outcome (Prefer: wait), by how each ended: notified, relistened (the LISTEN connection came back), looked (no LISTEN connection: found by polling), not_in_flight (nothing to wait for), gave_up (409).",
+		}, []string{"ended"}),
 		shed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "orderservice_http_requests_shed_total",
 			Help: "Requests refused with 503 by the admission limit (HTTP_MAX_IN_FLIGHT, HTTP_MAX_QUEUE, HTTP_QUEUE_TIMEOUT) before anything was recorded.",
 		}),
 	}
-	m.registry.MustRegister(m.requests, m.conflicts, m.takeovers, m.channel, m.duplicates, m.http, m.cleaned, m.shed,
+	m.registry.MustRegister(m.requests, m.conflicts, m.takeovers, m.channel, m.duplicates, m.http, m.cleaned, m.waits, m.shed,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&recordCollector{gauges: gauges, logger: logger})
 	m.registry.MustRegister(m.messages.collectors()...)
@@ -109,6 +114,9 @@ func (m *Metrics) zero(operations, moneyOperations []string) {
 	}
 	for _, action := range []string{"deleted", "archived"} {
 		m.cleaned.WithLabelValues(action)
+	}
+	for _, w := range idempotency.Wakes {
+		m.waits.WithLabelValues(string(w))
 	}
 }
 
@@ -169,6 +177,14 @@ func (m *Metrics) Shed() {
 		return
 	}
 	m.shed.Inc()
+}
+
+// Waited counts one wait of a duplicate and how it ended.
+func (m *Metrics) Waited(how idempotency.Wake) {
+	if m == nil {
+		return
+	}
+	m.waits.WithLabelValues(string(how)).Inc()
 }
 
 // Cleaned counts records the cleanup job removed.

@@ -369,6 +369,7 @@ func TestLabelledMetricsAreExportedAtZeroFromTheStart(t *testing.T) {
 		`orderservice_idempotency_takeovers_total{by="sweeper",operation="order.pay"} 0`,
 		`orderservice_idempotent_requests_total{operation="order.cancel",outcome="replayed"} 0`,
 		`orderservice_idempotency_records_cleaned_total{action="archived"} 0`,
+		`orderservice_idempotency_waits_total{ended="looked"} 0`,
 	} {
 		if !strings.Contains(string(r.Body), series) {
 			t.Errorf("/metrics lacks %s", series)
