@@ -461,9 +461,12 @@ func TestTheSweeperWaitsForAPlaceAtTheChannel(t *testing.T) {
 		rec := moneyRecord(t, m, order.OpPay, orphanKey)
 		return rec.LeaseToken == 2, fmt.Sprintf("record %s token %d", rec.State, rec.LeaseToken)
 	})
-	// Give a sweeper that ignored the bound the time to call the channel;
-	// one that honours it is waiting for the place all along.
-	time.Sleep(500 * time.Millisecond)
+	// The sweeper waits for the place, so it has not called the channel:
+	// one that ignored the bound would never be found waiting here.
+	moneyEventually(t, 10*time.Second, "the sweeper waiting for a place at the channel", func() (bool, string) {
+		n := goroutinesIn("order.(*channelPlace).wait(")
+		return n == 1, fmt.Sprintf("%d waiting", n)
+	})
 	moneyCheckStats(t, m.Channel.Stats(), moneyStats{charges: 1, requests: 1})
 	if rec := moneyRecord(t, m, order.OpPay, orphanKey); rec.State != idempotency.Processing {
 		t.Errorf("the orphan while the place is held = %s, want PROCESSING", rec.State)

@@ -206,23 +206,27 @@ type channelPlace struct {
 // A place already held is kept: a transaction that is tried again takes it
 // once.
 func (p *channelPlace) take() error {
-	if p.calls == nil || p.held {
+	return p.hold(func() error {
+		if !p.calls.TryAcquire(1) {
+			return errChannelBusy()
+		}
 		return nil
-	}
-	if !p.calls.TryAcquire(1) {
-		return errChannelBusy()
-	}
-	p.held = true
-	return nil
+	})
 }
 
 // wait takes the place when one frees, for work that may not be refused
 // (the sweeper's); it fails only when ctx ends.
 func (p *channelPlace) wait(ctx context.Context) error {
+	return p.hold(func() error { return p.calls.Acquire(ctx, 1) })
+}
+
+// hold takes the place with acquire, unless there is no bound or the place
+// is held already.
+func (p *channelPlace) hold(acquire func() error) error {
 	if p.calls == nil || p.held {
 		return nil
 	}
-	if err := p.calls.Acquire(ctx, 1); err != nil {
+	if err := acquire(); err != nil {
 		return err
 	}
 	p.held = true
