@@ -293,9 +293,10 @@ func TestShutdownIsBoundedBySHUTDOWN_TIMEOUTWithTheSweeperMidBatch(t *testing.T)
 	took := time.Since(began)
 	t.Logf("shutdown took %s with SHUTDOWN_TIMEOUT %s and a sweep batch of 8 one-second calls", took, shutdownTimeout)
 	// Unbounded, the batch alone takes 8 × 1s; bounded, the deadline plus
-	// the moment cancelled work needs to return.
-	if took > shutdownTimeout+time.Second {
-		t.Errorf("shutdown took %s, more than SHUTDOWN_TIMEOUT %s (+1s grace)", took, shutdownTimeout)
+	// the moment cancelled work needs to return. The grace is wide (a loaded
+	// machine is slow to return too) and still well short of the batch.
+	if took > shutdownTimeout+3*time.Second {
+		t.Errorf("shutdown took %s, more than SHUTDOWN_TIMEOUT %s (+3s grace; the unbounded batch takes 8s)", took, shutdownTimeout)
 	}
 	// Bounded means stopped, not abandoned: no sweep is still running
 	// against the pool that Close has closed.
