@@ -120,9 +120,11 @@ type Main struct {
 	Waiter *idempotency.Waiter
 
 	servers  []*http.Server
+	requests requests           // those the servers are serving
 	stopping context.CancelFunc // waiting duplicates stop waiting: the shutdown began
 	stop     context.CancelFunc // background loops take no new work
 	kill     context.CancelFunc // work in flight stops: the shutdown deadline passed
+	lifetime context.Context    // what kill ends: the requests being served, the detached work of a pay
 	workers  sync.WaitGroup
 }
 
@@ -140,6 +142,7 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Main, error) 
 
 func (m *Main) start(ctx context.Context) error {
 	cfg := m.Config
+	m.lifetime, m.kill = context.WithCancel(context.WithoutCancel(ctx))
 	var err error
 	channelURL := cfg.PaymentChannelURL
 	if channelURL == "" {
@@ -196,10 +199,8 @@ func (m *Main) start(ctx context.Context) error {
 	m.Waiter = waiter
 	stopping, stopWaiting := context.WithCancel(context.WithoutCancel(ctx))
 	m.stopping = stopWaiting
-	lifetime, kill := context.WithCancel(context.WithoutCancel(ctx))
-	m.kill = kill
 	m.Orders = &order.Service{
-		DB: db, Records: records, Logger: m.Logger, Observe: m.Metrics, Lifetime: lifetime,
+		DB: db, Records: records, Logger: m.Logger, Observe: m.Metrics, Lifetime: m.lifetime,
 		Channel: payment.NewClient(channelURL, &http.Client{Transport: &http.Transport{
 			MaxIdleConnsPerHost: cfg.ChannelMaxInFlight, IdleConnTimeout: 90 * time.Second}}),
 		Money: order.MoneyConfig{ChannelTimeout: cfg.ChannelTimeout, RetryAfter: cfg.RetryAfter, MaxChannelCalls: cfg.ChannelMaxInFlight},
@@ -251,8 +252,9 @@ func (m *Main) start(ctx context.Context) error {
 }
 
 func (m *Main) serve(ln net.Listener, h http.Handler) {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 2 * time.Minute,
-		ErrorLog: slog.NewLogLogger(m.Logger.Handler(), slog.LevelWarn)}
+	srv := &http.Server{Handler: m.requests.track(h), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 2 * time.Minute,
+		ErrorLog:    slog.NewLogLogger(m.Logger.Handler(), slog.LevelWarn),
+		BaseContext: func(net.Listener) context.Context { return m.lifetime }}
 	m.servers = append(m.servers, srv)
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -267,11 +269,12 @@ func (m *Main) URL() string { return "http://" + strings.Replace(m.Addr, "[::]",
 // Close stops accepting requests and commands, lets in-flight ones finish,
 // stops the background workers and closes the NATS connection, the embedded
 // NATS server and the pool, all within SHUTDOWN_TIMEOUT. When the deadline
-// passes, work still in flight (a channel call, a settlement, a sweep) is
-// cancelled: its intent stays unfinished and a lease and the sweeper of a
-// running instance take it over. The order API and the command consumer
-// stop first, the embedded channel last, so a payment in flight can still
-// reach it.
+// passes, work still in flight (a request, a channel call, a settlement, a
+// sweep) is cancelled: its intent stays unfinished and a lease and the
+// sweeper of a running instance take it over. Nothing is closed under a
+// request still being served. The order API and the command consumer stop
+// first, the embedded channel last, so a payment in flight can still reach
+// it.
 func (m *Main) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), m.Config.ShutdownTimeout)
 	defer cancel()
@@ -299,6 +302,12 @@ func (m *Main) Close() error {
 	if m.kill != nil {
 		m.kill()
 	}
+	// A server closed at the deadline leaves its handlers running: let
+	// them return (their contexts are cancelled) before closing what they
+	// use, the channel's ledger and the pool.
+	if !waitFor(ctx, m.requests.close()) {
+		m.Logger.Warn("requests still being served after the shutdown deadline")
+	}
 	if m.Channel != nil {
 		errs = append(errs, m.Channel.Close())
 	}
@@ -317,15 +326,59 @@ func (m *Main) Close() error {
 // waitWorkers waits for the background workers to return, or for ctx's
 // deadline plus a moment for cancelled work to notice it.
 func (m *Main) waitWorkers(ctx context.Context) {
+	if !waitFor(ctx, &m.workers) {
+		m.Logger.Warn("background work did not stop by the shutdown deadline; its intents are left to leases and the sweeper")
+	}
+}
+
+// waitFor waits for wg, or for ctx's deadline plus a moment for cancelled
+// work to notice it; false when that moment passed first.
+func waitFor(ctx context.Context, wg *sync.WaitGroup) bool {
 	done := make(chan struct{})
-	go func() { m.workers.Wait(); close(done) }()
+	go func() { wg.Wait(); close(done) }()
 	select {
 	case <-done:
+		return true
 	case <-ctx.Done():
 		select {
 		case <-done:
-		case <-time.After(250 * time.Millisecond):
-			m.Logger.Warn("background work did not stop by the shutdown deadline; its intents are left to leases and the sweeper")
+			return true
+		case <-time.After(time.Second):
+			return false
 		}
 	}
+}
+
+// requests counts the requests being served, so that Close can let them
+// return before it closes what they use.
+type requests struct {
+	mu     sync.Mutex
+	wg     sync.WaitGroup
+	closed bool
+}
+
+// track serves h counted. A request that arrives after close (on a
+// connection accepted just before its server closed) is refused 503.
+func (rs *requests) track(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rs.mu.Lock()
+		if rs.closed {
+			rs.mu.Unlock()
+			http.Error(w, "the service is stopping", http.StatusServiceUnavailable)
+			return
+		}
+		rs.wg.Add(1)
+		rs.mu.Unlock()
+		defer rs.wg.Done()
+		h.ServeHTTP(w, r)
+	})
+}
+
+// close refuses the requests still to come and returns what to wait on for
+// those being served.
+func (rs *requests) close() *sync.WaitGroup {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	rs.closed = true
+	return &rs.wg
 }

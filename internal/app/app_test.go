@@ -298,11 +298,16 @@ func TestShutdownIsBoundedBySHUTDOWN_TIMEOUTWithTheSweeperMidBatch(t *testing.T)
 	if took > shutdownTimeout+3*time.Second {
 		t.Errorf("shutdown took %s, more than SHUTDOWN_TIMEOUT %s (+3s grace; the unbounded batch takes 8s)", took, shutdownTimeout)
 	}
-	// Bounded means stopped, not abandoned: no sweep is still running
-	// against the pool that Close has closed.
+	// Bounded means stopped, not abandoned: no sweep and no request (the
+	// channel's, sleeping out its injected latency) is still running against
+	// the pool and the ledger that Close has closed.
 	buf := make([]byte, 1<<20)
-	if stacks := string(buf[:runtime.Stack(buf, true)]); strings.Contains(stacks, "order.(*Service).Sweep") {
+	stacks := string(buf[:runtime.Stack(buf, true)])
+	if strings.Contains(stacks, "order.(*Service).Sweep") {
 		t.Errorf("a sweep is still running after Close returned")
+	}
+	if strings.Contains(stacks, "net/http.serverHandler.ServeHTTP") {
+		t.Errorf("a request is still being served after Close returned")
 	}
 	// What the deadline cut short is still there to be taken over.
 	check := apptest.Start(t, dbURL, map[string]string{"API_KEYS": "bounded=bounded-key-1"})
