@@ -147,15 +147,22 @@ func takeover(ctx context.Context, s *Session) error {
 		return err
 	}
 	k1 := s.key("R2")
-	s.send("POST /v1/orders/%s/pay  Idempotency-Key: %s  pm_slow, from a client that gives up after 300ms", short(a.ID), k1)
-	if ans, err := s.post(ctx, "/v1/orders/"+a.ID+"/pay", k1, client.PayRequest{PaymentMethod: "pm_slow"}, 300*time.Millisecond); err == nil {
-		s.got("%s (the client was expected to give up first)", ans)
-	} else {
-		s.got("no answer: the client hung up")
-	}
-	live, err := s.record(ctx, k1, "order.pay")
+	s.send("POST /v1/orders/%s/pay  Idempotency-Key: %s  pm_slow, from a client that hangs up once the intent is PROCESSING", short(a.ID), k1)
+	caller, hangUp := context.WithCancel(ctx)
+	answered := make(chan error, 1)
+	go func() {
+		_, err := s.post(caller, "/v1/orders/"+a.ID+"/pay", k1, client.PayRequest{PaymentMethod: "pm_slow"}, 0)
+		answered <- err
+	}()
+	live, err := s.waitForRecord(ctx, k1, "order.pay", "PROCESSING", 10*time.Second)
+	hangUp()
 	if err != nil {
 		return err
+	}
+	if err := <-answered; err == nil {
+		s.got("an answer (the client was expected to hang up first)")
+	} else {
+		s.got("no answer: the client hung up")
 	}
 	s.showRecord(live)
 	s.note("The service detaches the money phases from the client, so its owner keeps working; waiting…")
