@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -112,6 +113,30 @@ func (s *Session) do(c *http.Client, req *http.Request) (rawAnswer, error) {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
 	return rawAnswer{status: resp.StatusCode, header: resp.Header, body: b}, err
+}
+
+// waitsEnded reads how the service's waits for a first result have ended
+// so far: orderservice_idempotency_waits_total by its ended label.
+func (s *Session) waitsEnded(ctx context.Context) (map[string]int, error) {
+	a, err := s.get(ctx, s.cfg.BaseURL+"/metrics", false)
+	if err != nil {
+		return nil, err
+	}
+	const series = `orderservice_idempotency_waits_total{ended="`
+	ended := map[string]int{}
+	for line := range strings.Lines(string(a.body)) {
+		rest, ok := strings.CutPrefix(line, series)
+		if !ok {
+			continue
+		}
+		how, n, _ := strings.Cut(strings.TrimSpace(rest), `"} `)
+		v, err := strconv.ParseFloat(n, 64)
+		if err != nil {
+			return nil, fmt.Errorf("/metrics: %q: %w", strings.TrimSpace(line), err)
+		}
+		ended[how] = int(v)
+	}
+	return ended, nil
 }
 
 // deadline is start+timeout, or later when a learner stepping through the
