@@ -200,20 +200,7 @@ func (w *Waiter) Await(ctx context.Context, db *gorm.DB, scope Scope) bool {
 func (w *Waiter) await(ctx context.Context, db *gorm.DB, scope Scope) Wake {
 	ch, unregister := w.register(scopeID(scope))
 	defer unregister()
-	// Flag the record after registering, so no announcement can slip
-	// between the two; the UPDATE waits for an owner's uncommitted move.
-	// Only the first of many waiters writes: once the flag is set, the
-	// others find it set and take no row lock.
-	var inFlight bool
-	err := db.WithContext(ctx).Raw(`
-		WITH flagged AS (
-			UPDATE idempotency_records SET waiting = true
-			WHERE tenant_id = ? AND operation = ? AND idempotency_key = ? AND state = 'PROCESSING' AND NOT waiting
-			RETURNING 1)
-		SELECT EXISTS (SELECT 1 FROM flagged) OR EXISTS (
-			SELECT 1 FROM idempotency_records
-			WHERE tenant_id = ? AND operation = ? AND idempotency_key = ? AND state = 'PROCESSING' AND waiting)`,
-		scope.TenantID, scope.Operation, scope.Key, scope.TenantID, scope.Operation, scope.Key).Find(&inFlight).Error
+	inFlight, err := flagWaiting(db.WithContext(ctx), scope)
 	switch {
 	case ctx.Err() != nil:
 		return GaveUp
@@ -238,4 +225,31 @@ func (w *Waiter) await(ctx context.Context, db *gorm.DB, scope Scope) Wake {
 			}
 		}
 	}
+}
+
+// flagWaiting marks the record of scope as waited for, so that whoever
+// moves it notifies, and reports whether it is still in flight. The caller
+// registers for the notification first, so no announcement can slip between
+// the two.
+//
+// Only the first of many waiters writes: once the flag is set, the others
+// find it set and take no row lock. Those read it in a statement of their
+// own: a waiter whose UPDATE waited for another's flag to commit must read
+// it with a snapshot taken after that commit, which a second part of the
+// same statement would not (it would see the record unflagged, and the
+// waiter would give up its wait as if the outcome were stored).
+func flagWaiting(db *gorm.DB, scope Scope) (bool, error) {
+	res := db.Exec(`
+		UPDATE idempotency_records SET waiting = true
+		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ? AND state = 'PROCESSING' AND NOT waiting`,
+		scope.TenantID, scope.Operation, scope.Key)
+	if res.Error != nil || res.RowsAffected == 1 {
+		return res.RowsAffected == 1, res.Error
+	}
+	var flagged bool
+	err := db.Raw(`
+		SELECT EXISTS (SELECT 1 FROM idempotency_records
+			WHERE tenant_id = ? AND operation = ? AND idempotency_key = ? AND state = 'PROCESSING' AND waiting)`,
+		scope.TenantID, scope.Operation, scope.Key).Find(&flagged).Error
+	return flagged, err
 }

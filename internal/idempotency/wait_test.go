@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,21 +73,74 @@ func TestAWaitSaysWhatEndedIt(t *testing.T) {
 		go func() { w.Run(ctx); close(stopped) }()
 		t.Cleanup(func() { cancel(); <-stopped })
 	}
-	waiter := func(poll time.Duration) *idempotency.Waiter {
-		return &idempotency.Waiter{URL: dbURL, Poll: poll, Logger: slog.New(slog.DiscardHandler)}
-	}
-
-	t.Run("notified by the commit that moved the record", func(t *testing.T) {
-		w := waiter(time.Hour)
+	// listening runs w until the test ends, from the moment it listens.
+	listening := func(t *testing.T, w *idempotency.Waiter) {
+		t.Helper()
 		run(t, w)
 		for deadline := time.Now().Add(10 * time.Second); !w.Listening(); time.Sleep(5 * time.Millisecond) {
 			if time.Now().After(deadline) {
 				t.Fatal("the waiter did not LISTEN within 10s")
 			}
 		}
+	}
+	waiter := func(poll time.Duration) *idempotency.Waiter {
+		return &idempotency.Waiter{URL: dbURL, Poll: poll, Logger: slog.New(slog.DiscardHandler)}
+	}
+
+	t.Run("notified by the commit that moved the record", func(t *testing.T) {
+		w := waiter(time.Hour)
+		listening(t, w)
 		in, c := claimed(t, "notified")
 		got := await(context.Background(), w, in.Scope)
 		flagged(t, in.Scope)
+		tx(t, func(tx *gorm.DB) error {
+			return s.Complete(tx, in.Scope, c.Token(), idempotency.Done("", []byte("{}")))
+		})
+		want(t, got, "notified true")
+	})
+
+	// Another waiter's flag is being set as this one begins: its own UPDATE
+	// waits for that to commit, and it must then see the flag and wait, not
+	// take the record for stored.
+	t.Run("notified, after waiting for another waiter's flag", func(t *testing.T) {
+		w := waiter(time.Hour)
+		listening(t, w)
+		in, c := claimed(t, "flag-race")
+		other := db.Begin()
+		defer other.Rollback()
+		if err := other.Exec(`UPDATE idempotency_records SET waiting = true WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?`,
+			in.TenantID, in.Operation, in.Key).Error; err != nil {
+			t.Fatal(err)
+		}
+		got := await(context.Background(), w, in.Scope)
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			var blocked int64
+			if err := db.Raw(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).
+				Scan(&blocked).Error; err != nil {
+				t.Fatal(err)
+			}
+			if blocked == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the waiter's flag did not wait for the other's within 10s")
+			}
+		}
+		if err := other.Commit().Error; err != nil {
+			t.Fatal(err)
+		}
+		// The record moves on only once the waiter has read the flag (or
+		// ended): moved on first, "not in flight" would be its right answer.
+		for deadline := time.Now().Add(10 * time.Second); len(got) == 0; time.Sleep(5 * time.Millisecond) {
+			buf := make([]byte, 1<<20)
+			stacks := string(buf[:runtime.Stack(buf, true)])
+			if strings.Contains(stacks, "idempotency.(*Waiter).await(") && !strings.Contains(stacks, "idempotency.flagWaiting(") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the waiter was neither waiting nor done within 10s")
+			}
+		}
 		tx(t, func(tx *gorm.DB) error { return s.Complete(tx, in.Scope, c.Token(), idempotency.Done("", []byte("{}"))) })
 		want(t, got, "notified true")
 	})
@@ -106,7 +161,9 @@ func TestAWaitSaysWhatEndedIt(t *testing.T) {
 
 	t.Run("not in flight: nothing to wait for", func(t *testing.T) {
 		in, c := claimed(t, "done")
-		tx(t, func(tx *gorm.DB) error { return s.Complete(tx, in.Scope, c.Token(), idempotency.Done("", []byte("{}"))) })
+		tx(t, func(tx *gorm.DB) error {
+			return s.Complete(tx, in.Scope, c.Token(), idempotency.Done("", []byte("{}")))
+		})
 		want(t, await(context.Background(), waiter(time.Hour), in.Scope), "not_in_flight true")
 	})
 
