@@ -11,6 +11,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/metrics"
 )
 
 // titleWait heads the waiting-duplicates scenario's section.
@@ -37,6 +40,9 @@ type waitResult struct {
 	AllWaiting bool
 	Pool       int
 	Charges    int64
+	// Ended is how the service says the waits ended (its
+	// orderservice_idempotency_waits_total, counted from its restart).
+	Ended map[idempotency.Wake]int
 }
 
 // waitScenario pays one order with pm_slow and sends Duplicates copies of
@@ -135,10 +141,14 @@ func (b *bench) waitScenario(ctx context.Context, res *results) error {
 	}
 	wg.Wait()
 	after := b.svc.Channel.Stats()
+	ended, err := waitsEnded(ctx, hc, b.svc.URL())
+	if err != nil {
+		return err
+	}
 
 	allWaiting := res.Wait.AllWaiting
 	w := waitResult{AllWaiting: allWaiting, Duplicates: o.WaitDuplicates, SlowDelay: b.svc.Config.ChannelSlowDelay, FirstTook: firstAt.Sub(start),
-		BusyPeak: busy, Pool: b.svc.Config.DBMaxConns, Charges: after.Charges - before.Charges, Other: map[string]int{}}
+		BusyPeak: busy, Pool: b.svc.Config.DBMaxConns, Charges: after.Charges - before.Charges, Other: map[string]int{}, Ended: ended}
 	lags := make([]time.Duration, len(answers))
 	for i, at := range answers {
 		lags[i] = at.Sub(firstAt)
@@ -163,8 +173,8 @@ func (b *bench) waitScenario(ctx context.Context, res *results) error {
 	if w.Charges != 1 {
 		res.fail("wait: the channel made %d charges for one intent, want 1", w.Charges)
 	}
-	b.progress("  %d duplicates waiting: last answer %s after the first's, p50 %s; busy sessions at most %d (pool %d); %d charge",
-		w.Duplicates, ms(w.Last), ms(w.P50), w.BusyPeak, w.Pool, w.Charges)
+	b.progress("  %d duplicates waiting: last answer %s after the first's, p50 %s; busy sessions at most %d (pool %d); %d charge; waits ended %s",
+		w.Duplicates, ms(w.Last), ms(w.P50), w.BusyPeak, w.Pool, w.Charges, w.ended())
 	return nil
 }
 
@@ -198,15 +208,49 @@ func (r *report) wait(res *results) {
 	r.p("to each copy's answer (the commit comes just before the first's answer, so they may be negative).")
 	r.p("Busy sessions are the service's sessions that are active or in a transaction, sampled every 20 ms")
 	r.p("from the moment every copy was waiting (counted in the service's goroutines) to the first's answer.")
+	r.p("How the waits ended is the service's own count (`orderservice_idempotency_waits_total`): `notified` by the")
+	r.p("first's commit, `looked` by a waiter polling for itself (its LISTEN connection down), `not_in_flight` when")
+	r.p("the outcome was stored before the wait began, `gave_up` in a 409.")
 	r.p("")
-	r.p("| duplicates | first pay | p50 after the first | p99 | last | replayed | other answers | busy sessions (peak) | pool | charges |")
-	r.p("|--:|--:|--:|--:|--:|--:|---|--:|--:|--:|")
+	r.p("| duplicates | first pay | p50 after the first | p99 | last | replayed | other answers | waits ended | busy sessions (peak) | pool | charges |")
+	r.p("|--:|--:|--:|--:|--:|--:|---|---|--:|--:|--:|")
 	other := "none"
 	if len(w.Other) > 0 {
 		other = fmt.Sprint(w.Other)
 	}
-	r.p("| %d | %s | %s | %s | %s | %d | %s | %d | %d | %d |", w.Duplicates, ms(w.FirstTook), ms(w.P50), ms(w.P99), ms(w.Last),
-		w.Replayed, other, w.BusyPeak, w.Pool, w.Charges)
+	r.p("| %d | %s | %s | %s | %s | %d | %s | %s | %d | %d | %d |", w.Duplicates, ms(w.FirstTook), ms(w.P50), ms(w.P99), ms(w.Last),
+		w.Replayed, other, w.ended(), w.BusyPeak, w.Pool, w.Charges)
+}
+
+// ended lists the ways the waits ended that some did.
+func (w waitResult) ended() string {
+	var ways []string
+	for _, how := range idempotency.Wakes {
+		if n := w.Ended[how]; n > 0 {
+			ways = append(ways, fmt.Sprintf("%s %d", how, n))
+		}
+	}
+	if len(ways) == 0 {
+		return "none"
+	}
+	return strings.Join(ways, ", ")
+}
+
+// waitsEnded reads how the service at url says its waits ended.
+func waitsEnded(ctx context.Context, hc *http.Client, url string) (map[idempotency.Wake]int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET /metrics: %s", resp.Status)
+	}
+	return metrics.WaitsEnded(resp.Body)
 }
 
 // waiting counts the goroutines of this process that wait for a first

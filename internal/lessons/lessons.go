@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/orderservice/orderservice/client"
+	"github.com/orderservice/orderservice/internal/idempotency"
 )
 
 // Lesson is one lesson of the seed, played against the live service: the
@@ -337,7 +338,7 @@ func inFlight(ctx context.Context, s *Session) error {
 		return err
 	}
 	s.note("/metrics orderservice_idempotency_waits_total: notified %d → %d, looked %d → %d",
-		before["notified"], after["notified"], before["looked"], after["looked"])
+		before[idempotency.Notified], after[idempotency.Notified], before[idempotency.Looked], after[idempotency.Looked])
 
 	retryAfter, _ := strconv.Atoi(dup.header.Get("Retry-After"))
 	s.check(dup.status == http.StatusConflict && dup.field("code") == client.CodeInProgress,
@@ -347,7 +348,7 @@ func inFlight(ctx context.Context, s *Session) error {
 	s.check(waited.status == http.StatusOK && waited.header.Get("Idempotent-Replayed") == "true" && waited.field("status") == string(client.StatusPaid),
 		"the waiting duplicate got the first result replayed, not a second execution")
 	s.check(waited.header.Get("Preference-Applied") == "wait=10", "with Preference-Applied: wait=10")
-	s.check(after["notified"] > before["notified"] && after["looked"] == before["looked"],
+	s.check(after[idempotency.Notified] > before[idempotency.Notified] && after[idempotency.Looked] == before[idempotency.Looked],
 		"as soon as the first result was stored: the commit that stored it notified the waiter, which did not have to look for it")
 	s.check(len(charges) == 1, "the channel holds exactly 1 charge for the order (found %d)", len(charges))
 	return nil

@@ -7,11 +7,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/orderservice/orderservice/client"
+	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/metrics"
 )
 
 // rawAnswer is one HTTP answer read whole, for scenarios that show headers
@@ -116,27 +117,13 @@ func (s *Session) do(c *http.Client, req *http.Request) (rawAnswer, error) {
 }
 
 // waitsEnded reads how the service's waits for a first result have ended
-// so far: orderservice_idempotency_waits_total by its ended label.
-func (s *Session) waitsEnded(ctx context.Context) (map[string]int, error) {
+// so far, from its /metrics.
+func (s *Session) waitsEnded(ctx context.Context) (map[idempotency.Wake]int, error) {
 	a, err := s.get(ctx, s.cfg.BaseURL+"/metrics", false)
 	if err != nil {
 		return nil, err
 	}
-	const series = `orderservice_idempotency_waits_total{ended="`
-	ended := map[string]int{}
-	for line := range strings.Lines(string(a.body)) {
-		rest, ok := strings.CutPrefix(line, series)
-		if !ok {
-			continue
-		}
-		how, n, _ := strings.Cut(strings.TrimSpace(rest), `"} `)
-		v, err := strconv.ParseFloat(n, 64)
-		if err != nil {
-			return nil, fmt.Errorf("/metrics: %q: %w", strings.TrimSpace(line), err)
-		}
-		ended[how] = int(v)
-	}
-	return ended, nil
+	return metrics.WaitsEnded(bytes.NewReader(a.body))
 }
 
 // deadline is start+timeout, or later when a learner stepping through the

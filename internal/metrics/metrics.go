@@ -77,7 +77,7 @@ func New(gauges GaugeReader, logger *slog.Logger, operations, moneyOperations []
 			Help: "Expired records removed by the cleanup job; action is deleted or archived (copied to the archive, then deleted).",
 		}, []string{"action"}),
 		waits: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "orderservice_idempotency_waits_total",
+			Name: waitsName,
 			Help: "Waits of duplicates for their first attempt's outcome (Prefer: wait), by how each ended: notified, relistened (the LISTEN connection came back), looked (no LISTEN connection: found by polling), not_in_flight (nothing to wait for), gave_up (409).",
 		}, []string{"ended"}),
 		shed: prometheus.NewCounter(prometheus.CounterOpts{

@@ -21,6 +21,7 @@ import (
 	"github.com/orderservice/orderservice/internal/app"
 	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/metrics"
 	"github.com/orderservice/orderservice/internal/order"
 )
 
@@ -132,7 +133,8 @@ func TestDuplicatesWaitingOnAnotherInstanceAreToldOfTheFirstResult(t *testing.T)
 		latest = max(latest, ans.at.Sub(firstAt))
 	}
 	t.Logf("%d duplicates on another instance answered at most %s after the first; busy connections while they waited: %d", duplicates, latest, peak)
-	want := map[string]string{"notified": strconv.Itoa(duplicates), "relistened": "0", "looked": "0", "not_in_flight": "0", "gave_up": "0"}
+	want := map[idempotency.Wake]int{idempotency.Notified: duplicates, idempotency.Relistened: 0, idempotency.Looked: 0,
+		idempotency.NotInFlight: 0, idempotency.GaveUp: 0}
 	if got := waitsEnded(t, cb); !maps.Equal(got, want) {
 		t.Errorf("waits on the second instance ended %v, want %v", got, want)
 	}
@@ -143,17 +145,12 @@ func TestDuplicatesWaitingOnAnotherInstanceAreToldOfTheFirstResult(t *testing.T)
 	moneyCheckStats(t, b.Channel.Stats(), moneyStats{charges: 0, declined: 0, refunds: 0, requests: 0, lookups: 0, duplicates: 0})
 }
 
-// waitsEnded reads orderservice_idempotency_waits_total from c's /metrics:
-// how many waits ended each way.
-func waitsEnded(t *testing.T, c *apptest.Client) map[string]string {
+// waitsEnded reads how the waits on c's service ended from its /metrics.
+func waitsEnded(t *testing.T, c *apptest.Client) map[idempotency.Wake]int {
 	t.Helper()
-	const series = `orderservice_idempotency_waits_total{ended="`
-	ended := map[string]string{}
-	for line := range strings.Lines(string(c.Do(t, http.MethodGet, "/metrics", "", nil).Body)) {
-		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), series); ok {
-			how, n, _ := strings.Cut(rest, `"} `)
-			ended[how] = n
-		}
+	ended, err := metrics.WaitsEnded(bytes.NewReader(c.Do(t, http.MethodGet, "/metrics", "", nil).Body))
+	if err != nil {
+		t.Fatalf("/metrics: %v", err)
 	}
 	return ended
 }
