@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -86,5 +88,34 @@ func TestASessionSettingIsCheckedWhereItIsOpened(t *testing.T) {
 	if db, err := openWithSetting(ctx, dbURL, opts, "DateStyle", "iso"); err == nil {
 		database.Close(db)
 		t.Error("a session whose setting reads otherwise than asked was accepted")
+	}
+}
+
+// TestAPollStopsWhenItsCountComesOrItsTimeRunsOut checks waitFor, which the
+// outbox drain before each §2 slice and the waiting scenario rely on: done
+// at once when the count is there, an error naming the count when it never
+// comes, and the context's error when the run ends first.
+func TestAPollStopsWhenItsCountComesOrItsTimeRunsOut(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, testdb.ServerURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	b := &bench{admin: admin}
+	two := func(n int64) bool { return n == 2 }
+
+	if err := b.waitFor(ctx, time.Minute, two, "SELECT $1::bigint", 2); err != nil {
+		t.Errorf("a count already there: %v", err)
+	}
+	err = b.waitFor(ctx, 50*time.Millisecond, two, "SELECT $1::bigint", 1)
+	if err == nil || !strings.Contains(err.Error(), "still counts 1") {
+		t.Errorf("a count that never comes = %v, want an error naming the count left", err)
+	}
+	ended, end := context.WithCancel(ctx)
+	end()
+	if err := b.waitFor(ended, time.Minute, two, "SELECT $1::bigint", 1); !errors.Is(err, context.Canceled) {
+		t.Errorf("a poll whose run ended = %v, want context.Canceled", err)
 	}
 }

@@ -519,7 +519,7 @@ func (b *bench) interleave(ctx context.Context, c int, paths map[directMode]*htt
 		round, walPer := map[directMode]point{}, map[directMode]float64{}
 		for k := range modes {
 			m := modes[(k+r)%len(modes)]
-			if err := b.waitFor(ctx, func(left int64) bool { return left == 0 },
+			if err := b.waitFor(ctx, 10*time.Second, func(left int64) bool { return left == 0 },
 				`SELECT count(*) FROM order_outbox WHERE published_at IS NULL`); err != nil {
 				return mix, err
 			}

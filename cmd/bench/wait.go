@@ -94,7 +94,7 @@ func (b *bench) waitScenario(ctx context.Context, res *results) error {
 		firstStatus, _, _ = post(false)
 		firstDone <- time.Now()
 	}()
-	if err := b.waitFor(ctx, func(n int64) bool { return n > 0 },
+	if err := b.waitFor(ctx, 10*time.Second, func(n int64) bool { return n > 0 },
 		`SELECT count(*) FROM idempotency_records WHERE idempotency_key = $1 AND state = 'PROCESSING'`, key); err != nil {
 		return err
 	}
@@ -179,16 +179,16 @@ func (b *bench) waitScenario(ctx context.Context, res *results) error {
 }
 
 // waitFor polls query, a count, until done says it is the count awaited,
-// for at most ten seconds.
-func (b *bench) waitFor(ctx context.Context, done func(n int64) bool, query string, args ...any) error {
-	deadline := time.Now().Add(10 * time.Second)
+// for at most within.
+func (b *bench) waitFor(ctx context.Context, within time.Duration, done func(n int64) bool, query string, args ...any) error {
+	deadline := time.Now().Add(within)
 	for {
 		n, err := b.count(ctx, query, args...)
 		if err != nil || done(n) {
 			return err
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("waited 10s, and %s still counts %d", strings.Join(strings.Fields(query), " "), n)
+			return fmt.Errorf("waited %s, and %s still counts %d", within, strings.Join(strings.Fields(query), " "), n)
 		}
 		select {
 		case <-ctx.Done():
