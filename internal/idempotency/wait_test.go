@@ -12,6 +12,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/testdb"
 )
 
 // A wait reports how it ended, and only what ended it can: each case below
@@ -113,19 +114,7 @@ func TestAWaitSaysWhatEndedIt(t *testing.T) {
 			t.Fatal(err)
 		}
 		got := await(context.Background(), w, in.Scope)
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-			var blocked int64
-			if err := db.Raw(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).
-				Scan(&blocked).Error; err != nil {
-				t.Fatal(err)
-			}
-			if blocked == 1 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("the waiter's flag did not wait for the other's within 10s")
-			}
-		}
+		testdb.WaitForLockWaiter(t, db, "the waiter's flag")
 		if err := other.Commit().Error; err != nil {
 			t.Fatal(err)
 		}
