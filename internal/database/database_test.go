@@ -235,21 +235,31 @@ func TestATransactionWhoseCallerLeftSaysSo(t *testing.T) {
 	}
 	t.Cleanup(func() { db.Exec(`DROP TABLE cancelled_writes`) })
 	for name, tc := range map[string]struct {
-		end  func(cancel context.CancelFunc) // ends the context mid-transaction
-		want error
+		// deadline, when not zero, ends the context; otherwise the
+		// transaction cancels it once it has written.
+		deadline time.Duration
+		want     error
 	}{
-		"cancelled":         {func(cancel context.CancelFunc) { cancel() }, context.Canceled},
-		"past its deadline": {func(context.CancelFunc) {}, context.DeadlineExceeded}, // the deadline ends it
+		"cancelled": {0, context.Canceled},
+		// Long enough for the insert to be done first on a loaded machine.
+		"past its deadline": {500 * time.Millisecond, context.DeadlineExceeded},
 	} {
 		t.Run(name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
+			if tc.deadline > 0 {
+				var stop context.CancelFunc
+				ctx, stop = context.WithTimeout(ctx, tc.deadline)
+				defer stop()
+			}
 			err := database.Transact(ctx, db, func(tx *gorm.DB) error {
 				var pid int
 				if err := tx.Raw(`INSERT INTO cancelled_writes VALUES (1) RETURNING pg_backend_pid()`).Scan(&pid).Error; err != nil {
 					return err
 				}
-				tc.end(cancel)
+				if tc.deadline == 0 {
+					cancel()
+				}
 				<-ctx.Done()
 				waitIdle(t, db, pid) // database/sql has rolled the transaction back
 				return nil
