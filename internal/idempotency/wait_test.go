@@ -130,7 +130,9 @@ func TestAWaitSaysWhatEndedIt(t *testing.T) {
 				t.Fatal("the waiter was neither waiting nor done within 10s")
 			}
 		}
-		tx(t, func(tx *gorm.DB) error { return s.Complete(tx, in.Scope, c.Token(), idempotency.Done("", []byte("{}"))) })
+		tx(t, func(tx *gorm.DB) error {
+			return s.Complete(tx, in.Scope, c.Token(), idempotency.Done("", []byte("{}")))
+		})
 		want(t, got, "notified true")
 	})
 
