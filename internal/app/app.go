@@ -358,13 +358,14 @@ type requests struct {
 }
 
 // track serves h counted. A request that arrives after close (on a
-// connection accepted just before its server closed) is refused 503.
+// connection accepted just before its server closed) is refused 503, as
+// while the service starts.
 func (rs *requests) track(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rs.mu.Lock()
 		if rs.closed {
 			rs.mu.Unlock()
-			http.Error(w, "the service is stopping", http.StatusServiceUnavailable)
+			unavailable(w, "The service is stopping and did not start this request; nothing was recorded. Retry with the same Idempotency-Key.")
 			return
 		}
 		rs.wg.Add(1)

@@ -81,8 +81,13 @@ func (g *startingGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte(`{"status":"starting"}`))
 		return
 	}
-	p := &problem.Error{Code: problem.ServiceUnavailable, RetryAfter: time.Second,
-		Detail: "The service is starting: no read-write database is reachable yet."}
+	unavailable(w, "The service is starting: no read-write database is reachable yet.")
+}
+
+// unavailable answers 503 service_unavailable with Retry-After: 1, for a
+// request the service takes no part in while it starts or stops.
+func unavailable(w http.ResponseWriter, detail string) {
+	p := &problem.Error{Code: problem.ServiceUnavailable, RetryAfter: time.Second, Detail: detail}
 	resp := httpapi.RenderError(p)
 	w.Header().Set("Content-Type", resp.ContentType)
 	w.Header().Set("Retry-After", strconv.Itoa(int(p.RetryAfter/time.Second)))
