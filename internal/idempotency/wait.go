@@ -65,7 +65,8 @@ const (
 	// Relistened: the LISTEN connection (re)started, and every waiter reads
 	// its record again, since what was announced before was not heard.
 	Relistened Wake = "relistened"
-	// Looked: with no LISTEN connection, the waiter looked after Poll.
+	// Looked: no word could reach the waiter (no LISTEN connection, or its
+	// flag could not be set), so it looked after Poll.
 	Looked Wake = "looked"
 	// NotInFlight: the record was not PROCESSING when the wait began (it
 	// had moved on, or was not committed yet).
@@ -109,13 +110,13 @@ func (w *Waiter) listen(ctx context.Context) error {
 		return err
 	}
 	w.setListening(true)
-	w.wakeAll(Relistened) // anything announced before we listened is read by the waiters
+	w.wakeAll() // anything announced before we listened is read by the waiters
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
 			return err
 		}
-		w.wakeScope(n.Payload, Notified)
+		w.wakeScope(n.Payload)
 	}
 }
 
@@ -147,20 +148,22 @@ func (w *Waiter) register(id string) (chan Wake, func()) {
 	}
 }
 
-func (w *Waiter) wakeScope(id string, why Wake) {
+// wakeScope wakes the waiters of the scope a notification named.
+func (w *Waiter) wakeScope(id string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for ch := range w.waiters[id] {
-		signal(ch, why)
+		signal(ch, Notified)
 	}
 }
 
-func (w *Waiter) wakeAll(why Wake) {
+// wakeAll wakes every waiter once the LISTEN connection is (back) up.
+func (w *Waiter) wakeAll() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, chs := range w.waiters {
 		for ch := range chs {
-			signal(ch, why)
+			signal(ch, Relistened)
 		}
 	}
 }
