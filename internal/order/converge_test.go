@@ -19,6 +19,7 @@ import (
 	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
+	"github.com/orderservice/orderservice/internal/payment"
 )
 
 // fakeChannel is a payment channel that refuses what its refuse functions
@@ -286,6 +287,50 @@ func TestAPayKeyWhoseRecordWasArchivedGetsAStableAnswer(t *testing.T) {
 		t.Errorf("order = %s, want PAYMENT_FAILED", got)
 	}
 	moneyCheckStats(t, m.Channel.Stats(), moneyStats{charges: 0, declined: 1, refunds: 0, requests: 1, lookups: 0, duplicates: 0})
+}
+
+// A money key whose record was archived and removed, sent again on another
+// order of the tenant, is a definitive 422: the payments' unique scope
+// (tenant, operation, key) would refuse a second payment under it, and that
+// refusal must not surface as a 500, over and over. Pay and cancel (refund)
+// alike; the other order is unchanged and the channel is asked nothing.
+func TestAMoneyKeyWhoseRecordWasRemovedIsRefusedOnAnotherOrder(t *testing.T) {
+	m, c := startMoney(t, nil)
+	a := createOrder(t, c, moneyKey("create-a"))
+	b := createOrder(t, c, moneyKey("create-b"))
+	payKey, cancelKey := moneyKey("R2-pay"), moneyKey("R2-cancel")
+	if r := moneyPay(t, c, a, payKey, payment.MethodOK); r.Status != http.StatusOK {
+		t.Fatalf("pay A = %d %s", r.Status, r.Body)
+	}
+	if r := moneyCancel(t, c, a, cancelKey); r.Status != http.StatusOK {
+		t.Fatalf("cancel A = %d %s", r.Status, r.Body)
+	}
+	if err := m.DB.Exec("UPDATE idempotency_records SET expires_at = now() - interval '1 second' WHERE idempotency_key IN (?, ?)", payKey, cancelKey).Error; err != nil {
+		t.Fatal(err)
+	}
+	cleaner := &idempotency.Cleaner{DB: m.DB, Store: m.Orders.Records, Batch: 100}
+	if res, err := cleaner.Pass(context.Background()); err != nil || res.Archived < 2 {
+		t.Fatalf("cleanup = %+v, %v", res, err)
+	}
+
+	for i := range 2 {
+		r := moneyPay(t, c, b, payKey, payment.MethodOK)
+		moneyWantAnswer(t, fmt.Sprintf("A's removed pay key on B (%d)", i+1), r, http.StatusUnprocessableEntity, "idempotency_key_reused")
+	}
+	if got := moneyReadOrder(t, c, b).Status; got != "CREATED" {
+		t.Fatalf("B = %s after the refused pay, want CREATED", got)
+	}
+	if r := moneyPay(t, c, b, moneyKey("pay-b"), payment.MethodOK); r.Status != http.StatusOK {
+		t.Fatalf("pay B with a new key = %d %s", r.Status, r.Body)
+	}
+	for i := range 2 {
+		r := moneyCancel(t, c, b, cancelKey)
+		moneyWantAnswer(t, fmt.Sprintf("A's removed cancel key on B (%d)", i+1), r, http.StatusUnprocessableEntity, "idempotency_key_reused")
+	}
+	if got := moneyReadOrder(t, c, b).Status; got != "PAID" {
+		t.Errorf("B = %s after the refused cancel, want PAID", got)
+	}
+	moneyCheckStats(t, m.Channel.Stats(), moneyStats{charges: 2, declined: 0, refunds: 1, requests: 3, lookups: 0, duplicates: 0})
 }
 
 func TestAnIdempotencyKeySentTwiceIsRefused(t *testing.T) {

@@ -48,7 +48,7 @@ func errTransition(from Status, ev Event, why error) error {
 // order before and whose record has since expired.
 func errKeyRanBefore(op string) error {
 	return refuse(problem.Errorf(problem.KeyReused,
-		"This Idempotency-Key already ran %s on this order and its record has expired; use a new key for a new intent.", op))
+		"This Idempotency-Key already ran %s, and its record has expired; use a new key for a new intent.", op))
 }
 
 // errPostponed says the channel's answer is not known yet: a retry with the

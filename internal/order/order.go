@@ -164,16 +164,6 @@ func (o *Order) settle(p Payment, ans channelResult, at time.Time) (Event, error
 	return ev, nil
 }
 
-// paymentOf is the payment the intent (op, key) asked the channel for, if any.
-func (o *Order) paymentOf(op, key string) *Payment {
-	for i := range o.payments {
-		if p := &o.payments[i]; p.Operation == op && p.IdempotencyKey == key {
-			return p
-		}
-	}
-	return nil
-}
-
 // settledCharge is the charge that made the order PAID.
 func (o *Order) settledCharge() *Payment {
 	for i := len(o.payments) - 1; i >= 0; i-- {

@@ -295,11 +295,15 @@ func (s *Service) applyRule(tx *gorm.DB, c Caller, op string, id uuid.UUID, rule
 	if err != nil {
 		return res, nil, err
 	}
-	if o.paymentOf(op, c.Key) != nil {
-		// This intent moved money before, and its record has since been
-		// archived and removed: running it again would mean a second
-		// movement under the same downstream key.
-		return res, nil, errKeyRanBefore(op)
+	// A payment under this scope means the key moved money before, on this
+	// order or another, and its record has since been archived and
+	// removed: running it again would be a second movement of money for
+	// one key (and the payments' unique scope would refuse it anyway).
+	if _, ranBefore, err := pendingPayment(tx, idempotency.Scope{TenantID: c.TenantID, Operation: op, Key: c.Key}); err != nil || ranBefore {
+		if err == nil {
+			err = errKeyRanBefore(op)
+		}
+		return res, nil, err
 	}
 	from := o.Status
 	pl, err := rule(o)
