@@ -46,7 +46,7 @@ func (b *bench) messages(ctx context.Context, res *results) error {
 	workers := b.svc.Config.CommandWorkers
 	res.Opts.outboxInterval, res.Opts.outboxBatch = b.svc.Config.OutboxInterval, b.svc.Config.OutboxBatch
 	m := messageResult{Workers: workers, Commands: b.opts.Commands}
-	nc, err := nats.Connect(b.svc.NATSURL, nats.UserInfo(benchTenant, benchAPIKey))
+	nc, err := nats.Connect(b.svc.NATSURL, nats.UserInfo(benchTenant, benchAPIKey), nats.CustomInboxPrefix(messaging.InboxPrefix(benchTenant)))
 	if err != nil {
 		return err
 	}

@@ -221,6 +221,7 @@ func (m *Main) start(ctx context.Context) error {
 		Logger: m.Logger, Observe: func(r idempotency.CleanupResult) { m.Metrics.Cleaned(r.Deleted, r.Archived) }}
 	outbox := &order.Outbox{DB: db}
 	m.Metrics.WatchOutbox(outbox.Lag)
+	m.Metrics.WatchDLQ((&messaging.DLQ{JS: m.JS}).Depth)
 	m.Relay = &messaging.Relay{Outbox: outbox, JS: m.JS, Batch: cfg.OutboxBatch, Interval: cfg.OutboxInterval,
 		Observe: m.Metrics, Logger: m.Logger}
 	outboxCleaner := &messaging.OutboxCleaner{Outbox: outbox, Retention: outboxRetention(policy), Batch: cfg.CleanupBatch, Logger: m.Logger}
@@ -240,7 +241,7 @@ func (m *Main) start(ctx context.Context) error {
 	m.Consumer = &messaging.Consumer{JS: m.JS, Orders: m.Orders, Tenants: cfg.APIKeys,
 		MaxDeliver: cfg.CommandMaxDeliver, AckWait: cfg.CommandAckWait, Workers: cfg.CommandWorkers,
 		Backoff: messaging.Backoff{Base: cfg.CommandBackoff, Max: cfg.CommandBackoffMax},
-		Observe: m.Metrics, Logger: m.Logger}
+		Horizon: messaging.Horizon(policy), Observe: m.Metrics, Logger: m.Logger}
 	if err := m.Consumer.Start(ctx); err != nil {
 		return err
 	}

@@ -46,6 +46,13 @@ func TestBadConfigurationStopsTheStart(t *testing.T) {
 		"no delivery of a command at all":                 {"COMMAND_MAX_DELIVER": "0"},
 		"a backoff cap below its first step":              {"COMMAND_BACKOFF": "10s", "COMMAND_BACKOFF_MAX": "1s"},
 		"a database URL with a bad port":                  {"DATABASE_URL": "postgres://u@h1:5432,h2:port/db"},
+		// Issue 28: a tenant is a subject token and a NATS user; "a.b", "*"
+		// or ">" would be patterns in its permissions.
+		"a tenant named like a subject pattern": {"API_KEYS": "a.b=key-of-ab-1,c=key-of-c-12"},
+		"a tenant named >":                      {"API_KEYS": ">=key-of-gt-1"},
+		// A window of 0 would be a stream keeping commands forever.
+		"a message window of zero": {"REPLAY_WINDOW_MESSAGE_REDELIVERY": "0s"},
+		"five replicas too many":   {"NATS_STREAM_REPLICAS": "7"},
 	} {
 		t.Run(name+" is refused in one line", func(t *testing.T) {
 			var out bytes.Buffer

@@ -17,6 +17,7 @@ import (
 
 	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/messaging"
 	"github.com/orderservice/orderservice/internal/order"
 )
 
@@ -88,14 +89,17 @@ type Config struct {
 	NATSStoreDir string `env:"NATS_STORE_DIR"`
 	// NATSServicePassword is the embedded server's password for the
 	// service's own user (orderservice), which `orderservice dlq` uses too.
-	NATSServicePassword string        `env:"NATS_SERVICE_PASSWORD" envDefault:"orderservice-dev-secret"`
-	CommandMaxDeliver   int           `env:"COMMAND_MAX_DELIVER" envDefault:"5"`
-	CommandAckWait      time.Duration `env:"COMMAND_ACK_WAIT" envDefault:"30s"`
-	CommandBackoff      time.Duration `env:"COMMAND_BACKOFF" envDefault:"1s"`
-	CommandBackoffMax   time.Duration `env:"COMMAND_BACKOFF_MAX" envDefault:"30s"`
-	CommandWorkers      int           `env:"COMMAND_WORKERS" envDefault:"16"`
-	OutboxInterval      time.Duration `env:"OUTBOX_INTERVAL" envDefault:"100ms"`
-	OutboxBatch         int           `env:"OUTBOX_BATCH" envDefault:"200"`
+	NATSServicePassword string `env:"NATS_SERVICE_PASSWORD" envDefault:"orderservice-dev-secret"`
+	// NATSStreamReplicas is how many copies of each stream the service
+	// creates: 3 on a three-node JetStream cluster.
+	NATSStreamReplicas int           `env:"NATS_STREAM_REPLICAS" envDefault:"1"`
+	CommandMaxDeliver  int           `env:"COMMAND_MAX_DELIVER" envDefault:"5"`
+	CommandAckWait     time.Duration `env:"COMMAND_ACK_WAIT" envDefault:"30s"`
+	CommandBackoff     time.Duration `env:"COMMAND_BACKOFF" envDefault:"1s"`
+	CommandBackoffMax  time.Duration `env:"COMMAND_BACKOFF_MAX" envDefault:"30s"`
+	CommandWorkers     int           `env:"COMMAND_WORKERS" envDefault:"16"`
+	OutboxInterval     time.Duration `env:"OUTBOX_INTERVAL" envDefault:"100ms"`
+	OutboxBatch        int           `env:"OUTBOX_BATCH" envDefault:"200"`
 }
 
 // natsStoreDir is NATS_STORE_DIR or its default.
@@ -204,6 +208,14 @@ func (c Config) validate() error {
 			return fmt.Errorf("NATS_URL must be nats:// or tls:// URLs, comma-separated (or empty for the embedded server)")
 		}
 	}
+	if err := c.streamWindows().Check(); err != nil {
+		return err
+	}
+	for tenant := range c.APIKeys {
+		if !messaging.IsToken(tenant) {
+			return fmt.Errorf("API_KEYS: tenant %q must be letters, digits, '-' and '_' only: it is a NATS subject token and user name", tenant)
+		}
+	}
 	if c.CleanupPause < 0 {
 		return fmt.Errorf("CLEANUP_PAUSE must not be negative")
 	}
@@ -223,6 +235,12 @@ func (c Config) validate() error {
 	return c.Policy().Check()
 }
 
+// streamWindows are the settings of the streams the service creates.
+func (c Config) streamWindows() messaging.StreamWindows {
+	return messaging.StreamWindows{Redelivery: c.MessageRedeliveryWindow, Compensation: c.ManualCompensationWindow,
+		Replicas: c.NATSStreamReplicas}
+}
+
 // Policy is the retention policy the replay windows imply.
 func (c Config) Policy() idempotency.Policy {
 	return idempotency.Policy{
@@ -231,6 +249,7 @@ func (c Config) Policy() idempotency.Policy {
 			{Name: "message_redelivery", Duration: c.MessageRedeliveryWindow},
 			{Name: "manual_compensation", Duration: c.ManualCompensationWindow},
 		},
+		Chained:         []string{"client_retry", "message_redelivery"},
 		Margin:          c.RetentionMargin,
 		MoneyFloor:      c.MoneyRetentionFloor,
 		Retention:       c.Retention,

@@ -73,17 +73,39 @@ func dlq(ctx context.Context, cfg Config, args []string, stdout io.Writer) error
 		fmt.Fprintf(w, "%d dead-lettered commands\n", len(letters))
 		return w.Flush()
 	}
-	done, err := q.Replay(ctx, seqs...)
-	replayed := 0
-	for _, r := range done {
-		if r.Duplicate {
-			fmt.Fprintf(stdout, "kept %d: %s dropped it as a duplicate (Nats-Msg-Id %s is inside its duplicate window); replay it later\n",
-				r.Sequence, messaging.CommandsStream, r.Header.Get(messaging.HeaderMsgID))
-			continue
-		}
-		replayed++
-		fmt.Fprintf(stdout, "replayed %d to %s (Idempotency-Key %s)\n", r.Sequence, r.Subject, r.Header.Get(messaging.HeaderKey))
+	horizon, err := replayHorizon(ctx, cfg, js)
+	if err != nil {
+		return err
 	}
-	fmt.Fprintf(stdout, "%d dead-lettered commands replayed\n", replayed)
+	done, err := q.Replay(ctx, horizon, seqs...)
+	replayed, failed := 0, 0
+	for _, r := range done {
+		switch {
+		case r.Refused != "":
+			failed++
+			fmt.Fprintf(stdout, "kept %d (Idempotency-Key %s): %s\n", r.Sequence, r.Header.Get(messaging.HeaderKey), r.Refused)
+		case r.Err != nil:
+			failed++
+			fmt.Fprintf(stdout, "kept %d (Idempotency-Key %s): %v\n", r.Sequence, r.Header.Get(messaging.HeaderKey), r.Err)
+		default:
+			replayed++
+			fmt.Fprintf(stdout, "replayed %d to %s (Idempotency-Key %s)\n", r.Sequence, r.Subject, r.Header.Get(messaging.HeaderKey))
+		}
+	}
+	fmt.Fprintf(stdout, "%d dead-lettered commands replayed, %d kept\n", replayed, failed)
+	if err == nil && failed > 0 {
+		err = fmt.Errorf("dlq replay: %d of %d dead letters were not replayed", failed, len(done))
+	}
 	return err
+}
+
+// replayHorizon is the consumer's Horizon, from the policy the running
+// service derives: the configuration, with ORDER_COMMANDS's max_age as the
+// message redelivery window. The streams are read, never created.
+func replayHorizon(ctx context.Context, cfg Config, js jetstream.JetStream) (time.Duration, error) {
+	s, err := js.Stream(ctx, messaging.CommandsStream)
+	if err != nil {
+		return 0, fmt.Errorf("stream %s: %w", messaging.CommandsStream, err)
+	}
+	return messaging.Horizon(policyFor(cfg, s.CachedInfo().Config.MaxAge)), nil
 }

@@ -58,17 +58,11 @@ func redactURL(s string) string {
 // the broker can still deliver its command: from ORDER_COMMANDS, or from
 // the DLQ by an operator's replay.
 func brokerPolicy(ctx context.Context, cfg Config, js jetstream.JetStream) (idempotency.Policy, map[string]string, error) {
-	policy := cfg.Policy()
-	streams, err := messaging.EnsureStreams(ctx, js, messaging.StreamWindows{
-		Redelivery: cfg.MessageRedeliveryWindow, Compensation: cfg.ManualCompensationWindow})
+	streams, err := messaging.EnsureStreams(ctx, js, cfg.streamWindows())
 	if err != nil {
-		return policy, nil, err
+		return cfg.Policy(), nil, err
 	}
-	for i, w := range policy.Windows {
-		if w.Name == "message_redelivery" {
-			policy.Windows[i].Duration = streams.CommandsMaxAge
-		}
-	}
+	policy := policyFor(cfg, streams.CommandsMaxAge)
 	sources := map[string]string{
 		"client_retry":        "REPLAY_WINDOW_CLIENT_RETRY",
 		"message_redelivery":  "stream " + messaging.CommandsStream + " max_age",
@@ -84,6 +78,18 @@ func brokerPolicy(ctx context.Context, cfg Config, js jetstream.JetStream) (idem
 		return policy, nil, fmt.Errorf("refusing to start: %w", err)
 	}
 	return policy, sources, nil
+}
+
+// policyFor is the configured policy with ORDER_COMMANDS's max_age as the
+// message redelivery window.
+func policyFor(cfg Config, commandsMaxAge time.Duration) idempotency.Policy {
+	policy := cfg.Policy()
+	for i, w := range policy.Windows {
+		if w.Name == "message_redelivery" {
+			policy.Windows[i].Duration = commandsMaxAge
+		}
+	}
+	return policy
 }
 
 // outboxRetention is how long published events are kept: as long as the

@@ -3,6 +3,7 @@ package app_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -85,6 +86,92 @@ func TestTheBrokersRedeliveryWindowMustFitTheRetention(t *testing.T) {
 	})
 }
 
+// Tests and demos run windows of seconds: every window the configuration
+// accepts starts the service, and the streams it creates carry them (a
+// duplicate window never longer than the stream's max_age).
+func TestShortWindowsStartTheService(t *testing.T) {
+	m := apptest.Start(t, dbURL, map[string]string{"REPLAY_WINDOW_CLIENT_RETRY": "10s",
+		"REPLAY_WINDOW_MESSAGE_REDELIVERY": "60s", "REPLAY_WINDOW_MANUAL_COMPENSATION": "30s", "RETENTION_MARGIN": "5s"})
+	for name, want := range map[string]time.Duration{messaging.CommandsStream: time.Minute, messaging.DLQStream: 30 * time.Second,
+		messaging.ResultsStream: time.Minute, messaging.EventsStream: time.Minute} {
+		s, err := m.JS.Stream(context.Background(), name)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if cfg := s.CachedInfo().Config; cfg.MaxAge != want || cfg.Duplicates > cfg.MaxAge {
+			t.Errorf("%s: max_age %s (want %s), duplicates %s", name, cfg.MaxAge, want, cfg.Duplicates)
+		}
+	}
+	// The chain: a client's retry by message, redelivered for a minute.
+	p := apptest.NewClient(m, apptest.KeyAcme).Do(t, http.MethodGet, "/v1/idempotency-policy", "", nil).JSON(t)
+	if p["longest_window"] != "client_retry+message_redelivery" {
+		t.Errorf("longest_window = %v, want the chain of client_retry and message_redelivery", p["longest_window"])
+	}
+}
+
+// A dead letter first published longer ago than its record is sure to be
+// kept is refused by `dlq replay`, with the reason, and kept; the others are
+// replayed. The scenario of issue 28: an HTTP create, the same command
+// dead-lettered long ago, the record cleaned up since: a replay would have
+// made a second order for one key.
+func TestDLQReplayRefusesADeadLetterWhoseRecordMayBeGone(t *testing.T) {
+	m := apptest.Start(t, dbURL, nil)
+	c := apptest.NewClient(m, apptest.KeyAcme)
+	body := map[string]any{"customer_id": "cus_gone", "currency": "EUR", "items": []map[string]any{{"sku": "S", "quantity": 1, "unit_price": 500}}}
+	if r := c.Do(t, http.MethodPost, "/v1/orders", "gone-create", body); r.Status != http.StatusCreated {
+		t.Fatalf("create: %d %s", r.Status, r.Body)
+	}
+	env := map[string]string{"NATS_EMBEDDED_ADDR": m.Embedded.Addr(), "LOG_LEVEL": "warn", "DATABASE_URL": dbURL}
+	run := func(args ...string) (string, error) {
+		var out bytes.Buffer
+		err := app.Run(context.Background(), args, env, &out)
+		return out.String(), err
+	}
+	if err := m.DB.Exec("UPDATE idempotency_records SET expires_at = now() - interval '1 second' WHERE idempotency_key = 'gone-create'").Error; err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run("cleanup"); err != nil {
+		t.Fatalf("cleanup: %v\n%s", err, out)
+	}
+
+	// Two dead letters of that create, as the consumer writes them: one
+	// first published 700h ago (past the default policy's horizon of
+	// 744h - 24h margin - 24h client retry = 696h), one an hour ago.
+	bodyJSON, _ := json.Marshal(body)
+	for key, age := range map[string]time.Duration{"gone-create": 700 * time.Hour, "recent-create": time.Hour} {
+		d := nats.NewMsg(messaging.DLQPrefix + "commands.acme.create")
+		d.Header.Set(messaging.HeaderKey, key)
+		d.Header.Set(messaging.HeaderDLSubject, messaging.CommandSubject("acme", "create"))
+		d.Header.Set(messaging.HeaderReason, "still failing after 5 deliveries: 503 service_unavailable")
+		d.Header.Set(messaging.HeaderFirstPublished, time.Now().Add(-age).UTC().Format(time.RFC3339Nano))
+		d.Data = bodyJSON
+		if _, err := m.JS.PublishMsg(context.Background(), d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := run("dlq", "replay", "--all")
+	if err == nil || !strings.Contains(out, "record may be gone") || !strings.Contains(out, "replayed") || !strings.Contains(out, "1 dead-lettered commands replayed, 1 kept") {
+		t.Fatalf("dlq replay: %v\n%s", err, out)
+	}
+	t.Log(out)
+	deadline := time.Now().Add(time.Minute)
+	for apptest.Count(t, m.DB, "SELECT count(*) FROM idempotency_records WHERE idempotency_key = 'recent-create'") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the recent dead letter was never run")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := apptest.Count(t, m.DB, "SELECT count(*) FROM orders WHERE customer_id = 'cus_gone'"); n != 2 {
+		t.Errorf("orders = %d, want 2: the HTTP create's and the recent dead letter's, not a third for the old one", n)
+	}
+	if n := apptest.Count(t, m.DB, "SELECT count(*) FROM idempotency_records WHERE idempotency_key = 'gone-create'"); n != 0 {
+		t.Errorf("the refused dead letter made a record (%d)", n)
+	}
+	if list, _ := run("dlq", "list"); !strings.Contains(list, "gone-create") || !strings.Contains(list, "1 dead-lettered commands") {
+		t.Errorf("dlq list after the replay:\n%s", list)
+	}
+}
+
 func TestOperatorReplaysADeadLetteredCommand(t *testing.T) {
 	m := apptest.Start(t, dbURL, nil)
 	c := apptest.NewClient(m, apptest.KeyAcme)
@@ -96,7 +183,7 @@ func TestOperatorReplaysADeadLetteredCommand(t *testing.T) {
 		t.Fatalf("faults: %d", r.Status)
 	}
 
-	acme, err := nats.Connect(m.NATSURL, nats.UserInfo("acme", apptest.KeyAcme))
+	acme, err := nats.Connect(m.NATSURL, nats.UserInfo("acme", apptest.KeyAcme), nats.CustomInboxPrefix(messaging.InboxPrefix("acme")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,6 +222,9 @@ func TestOperatorReplaysADeadLetteredCommand(t *testing.T) {
 	if len(results) != 0 {
 		t.Errorf("%d results before the replay", len(results))
 	}
+	if got := apptest.Metric(t, m.URL(), "orderservice_dlq_depth"); got != 1 {
+		t.Errorf("orderservice_dlq_depth = %v with one dead letter, want 1", got)
+	}
 
 	if r := admin.Do(t, http.MethodPost, "/admin/faults", "", map[string]any{"unavailable_rate": 0}); r.Status != http.StatusOK {
 		t.Fatalf("faults: %d", r.Status)
@@ -160,6 +250,9 @@ func TestOperatorReplaysADeadLetteredCommand(t *testing.T) {
 	if !strings.Contains(run("dlq", "list"), "0 dead-lettered commands") {
 		t.Error("the DLQ still holds the replayed command")
 	}
+	if got := apptest.Metric(t, m.URL(), "orderservice_dlq_depth"); got != 0 {
+		t.Errorf("orderservice_dlq_depth = %v after the replay, want 0", got)
+	}
 }
 
 func TestMessageMetricsAreExportedFromTheStart(t *testing.T) {
@@ -178,7 +271,7 @@ func TestMessageMetricsAreExportedFromTheStart(t *testing.T) {
 			}
 		}
 	}
-	for _, line := range []string{"orderservice_outbox_lag_seconds ", `orderservice_outbox_relay_publishes_total{result="published"} `,
+	for _, line := range []string{"orderservice_outbox_lag_seconds ", "orderservice_dlq_depth 0\n", `orderservice_outbox_relay_publishes_total{result="published"} `,
 		`orderservice_outbox_relay_publishes_total{result="duplicate"} 0`} {
 		if !bytes.Contains(body, []byte(line)) {
 			t.Errorf("/metrics has no %q", line)

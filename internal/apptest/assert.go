@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"gorm.io/gorm"
 
 	"github.com/orderservice/orderservice/internal/idempotency"
@@ -128,4 +130,28 @@ func Count(t testing.TB, db *gorm.DB, query string, args ...any) int64 {
 		t.Fatalf("%s: %v", query, err)
 	}
 	return n
+}
+
+// Metric reads one unlabelled gauge or counter from the service's /metrics.
+func Metric(t testing.TB, baseURL, name string) float64 {
+	t.Helper()
+	res, err := http.Get(baseURL + "/metrics")
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	defer res.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(res.Body)
+	if err != nil {
+		t.Fatalf("/metrics: %v", err)
+	}
+	f, ok := families[name]
+	if !ok || len(f.GetMetric()) != 1 {
+		t.Fatalf("/metrics has no single series %s", name)
+	}
+	m := f.GetMetric()[0]
+	if g := m.GetGauge(); g != nil {
+		return g.GetValue()
+	}
+	return m.GetCounter().GetValue()
 }

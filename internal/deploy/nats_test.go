@@ -144,7 +144,7 @@ func TestNATSConfiguration(t *testing.T) {
 		}
 
 		violations := make(chan error, 1)
-		acme, err := nats.Connect(srv.ClientURL(), nats.UserInfo("acme", cfg.APIKeys["acme"]),
+		acme, err := nats.Connect(srv.ClientURL(), nats.UserInfo("acme", cfg.APIKeys["acme"]), nats.CustomInboxPrefix(messaging.InboxPrefix("acme")),
 			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { violations <- err }))
 		if err != nil {
 			t.Fatal(err)

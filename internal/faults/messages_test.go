@@ -38,7 +38,7 @@ func TestCommandsByMessageConvergeWhileInstancesAreKilled(t *testing.T) {
 	c.channel.setLatency(t, 150*time.Millisecond)
 	db := openDB(t, c.dbURL)
 
-	nc, err := nats.Connect(broker.URL(), nats.UserInfo(tenant, apiKey))
+	nc, err := nats.Connect(broker.URL(), nats.UserInfo(tenant, apiKey), nats.CustomInboxPrefix(messaging.InboxPrefix(tenant)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package idempotency
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -19,6 +20,10 @@ type Window struct {
 // may be kept longer still (and are archived, not just deleted).
 type Policy struct {
 	Windows []Window
+	// Chained names windows that follow one another: a client's retry may
+	// be a message, which the broker then redelivers for its own window. A
+	// record must outlive their sum, as well as each window alone.
+	Chained []string
 	// Retention overrides the derived retention when set; Check
 	// refuses one shorter than a replay window.
 	Retention       time.Duration
@@ -29,7 +34,8 @@ type Policy struct {
 	Operations []string
 }
 
-// Longest is the longest replay window.
+// Longest is the longest replay window, or the chain of windows when that
+// is longer.
 func (p Policy) Longest() Window {
 	var longest Window
 	for _, w := range p.Windows {
@@ -37,7 +43,44 @@ func (p Policy) Longest() Window {
 			longest = w
 		}
 	}
+	if c := p.chain(); c.Duration > longest.Duration {
+		longest = c
+	}
 	return longest
+}
+
+// chain is the chained windows one after another, named a+b.
+func (p Policy) chain() Window {
+	var c Window
+	var names []string
+	for _, w := range p.Windows {
+		if slices.Contains(p.Chained, w.Name) {
+			c.Duration += w.Duration
+			names = append(names, w.Name)
+		}
+	}
+	c.Name = strings.Join(names, "+")
+	return c
+}
+
+// Window is the duration of the window name (zero when there is none).
+func (p Policy) Window(name string) time.Duration {
+	for _, w := range p.Windows {
+		if w.Name == name {
+			return w.Duration
+		}
+	}
+	return 0
+}
+
+// Shortest is the shortest retention of any operation: what every record
+// is sure to outlive.
+func (p Policy) Shortest() time.Duration {
+	shortest := p.RetentionFor("")
+	for _, op := range p.Operations {
+		shortest = min(shortest, p.RetentionFor(op))
+	}
+	return shortest
 }
 
 // IsMoney reports whether operation moves money, so its records are archived.

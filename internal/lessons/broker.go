@@ -38,7 +38,7 @@ func (s *Session) tenantBroker() (jetstream.JetStream, *nats.Conn, error) {
 		return nil, nil, errors.New("no tenant name for the broker (pass -tenant)")
 	}
 	nc, err := nats.Connect(s.cfg.NATSURL, nats.Name("orderservice-lessons "+s.runID),
-		nats.UserInfo(s.cfg.Tenant, s.cfg.APIKey), nats.Timeout(5*time.Second))
+		nats.UserInfo(s.cfg.Tenant, s.cfg.APIKey), nats.CustomInboxPrefix(messaging.InboxPrefix(s.cfg.Tenant)), nats.Timeout(5*time.Second))
 	if err != nil {
 		return nil, nil, fmt.Errorf("the broker refuses tenant %s at %s (start it with `make run`, or pass -nats-url and -tenant): %w",
 			s.cfg.Tenant, s.cfg.NATSURL, err)

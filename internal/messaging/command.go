@@ -25,6 +25,8 @@ type Orders interface {
 	Cancel(context.Context, order.Caller, string, order.CancelRequest) (idempotency.Result, error)
 	Ship(context.Context, order.Caller, string, order.ShipRequest) (idempotency.Result, error)
 	Deliver(context.Context, order.Caller, string, order.DeliverRequest) (idempotency.Result, error)
+	// Answered reports whether the intent has its definitive answer stored.
+	Answered(ctx context.Context, c order.Caller, operation string) (bool, error)
 }
 
 // useCase runs one operation's use case on a decoded body.
@@ -99,7 +101,7 @@ func parseCommand(subject string, header nats.Header, data []byte, tenants map[s
 	if !ok {
 		return cmd, fmt.Sprintf("unknown operation %q (want one of %s)", cmd.op, strings.Join(Ops, ", "))
 	}
-	key, err := idempotency.ParseKey(header.Get(HeaderKey))
+	key, err := idempotency.ParseKeyHeader(headerValues(header, HeaderKey))
 	if err != nil {
 		return cmd, "Idempotency-Key: " + transport.Problem(err).Detail
 	}
@@ -115,6 +117,19 @@ func parseCommand(subject string, header nats.Header, data []byte, tenants map[s
 		cmd.orderID, cmd.body = id, rest
 	}
 	return cmd, ""
+}
+
+// headerValues is every value of the header name, whatever the case its
+// publisher wrote it in: NATS header names are case-sensitive, HTTP's are
+// not, and one intent must be read the same whichever door it used.
+func headerValues(h nats.Header, name string) []string {
+	var out []string
+	for k, vs := range h {
+		if strings.EqualFold(k, name) {
+			out = append(out, vs...)
+		}
+	}
+	return out
 }
 
 // splitOrderID takes the top-level "order_id" out of a command body on an

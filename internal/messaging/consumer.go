@@ -35,19 +35,29 @@ type Consumer struct {
 	// Backoff bounds the delay before a transiently failed command is
 	// delivered again.
 	Backoff Backoff
-	// Workers is how many commands one instance runs at once.
+	// Workers is how many commands one instance runs at once, and so how
+	// many it fetches: never more than it can start at once.
 	Workers int
+	// Horizon is how long after its first publication a command may still
+	// be run: as long as a record its intent may have written is sure to
+	// exist (see Horizon). An older one, a dead letter replayed late or a
+	// redelivery of one, is dead-lettered unrun. Zero: no bound.
+	Horizon time.Duration
 	Observe Observer
 	Logger  *slog.Logger
 	// Hooks inject failures for tests.
 	Hooks ConsumerHooks
 
-	iter    jetstream.MessagesContext
+	stop    context.CancelFunc
+	fetcher chan struct{} // closed when the fetch loop has ended
 	workers sync.WaitGroup
 }
 
 // ConsumerHooks are fault-injection points; nil functions do nothing.
 type ConsumerHooks struct {
+	// BeforeRun runs before the use case. An error stops the handling
+	// there, as a process dying before its intent committed would.
+	BeforeRun func(subject, key string) error
 	// BeforeAck runs once the outcome is committed and its result
 	// published, before the acknowledgement. An error stops the handling
 	// there, as a process dying at that instant would: no ack, no nak.
@@ -123,34 +133,40 @@ func ConsumerConfig(ackWait time.Duration) jetstream.ConsumerConfig {
 
 // Start creates (or updates) the durable consumer and starts the workers.
 // ctx bounds the setup only; Stop ends the work.
+//
+// Commands are fetched only for workers that are free: a fetched command's
+// ack wait runs from the moment JetStream hands it over, so one that sat in
+// a buffer behind slow commands would be redelivered (and dead-lettered at
+// last) while nobody had even started it. Each fetched command starts at
+// once and says "in progress" while it runs.
 func (c *Consumer) Start(ctx context.Context) error {
 	cons, err := c.JS.CreateOrUpdateConsumer(ctx, CommandsStream, ConsumerConfig(c.AckWait))
 	if err != nil {
 		return fmt.Errorf("durable consumer %s on %s: %w", ConsumerName, CommandsStream, err)
 	}
-	// A bounded prefetch: a fetched command's ack wait runs while it waits
-	// for a worker (another instance could have taken it), but a buffer of
-	// only one command per worker starves them between pulls (half the
-	// throughput in `make bench`).
-	iter, err := cons.Messages(jetstream.PullMaxMessages(4 * c.Workers))
-	if err != nil {
-		return err
+	run, stop := context.WithCancel(context.Background())
+	c.stop, c.fetcher = stop, make(chan struct{})
+	free := make(chan struct{}, c.Workers) // one token per idle worker
+	for range c.Workers {
+		free <- struct{}{}
 	}
-	c.iter = iter
-	msgs := make(chan jetstream.Msg)
+	msgs := make(chan jetstream.Msg, c.Workers)
 	go func() {
+		defer close(c.fetcher)
 		defer close(msgs)
-		for {
-			msg, err := iter.Next()
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+		for run.Err() == nil {
+			n := c.takeFree(run, free)
+			if n == 0 {
 				return
 			}
-			if err != nil {
+			got, err := c.fetch(run, cons, n, msgs)
+			for range n - got {
+				free <- struct{}{}
+			}
+			if err != nil && run.Err() == nil {
 				c.logger().Warn("messaging: fetching commands", "err", err)
 				time.Sleep(100 * time.Millisecond)
-				continue
 			}
-			msgs <- msg
 		}
 	}()
 	work := context.Background()
@@ -160,22 +176,66 @@ func (c *Consumer) Start(ctx context.Context) error {
 			defer c.workers.Done()
 			for msg := range msgs {
 				c.handle(work, msg)
+				free <- struct{}{}
 			}
 		}()
 	}
 	return nil
 }
 
-// Stop stops fetching, lets the workers finish the commands they hold (a
-// command fetched but not started is redelivered elsewhere after AckWait)
-// and returns when they have, or when ctx ends.
+// takeFree waits for at least one idle worker and takes every idle one;
+// 0 when ctx ended first.
+func (c *Consumer) takeFree(ctx context.Context, free chan struct{}) int {
+	select {
+	case <-free:
+	case <-ctx.Done():
+		return 0
+	}
+	n := 1
+	for {
+		select {
+		case <-free:
+			n++
+		default:
+			return n
+		}
+	}
+}
+
+// fetch pulls up to n commands, waiting a short while for the first, and
+// hands each to a worker as it arrives.
+func (c *Consumer) fetch(ctx context.Context, cons jetstream.Consumer, n int, msgs chan<- jetstream.Msg) (got int, err error) {
+	wait, cancel := context.WithTimeout(ctx, fetchWait)
+	defer cancel()
+	batch, err := cons.Fetch(n, jetstream.FetchContext(wait))
+	if err != nil {
+		return 0, err
+	}
+	for msg := range batch.Messages() {
+		msgs <- msg
+		got++
+	}
+	if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) &&
+		!errors.Is(err, nats.ErrTimeout) {
+		return got, err
+	}
+	return got, nil
+}
+
+// fetchWait is how long one pull waits for commands before it is made
+// again: the most an idle worker waits for a fetch that holds others.
+const fetchWait = 250 * time.Millisecond
+
+// Stop stops fetching, lets the workers finish the commands they hold and
+// returns when they have, or when ctx ends. Nothing fetched is left
+// waiting: every fetched command had a worker.
 func (c *Consumer) Stop(ctx context.Context) error {
-	if c.iter == nil {
+	if c.stop == nil {
 		return nil
 	}
-	c.iter.Drain()
+	c.stop()
 	done := make(chan struct{})
-	go func() { c.workers.Wait(); close(done) }()
+	go func() { <-c.fetcher; c.workers.Wait(); close(done) }()
 	select {
 	case <-done:
 		return nil
@@ -191,24 +251,47 @@ func (c *Consumer) Stop(ctx context.Context) error {
 // the record replays the outcome.
 func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
 	obs := observer(c.Observe)
-	deliveries, seq := 1, uint64(0)
+	d := delivery{msg: msg, count: 1, published: time.Now()}
 	if md, err := msg.Metadata(); err == nil {
-		deliveries, seq = int(md.NumDelivered), md.Sequence.Stream
+		d.count, d.seq, d.published = int(md.NumDelivered), md.Sequence.Stream, md.Timestamp
 	}
+	d.published = firstPublished(msg.Headers(), d.published)
 	op := opLabel(msg.Subject())
-	obs.MessageReceived(op, deliveries > 1)
+	obs.MessageReceived(op, d.count > 1)
 	cmd, reason := parseCommand(msg.Subject(), msg.Headers(), msg.Data(), c.Tenants)
-	if reason == "" && deliveries > c.MaxDeliver {
-		reason = fmt.Sprintf("delivered %d times without an answer: every instance that took it stopped first", deliveries)
+	caller := order.Caller{TenantID: cmd.tenant, Key: cmd.key}
+	if age := time.Since(d.published); reason == "" && c.Horizon > 0 && age > c.Horizon {
+		reason = fmt.Sprintf("first published %s ago, past the %s its record is sure to be kept: not run, since it could be the first sight of an intent whose record is gone",
+			age.Round(time.Second), c.Horizon)
+	}
+	stop := c.keepInProgress(msg)
+	defer stop()
+	if reason == "" && d.count > c.MaxDeliver {
+		// Delivered more often than allowed: every instance that took it
+		// stopped before acknowledging. Only an intent still unfinished is
+		// evidence of a command no instance survives; an answered one is
+		// replayed, which runs nothing.
+		answered, err := c.Orders.Answered(ctx, caller, "order."+cmd.op)
+		if err != nil {
+			c.logger().Warn("messaging: could not read the record of an over-delivered command", "subject", msg.Subject(), "key", cmd.key, "err", err)
+			_ = msg.NakWithDelay(c.Backoff.Delay(d.count))
+			return
+		}
+		if !answered {
+			reason = fmt.Sprintf("delivered %d times and its intent is still unfinished: every instance that took it stopped first", d.count)
+		}
 	}
 	if reason != "" {
-		c.deadLetter(ctx, msg, op, seq, deliveries, reason)
+		c.deadLetter(ctx, d, op, reason)
 		return
 	}
+	if c.Hooks.BeforeRun != nil {
+		if err := c.Hooks.BeforeRun(msg.Subject(), cmd.key); err != nil {
+			return
+		}
+	}
 
-	stop := c.keepInProgress(msg)
-	res, err := useCases[cmd.op].run(ctx, c.Orders, order.Caller{TenantID: cmd.tenant, Key: cmd.key}, cmd.orderID, cmd.body)
-	stop()
+	res, err := useCases[cmd.op].run(ctx, c.Orders, caller, cmd.orderID, cmd.body)
 	// The answer is what HTTP sends for the same intent: the one renderer.
 	var resp httpapi.Response
 	if err == nil {
@@ -218,23 +301,22 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
 		resp = httpapi.RenderError(p)
 		status := resp.Status
 		if transport.Transient(p) {
-			if deliveries >= c.MaxDeliver {
-				c.deadLetter(ctx, msg, op, seq, deliveries,
-					fmt.Sprintf("still failing after %d deliveries: %d %s", deliveries, status, p.Code))
+			if d.count >= c.MaxDeliver {
+				c.deadLetter(ctx, d, op, fmt.Sprintf("still failing after %d deliveries: %d %s", d.count, status, p.Code))
 				return
 			}
-			delay := max(c.Backoff.Delay(deliveries), min(p.RetryAfter, c.Backoff.Max))
+			delay := max(c.Backoff.Delay(d.count), min(p.RetryAfter, c.Backoff.Max))
 			c.logger().Warn("messaging: command postponed", "subject", msg.Subject(), "key", cmd.key,
-				"delivery", deliveries, "status", status, "code", p.Code, "retry_in", delay.String())
+				"delivery", d.count, "status", status, "code", p.Code, "retry_in", delay.String())
 			_ = msg.NakWithDelay(delay)
 			return
 		}
 	}
 
-	if err := c.publishResult(ctx, cmd, resp); err != nil {
+	if err := c.publishResult(ctx, cmd, d.seq, resp); err != nil {
 		// The outcome is committed; the redelivery replays it.
 		c.logger().Warn("messaging: result not published, command redelivered", "subject", msg.Subject(), "key", cmd.key, "err", err)
-		_ = msg.NakWithDelay(c.Backoff.Delay(deliveries))
+		_ = msg.NakWithDelay(c.Backoff.Delay(d.count))
 		return
 	}
 	if c.Hooks.BeforeAck != nil {
@@ -247,6 +329,16 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	obs.MessageAcked(op, resp.Replayed)
+}
+
+// delivery is one delivery of a command, as JetStream numbered it.
+type delivery struct {
+	msg   jetstream.Msg
+	seq   uint64 // in ORDER_COMMANDS
+	count int    // how often it was delivered, this time included
+	// published is when the command was first published: by its tenant,
+	// not by a replay of its dead letter (see firstPublished).
+	published time.Time
 }
 
 // keepInProgress tells JetStream, until stop is called, that the command is
@@ -271,9 +363,16 @@ func (c *Consumer) keepInProgress(msg jetstream.Msg) (stop func()) {
 // publishResult publishes the outcome on orders.results.<tenant>.<op>:
 // Status is the HTTP status, the body is the HTTP body byte for byte, and
 // a replay says so, as the HTTP header does.
-func (c *Consumer) publishResult(ctx context.Context, cmd command, resp httpapi.Response) error {
+//
+// Its Nats-Msg-Id names the command's stream sequence, so ORDER_RESULTS
+// keeps one result per command even if a handler died between publishing
+// and acknowledging and the redelivery published its replay again.
+func (c *Consumer) publishResult(ctx context.Context, cmd command, seq uint64, resp httpapi.Response) error {
 	m := nats.NewMsg(ResultSubject(cmd.tenant, cmd.op))
 	m.Header.Set(HeaderKey, cmd.key)
+	if seq > 0 {
+		m.Header.Set(HeaderMsgID, "result-"+strconv.FormatUint(seq, 10))
+	}
 	m.Header.Set(HeaderStatus, strconv.Itoa(resp.Status))
 	if resp.ContentType != "" {
 		m.Header.Set(HeaderContentType, resp.ContentType)

@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/orderservice/orderservice/internal/messaging"
@@ -173,4 +176,111 @@ func TestTwoInstancesShareOneDurableConsumer(t *testing.T) {
 		t.Errorf("orders = %d, want %d", got, n)
 	}
 	t.Logf("instance A handled %d, instance B %d", a.get(a.received, "create"), b.get(b.received, "create"))
+}
+
+// A command's ack wait runs from the moment JetStream hands it over. An
+// instance fetches only as many commands as it has idle workers, so none
+// waits in a buffer behind slow ones until JetStream gives up on it: with
+// one worker, an ack wait of 1s and commands of 500ms, eight commands are
+// delivered eight times, answered once each, and none is dead-lettered.
+func TestCommandsWaitingForAWorkerAreNotRedelivered(t *testing.T) {
+	w := newWorld(t)
+	w.consumer(messaging.ConsumerHooks{BeforeRun: func(string, string) error {
+		time.Sleep(500 * time.Millisecond) // a slow command
+		return nil
+	}}, nil, func(c *messaging.Consumer) { c.Workers, c.AckWait, c.MaxDeliver = 1, time.Second, 2 })
+	acme := w.tenantConn("acme")
+	acmeJS, _ := jetstream.New(acme)
+	results := subscribe(t, acme, messaging.ResultSubject("acme", "create"))
+
+	const n = 8
+	for i := range n {
+		publish(t, acmeJS, messaging.CommandSubject("acme", "create"), fmt.Sprintf("slow-%d", i), createBody(fmt.Sprintf("cus_slow_%d", i)))
+	}
+	for range n {
+		<-w.counters.ackedCh
+	}
+	c := w.counters
+	if got := c.get(c.received, "create"); got != n {
+		t.Errorf("deliveries = %d, want %d: a command waiting for the worker was redelivered", got, n)
+	}
+	if got := c.get(c.dead, "create"); got != 0 {
+		t.Errorf("dead-lettered = %d, want 0", got)
+	}
+	if len(results) != n {
+		t.Errorf("results = %d, want one per command (%d)", len(results), n)
+	}
+	if got := w.count("SELECT count(*) FROM orders WHERE customer_id LIKE 'cus_slow_%'"); got != n {
+		t.Errorf("orders = %d, want %d", got, n)
+	}
+}
+
+// A tenant's credentials read nothing of another tenant or of the service:
+// every subject they might try is refused by the broker (the shared reply
+// inbox, where the service's pull requests are answered with commands, among
+// them), and while acme's command runs, globex receives nothing at all.
+func TestATenantReadsNothingOfAnotherThroughTheBroker(t *testing.T) {
+	w := newWorld(t)
+	w.consumer(messaging.ConsumerHooks{}, nil)
+	violations := make(chan error, 64)
+	globex := w.tenantConn("globex", nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { violations <- err }))
+	got := make(chan *nats.Msg, 64)
+	forbidden := []string{"_INBOX.>", messaging.InboxPrefix("acme") + ".>", ">", "orders.>", "orders.commands.>",
+		messaging.ResultSubject("acme", "create"), messaging.EventPrefix + "acme.>", messaging.DLQPrefix + ">", "$JS.API.>", "$JS.ACK.>"}
+	for _, subject := range forbidden {
+		if _, err := globex.ChanSubscribe(subject, got); err != nil {
+			t.Fatalf("subscribe %s: %v", subject, err)
+		}
+	}
+	if err := globex.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	refused := 0
+	for refused < len(forbidden) {
+		select {
+		case err := <-violations:
+			if !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
+				t.Fatalf("unexpected error: %v", err)
+			}
+			refused++
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the broker refused %d of globex's %d subscriptions to what is not its own", refused, len(forbidden))
+		}
+	}
+	if _, err := globex.Request("$JS.API.STREAM.INFO."+messaging.CommandsStream, nil, 2*time.Second); err == nil {
+		t.Error("globex read ORDER_COMMANDS's stream info")
+	}
+
+	acme := w.tenantConn("acme")
+	acmeJS, _ := jetstream.New(acme)
+	results := subscribe(t, acme, messaging.ResultSubject("acme", "create"))
+	publish(t, acmeJS, messaging.CommandSubject("acme", "create"), "isolation-1", createBody("cus_isolation"))
+	next(t, results, "acme's result")
+	if _, err := (&messaging.DLQ{JS: w.js}).List(context.Background()); err != nil { // the operator's reads, on the shared inbox
+		t.Fatal(err)
+	}
+	if err := globex.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 0 {
+		m := <-got
+		t.Errorf("globex received %d messages, the first on %s: %s", len(got)+1, m.Subject, m.Data)
+	}
+
+	t.Run("its own inbox still carries JetStream's acknowledgements", func(t *testing.T) {
+		js, _ := jetstream.New(globex)
+		if _, err := js.Publish(context.Background(), messaging.CommandSubject("globex", "create"), []byte(createBody("cus_globex"))); err != nil {
+			t.Errorf("globex's own command: %v", err)
+		}
+	})
+}
+
+// A tenant name is one subject token: a name that would be a pattern in
+// its permissions is no tenant.
+func TestATenantNameIsOneSubjectToken(t *testing.T) {
+	for name, want := range map[string]bool{"acme": true, "Globex_2-eu": true, "": false, "a.b": false, "*": false, ">": false, "a b": false, "café": false} {
+		if got := messaging.IsToken(name); got != want {
+			t.Errorf("IsToken(%q) = %v, want %v", name, got, want)
+		}
+	}
 }

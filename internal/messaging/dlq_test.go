@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/orderservice/orderservice/internal/messaging"
@@ -64,8 +66,8 @@ func TestTransientFailuresEndInTheDLQAndAReplayCompletesOnce(t *testing.T) {
 	}
 
 	w.faults(map[string]any{"unavailable_rate": 0})
-	replayed, err := q.Replay(context.Background())
-	if err != nil || len(replayed) != 1 || replayed[0].Duplicate {
+	replayed, err := q.Replay(context.Background(), time.Hour)
+	if err != nil || len(replayed) != 1 || replayed[0].Err != nil || replayed[0].Refused != "" {
 		t.Fatalf("replay = %+v, %v", replayed, err)
 	}
 	r := next(t, results, "result of the replayed command")
@@ -137,19 +139,33 @@ func TestMalformedCommandsAreDeadLetteredAtOnce(t *testing.T) {
 			}
 		})
 	}
+	t.Run("two Idempotency-Key values, as HTTP's 400 (whatever the case of the names)", func(t *testing.T) {
+		m := nats.NewMsg("orders.commands.acme.create")
+		m.Header[messaging.HeaderKey] = []string{"m-9a"}
+		m.Header["idempotency-key"] = []string{"m-9b"}
+		m.Data = []byte(createBody("c9"))
+		if _, err := w.js.PublishMsg(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+		d := next(t, dead, "dead letter")
+		if !strings.Contains(d.Header.Get(messaging.HeaderReason), "more than once") {
+			t.Errorf("Dead-Letter-Reason = %q, want the key's reason", d.Header.Get(messaging.HeaderReason))
+		}
+	})
 	if len(results) != 0 {
 		t.Errorf("%d results published for malformed commands", len(results))
 	}
-	if n := w.count("SELECT count(*) FROM orders WHERE customer_id IN ('c1','c2','c7','c8')"); n != 0 {
+	if n := w.count("SELECT count(*) FROM orders WHERE customer_id IN ('c1','c2','c7','c8','c9')"); n != 0 {
 		t.Errorf("orders = %d, want 0", n)
 	}
 }
 
+// Every handler dies before its intent commits, as a process that crashes
+// on this command would: past COMMAND_MAX_DELIVER deliveries (3) its intent
+// is still unfinished, and that is what dead-letters it.
 func TestACommandWhoseHandlersAlwaysDieIsDeadLettered(t *testing.T) {
 	w := newWorld(t)
-	// Every handler dies between commit and ack, as a process that crashes
-	// on this command would; COMMAND_MAX_DELIVER is 3.
-	w.consumer(messaging.ConsumerHooks{BeforeAck: func(string, string) error { return errors.New("killed") }}, nil,
+	w.consumer(messaging.ConsumerHooks{BeforeRun: func(string, string) error { return errors.New("killed") }}, nil,
 		func(c *messaging.Consumer) { c.MaxDeliver, c.AckWait = 3, time.Second })
 	dead := subscribe(t, w.nc, messaging.DLQPrefix+">")
 	results := subscribe(t, w.nc, messaging.ResultSubject("acme", "create"))
@@ -158,16 +174,176 @@ func TestACommandWhoseHandlersAlwaysDieIsDeadLettered(t *testing.T) {
 
 	d := next(t, dead, "dead letter")
 	<-w.counters.deadCh
-	if d.Header.Get(messaging.HeaderDLDeliveries) != "4" || !strings.Contains(d.Header.Get(messaging.HeaderReason), "without an answer") {
+	if d.Header.Get(messaging.HeaderDLDeliveries) != "4" || !strings.Contains(d.Header.Get(messaging.HeaderReason), "still unfinished") {
 		t.Errorf("dead letter headers: %v", d.Header)
 	}
 	if got := w.counters.get(w.counters.received, "create"); got != 4 {
 		t.Errorf("deliveries = %d, want 3 handled and the 4th dead-lettered", got)
 	}
-	if len(results) != 3 {
-		t.Errorf("results = %d, want 3 (each handler published before dying)", len(results))
+	if len(results) != 0 {
+		t.Errorf("results = %d, want 0: no handler got as far as an answer", len(results))
+	}
+	if n := w.count("SELECT count(*) FROM orders WHERE customer_id = ?", "cus_"+key); n != 0 {
+		t.Errorf("orders = %d, want 0", n)
+	}
+}
+
+// Every handler of the first 3 deliveries dies after its intent committed
+// and its result was published, before the ack. The 4th delivery is past
+// COMMAND_MAX_DELIVER, but its intent is answered: it is replayed and
+// acknowledged, not dead-lettered, and ORDER_RESULTS keeps one result for
+// the one command.
+func TestAnOverDeliveredCommandWhoseIntentIsAnsweredIsReplayedNotDeadLettered(t *testing.T) {
+	w := newWorld(t)
+	var deaths atomic.Int32
+	w.consumer(messaging.ConsumerHooks{BeforeAck: func(string, string) error {
+		if deaths.Add(1) <= 3 {
+			return errors.New("killed")
+		}
+		return nil
+	}}, nil, func(c *messaging.Consumer) { c.MaxDeliver, c.AckWait = 3, time.Second })
+	results := subscribe(t, w.nc, messaging.ResultSubject("acme", "create"))
+	key := fmt.Sprintf("dies-thrice-%d", time.Now().UnixNano())
+	publish(t, w.js, messaging.CommandSubject("acme", "create"), key, createBody("cus_"+key))
+
+	<-w.counters.ackedCh
+	if got := w.counters.get(w.counters.received, "create"); got != 4 {
+		t.Errorf("deliveries = %d, want 4", got)
+	}
+	if got := w.counters.get(w.counters.dead, "create"); got != 0 {
+		t.Errorf("dead-lettered = %d, want 0: its intent was answered", got)
+	}
+	if got := w.counters.get(w.counters.replayed, "create"); got != 1 {
+		t.Errorf("acknowledged replays = %d, want 1", got)
 	}
 	if n := w.count("SELECT count(*) FROM orders WHERE customer_id = ?", "cus_"+key); n != 1 {
 		t.Errorf("orders = %d, want 1", n)
+	}
+	if len(results) != 4 {
+		t.Errorf("results seen live = %d, want 4 (each handler published before dying)", len(results))
+	}
+	if n := streamResults(t, w, key); n != 1 {
+		t.Errorf("%s holds %d results for the command, want 1", messaging.ResultsStream, n)
+	}
+}
+
+// streamResults counts the results ORDER_RESULTS keeps for key.
+func streamResults(t *testing.T, w *world, key string) int {
+	t.Helper()
+	ctx := context.Background()
+	s, err := w.js.Stream(ctx, messaging.ResultsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			continue
+		}
+		if m.Header.Get(messaging.HeaderKey) == key {
+			n++
+		}
+	}
+	return n
+}
+
+// The operator's `dlq replay --all` republishes what the tenant sent: a
+// dead letter carrying a broker control header (an expected sequence that
+// can no longer hold) is replayed without it, a dead letter first published
+// past the horizon is kept with its reason, and neither stops the others.
+func TestAReplayOfEveryDeadLetterGoesOnPastTheOnesItCannotReplay(t *testing.T) {
+	w := newWorld(t)
+	w.consumer(messaging.ConsumerHooks{}, nil)
+	dead := subscribe(t, w.nc, messaging.DLQPrefix+">")
+	results := subscribe(t, w.nc, messaging.ResultSubject("acme", "create"))
+
+	// Three dead letters of creates, written to the DLQ as the consumer
+	// writes them (the ways they got there are tested above).
+	old := time.Now().Add(-2 * time.Hour).UTC().Format(time.RFC3339Nano)
+	letters := []struct {
+		key    string
+		header map[string]string
+	}{
+		{"replay-expected-seq", map[string]string{"Nats-Expected-Last-Subject-Sequence": "0", "Nats-Msg-Id": "tenant-id-1"}},
+		{"replay-too-old", map[string]string{messaging.HeaderFirstPublished: old}},
+		{"replay-plain", nil},
+	}
+	for _, l := range letters {
+		m := nats.NewMsg(messaging.DLQPrefix + "commands.acme.create")
+		m.Header.Set(messaging.HeaderKey, l.key)
+		for k, v := range l.header {
+			m.Header.Set(k, v)
+		}
+		m.Header.Set(messaging.HeaderDLSubject, messaging.CommandSubject("acme", "create"))
+		m.Header.Set(messaging.HeaderReason, "test")
+		m.Data = []byte(createBody("cus_" + l.key))
+		if _, err := w.js.PublishMsg(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+		next(t, dead, "dead letter")
+	}
+	// A command on the subject first, so that the expected sequence 0 no
+	// longer holds.
+	publish(t, w.js, messaging.CommandSubject("acme", "create"), "replay-first", createBody("cus_replay_first"))
+	next(t, results, "result")
+
+	q := &messaging.DLQ{JS: w.js}
+	replayed, err := q.Replay(context.Background(), time.Hour)
+	if err != nil || len(replayed) != 3 {
+		t.Fatalf("replay = %+v, %v", replayed, err)
+	}
+	for _, r := range replayed {
+		key := r.Header.Get(messaging.HeaderKey)
+		switch key {
+		case "replay-too-old":
+			if r.Refused == "" || !strings.Contains(r.Refused, "record may be gone") {
+				t.Errorf("%s: refused = %q, want the reason", key, r.Refused)
+			}
+		default:
+			if r.Err != nil || r.Refused != "" {
+				t.Errorf("%s: %v %s", key, r.Err, r.Refused)
+			}
+		}
+	}
+	for range 2 {
+		if got := next(t, results, "result of a replay"); got.Header.Get(messaging.HeaderStatus) != "201" {
+			t.Errorf("replayed create = %v %s", got.Header, got.Data)
+		}
+	}
+	left, err := q.List(context.Background())
+	if err != nil || len(left) != 1 || left[0].Header.Get(messaging.HeaderKey) != "replay-too-old" {
+		t.Errorf("dlq after the replay = %+v, %v; want only the one too old", left, err)
+	}
+	if n := w.count("SELECT count(*) FROM orders WHERE customer_id IN ('cus_replay-expected-seq', 'cus_replay-plain', 'cus_replay-too-old')"); n != 2 {
+		t.Errorf("orders = %d, want 2", n)
+	}
+}
+
+// A command first published longer ago than the consumer's horizon (a dead
+// letter replayed late, or a copy of one redelivered) may be the first sight
+// of an intent whose record is gone: the consumer dead-letters it unrun.
+func TestACommandPastTheHorizonIsDeadLetteredUnrun(t *testing.T) {
+	w := newWorld(t)
+	w.consumer(messaging.ConsumerHooks{}, nil, func(c *messaging.Consumer) { c.Horizon = time.Hour })
+	dead := subscribe(t, w.nc, messaging.DLQPrefix+">")
+	results := subscribe(t, w.nc, messaging.ResultSubject("acme", "create"))
+	old := time.Now().Add(-2 * time.Hour).UTC().Format(time.RFC3339Nano)
+	publish(t, w.js, messaging.CommandSubject("acme", "create"), "past-horizon", createBody("cus_past_horizon"),
+		messaging.HeaderFirstPublished, old)
+
+	d := next(t, dead, "dead letter")
+	if !strings.Contains(d.Header.Get(messaging.HeaderReason), "first published") || d.Header.Get(messaging.HeaderFirstPublished) != old {
+		t.Errorf("dead letter headers: %v", d.Header)
+	}
+	if len(results) != 0 {
+		t.Errorf("%d results, want none", len(results))
+	}
+	if n := w.count("SELECT count(*) FROM orders WHERE customer_id = 'cus_past_horizon'"); n != 0 {
+		t.Errorf("orders = %d, want 0", n)
 	}
 }

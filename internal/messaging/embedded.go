@@ -31,10 +31,9 @@ type Embedded struct {
 }
 
 // StartEmbedded starts a NATS server with JetStream and one user per
-// tenant, whose permissions are the tenant's own subjects only: publish
-// commands under orders.commands.<tenant>., subscribe to its results and
-// events (and to reply inboxes, for JetStream's publish acknowledgements).
-// The broker itself refuses a publish under another tenant's prefix.
+// tenant, whose permissions are the tenant's own subjects only (see
+// TenantPermissions). The broker itself refuses a publish under another
+// tenant's prefix, and a subscription to anything but the tenant's own.
 func StartEmbedded(opts EmbeddedOptions) (*Embedded, error) {
 	host, portText, err := net.SplitHostPort(opts.Addr)
 	if err != nil {
@@ -67,15 +66,27 @@ func StartEmbedded(opts EmbeddedOptions) (*Embedded, error) {
 	return &Embedded{server: s}, nil
 }
 
-// TenantPermissions are what one tenant's NATS user may do. The same list
-// is in deploy/nats.conf for the compose setup.
+// TenantPermissions are what one tenant's NATS user may do, and nothing
+// else: publish commands under orders.commands.<tenant>., and subscribe to
+// its own results, its own events and its own reply inbox (InboxPrefix),
+// where JetStream sends the acknowledgement of each publish. Not to the
+// shared _INBOX.>: the service's pull requests, JetStream API replies and
+// operator's DLQ reads are answered there, so a tenant allowed it would
+// read every tenant's commands as the service fetches them. Every tenant
+// name is one subject token (IsToken), so no pattern here can match
+// another tenant's subjects. The same list is in deploy/nats.conf for the
+// compose setup (internal/deploy's tests hold the two together).
 func TenantPermissions(tenant string) *server.Permissions {
 	return &server.Permissions{
 		Publish: &server.SubjectPermission{Allow: []string{CommandPrefix + tenant + ".>"}},
 		Subscribe: &server.SubjectPermission{Allow: []string{
-			ResultPrefix + tenant + ".>", EventPrefix + tenant + ".>", "_INBOX.>"}},
+			ResultPrefix + tenant + ".>", EventPrefix + tenant + ".>", InboxPrefix(tenant) + ".>"}},
 	}
 }
+
+// InboxPrefix is the reply inbox prefix a tenant's connection must use
+// (nats.CustomInboxPrefix), the only inbox its permissions let it read.
+func InboxPrefix(tenant string) string { return "_INBOX_" + tenant }
 
 // URL is the address clients connect to, without credentials.
 func (e *Embedded) URL() string { return e.server.ClientURL() }

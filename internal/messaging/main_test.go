@@ -136,7 +136,7 @@ func (w *world) consumer(hooks messaging.ConsumerHooks, obs messaging.Observer, 
 // tenantConn connects as tenant with its API key, as a checkout service would.
 func (w *world) tenantConn(tenant string, opts ...nats.Option) *nats.Conn {
 	w.t.Helper()
-	nc, err := nats.Connect(w.nats.URL(), append(opts, nats.UserInfo(tenant, tenants[tenant]))...)
+	nc, err := nats.Connect(w.nats.URL(), append(opts, nats.UserInfo(tenant, tenants[tenant]), nats.CustomInboxPrefix(messaging.InboxPrefix(tenant)))...)
 	if err != nil {
 		w.t.Fatalf("connect as %s: %v", tenant, err)
 	}

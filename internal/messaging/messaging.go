@@ -55,6 +55,10 @@ const (
 	HeaderDLDeliveries = "Dead-Letter-Deliveries"
 	// HeaderDLSequence is the command's sequence in ORDER_COMMANDS.
 	HeaderDLSequence = "Dead-Letter-Sequence"
+	// HeaderFirstPublished is when the command was first published (RFC
+	// 3339), carried by its dead letter and by the replay of that: how old
+	// the intent may be, which a replay does not reset.
+	HeaderFirstPublished = "Orderservice-First-Published"
 )
 
 // Ops lists the operations a command subject may name, as the last token.
@@ -73,4 +77,20 @@ func EventSubject(tenant, event string) string { return EventPrefix + tenant + "
 // original subject without its leading "orders.".
 func dlqSubject(subject string) string {
 	return DLQPrefix + strings.TrimPrefix(subject, "orders.")
+}
+
+// IsToken reports whether name can be one token of a subject and a NATS
+// user name as it is: letters, digits, '-' and '_'. A tenant named "a.b",
+// "*" or ">" would otherwise reach other tenants' subjects through its
+// permissions, which are patterns.
+func IsToken(name string) bool {
+	if name == "" {
+		return false
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return true
 }

@@ -20,6 +20,9 @@ type StreamWindows struct {
 	// REPLAY_WINDOW_MANUAL_COMPENSATION, how long a dead letter waits for
 	// an operator.
 	Compensation time.Duration
+	// Replicas is NATS_STREAM_REPLICAS: 3 on a three-node cluster, so a
+	// node lost loses no command.
+	Replicas int
 }
 
 // Streams is what the service found (or created) on the broker.
@@ -31,24 +34,52 @@ type Streams struct {
 	DLQMaxAge time.Duration
 }
 
-// EnsureStreams creates every stream that is missing and reads the max_age
-// of the two that replay commands. A stream that exists is left as its
-// operator configured it: its max_age is the truth the retention must
-// cover, not the configuration.
-func EnsureStreams(ctx context.Context, js jetstream.JetStream, w StreamWindows) (Streams, error) {
+// StreamConfigs are the streams the service creates when they are missing,
+// with the windows w. Each is valid for JetStream as it stands: a
+// duplicate window longer than a stream's max_age is refused by the
+// server, so it is cut to the max_age.
+func StreamConfigs(w StreamWindows) []jetstream.StreamConfig {
+	dedup := func(maxAge time.Duration) time.Duration { return min(2*time.Minute, maxAge) }
 	configs := []jetstream.StreamConfig{
 		{Name: CommandsStream, Subjects: []string{CommandPrefix + ">"}, MaxAge: w.Redelivery,
 			Description: "Order commands; max_age is the message redelivery window the idempotency records must outlive."},
 		{Name: DLQStream, Subjects: []string{DLQPrefix + ">"}, MaxAge: w.Compensation,
 			Description: "Dead-lettered order commands, headers and body unchanged, until `orderservice dlq replay`."},
-		{Name: ResultsStream, Subjects: []string{ResultPrefix + ">"}, MaxAge: w.Redelivery,
-			Description: "Outcomes of order commands, as HTTP would have answered them."},
-		{Name: EventsStream, Subjects: []string{EventPrefix + ">"}, MaxAge: w.Redelivery, Duplicates: 2 * time.Minute,
+		{Name: ResultsStream, Subjects: []string{ResultPrefix + ">"}, MaxAge: w.Redelivery, Duplicates: dedup(w.Redelivery),
+			Description: "Outcomes of order commands, as HTTP would have answered them; Nats-Msg-Id names the command."},
+		{Name: EventsStream, Subjects: []string{EventPrefix + ">"}, MaxAge: w.Redelivery, Duplicates: dedup(w.Redelivery),
 			Description: "Order events from the transactional outbox; Nats-Msg-Id is the event id."},
 	}
+	for i := range configs {
+		configs[i].Storage = jetstream.FileStorage
+		configs[i].Replicas = max(1, w.Replicas)
+	}
+	return configs
+}
+
+// Check refuses windows no stream can be made with, before any is made.
+func (w StreamWindows) Check() error {
+	if w.Redelivery < time.Second || w.Compensation < time.Second {
+		return fmt.Errorf("the message redelivery (%s) and manual compensation (%s) windows must each be at least 1s: they are the streams' max_age, and 0 would keep commands forever",
+			w.Redelivery, w.Compensation)
+	}
+	if w.Replicas < 0 || w.Replicas > 5 {
+		return fmt.Errorf("NATS_STREAM_REPLICAS must be between 1 and 5, not %d", w.Replicas)
+	}
+	return nil
+}
+
+// EnsureStreams creates every stream that is missing and reads the max_age
+// of the two that replay commands. A stream that exists is left as its
+// operator configured it: its max_age is the truth the retention must
+// cover, not the configuration. Nothing is created unless every stream can
+// be: the windows are checked first.
+func EnsureStreams(ctx context.Context, js jetstream.JetStream, w StreamWindows) (Streams, error) {
 	var out Streams
-	for _, cfg := range configs {
-		cfg.Storage = jetstream.FileStorage
+	if err := w.Check(); err != nil {
+		return out, err
+	}
+	for _, cfg := range StreamConfigs(w) {
 		s, err := js.Stream(ctx, cfg.Name)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			s, err = js.CreateStream(ctx, cfg)
@@ -67,6 +98,19 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, w StreamWindows)
 		}
 	}
 	return out, nil
+}
+
+// Horizon is how long after its first publication a command may still be
+// run safely: a record is kept at least p.Shortest() after it was written,
+// the record of a command's intent may have been written up to the client
+// retry window before the command was published (a client retrying an
+// HTTP request by message), and the margin covers clocks and work in
+// flight. Past it, the record may be gone, and running the command would
+// make it a first attempt. Policy.Check makes sure a command is never past
+// it while ORDER_COMMANDS can still redeliver it; a dead letter replayed
+// late can be.
+func Horizon(p idempotency.Policy) time.Duration {
+	return p.Shortest() - p.Margin - p.Window("client_retry")
 }
 
 // CheckRetention refuses, in one line, a policy under which a record could

@@ -104,3 +104,26 @@ func (m *Metrics) WatchOutbox(lag func(context.Context) (time.Duration, error)) 
 		return d.Seconds()
 	}))
 }
+
+// WatchDLQ exports orderservice_dlq_depth, read at scrape time from depth:
+// the dead letters ORDER_COMMANDS_DLQ holds. It is read from the stream,
+// not counted by a process, so every instance reports the same number and
+// a restart does not reset it; -1 when the broker cannot be asked.
+func (m *Metrics) WatchDLQ(depth func(context.Context) (uint64, error)) {
+	if m == nil {
+		return
+	}
+	m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "orderservice_dlq_depth",
+		Help: "Dead-lettered commands waiting in ORDER_COMMANDS_DLQ for an operator (read from the stream; -1 when the broker cannot be asked).",
+	}, func() float64 {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		n, err := depth(ctx)
+		if err != nil {
+			m.logger.Warn("metrics: could not read the DLQ depth", "err", err)
+			return -1
+		}
+		return float64(n)
+	}))
+}

@@ -219,6 +219,18 @@ func (s *Service) finish(tx *gorm.DB, in idempotency.Intent, token int64, res id
 	return res, s.Records.Complete(tx, in.Scope, token, res)
 }
 
+// Answered reports whether the intent (c, op) has its definitive answer
+// stored, so that running it again can only replay that answer. The
+// message door asks it of a command delivered more often than it allows,
+// before it decides the command is one no instance survives.
+func (s *Service) Answered(ctx context.Context, c Caller, op string) (bool, error) {
+	rec, err := s.Records.Get(s.DB.WithContext(ctx), idempotency.Scope{TenantID: c.TenantID, Operation: op, Key: c.Key})
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return false, nil
+	}
+	return err == nil && rec.State.Definitive(), err
+}
+
 // Create makes a new order. The Idempotency-Key is what makes a lost
 // response safe to retry: the client has no order id yet, so only the key
 // can lead the retry to the order the first attempt created.
