@@ -12,6 +12,7 @@ require (
 	github.com/vgarvardt/pgx-google-uuid/v5 v5.6.0
 	gorm.io/driver/postgres v1.6.3
 	gorm.io/gorm v1.31.2
+	pgregory.net/rapid v1.3.0
 )
 
 require (
