@@ -23,6 +23,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -212,12 +213,6 @@ func (p *channelPlace) take() error {
 		}
 		return nil
 	})
-}
-
-// wait takes the place when one frees, for work that may not be refused
-// (the sweeper's); it fails only when ctx ends.
-func (p *channelPlace) wait(ctx context.Context) error {
-	return p.hold(func() error { return p.calls.Acquire(ctx, 1) })
 }
 
 // hold takes the place with acquire, unless there is no bound or the place
@@ -606,14 +601,31 @@ func (s *Service) postpone(ctx context.Context, rec idempotency.Record) error {
 // and the fencing token keep them off each other's records. It returns how
 // many intents it resumed.
 func (s *Service) Sweep(ctx context.Context, batch int) (int, error) {
+	// A claimed intent's lease runs from its claim, so the sweeper claims
+	// no more intents than can be at the channel at once, and settles them
+	// side by side: one that waited behind the others of its batch would
+	// be taken over by another instance while its owner had not even
+	// started it (both would then ask the channel, and one be fenced).
+	places := s.freePlaces(batch)
+	defer func() {
+		for _, p := range places {
+			p.release()
+		}
+	}()
+	if len(places) == 0 {
+		return 0, nil // every place at the channel is taken: the next sweep
+	}
 	var due []idempotency.Record
 	err := database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
 		var err error
-		due, err = s.Records.ClaimDue(tx, MoneyOperations, batch)
+		due, err = s.Records.ClaimDue(tx, MoneyOperations, len(places))
 		return err
 	})
 	if err != nil {
 		return 0, err
+	}
+	for _, p := range places[len(due):] { // no intent for them: free them now
+		p.release()
 	}
 	// The intents taken over are finished even if ctx ends meanwhile (the
 	// process is stopping), rather than left PROCESSING until their lease
@@ -622,39 +634,52 @@ func (s *Service) Sweep(ctx context.Context, batch int) (int, error) {
 	// the lease and the next sweeper.
 	work, cancel := s.detach(ctx)
 	defer cancel()
+	var wg sync.WaitGroup
 	for _, rec := range due {
-		if work.Err() != nil {
-			break
-		}
 		s.observe().Takeover(rec.Operation, "sweeper")
-		p, found, err := pendingPayment(s.DB.WithContext(work), rec.Scope())
-		if err != nil {
-			return 0, err
-		}
-		if !found { // phase 1 writes the payment with the claim, so this is a bug
-			s.logger().ErrorContext(ctx, "unfinished money intent has no payment", "operation", rec.Operation, "key", rec.IdempotencyKey)
-			continue
-		}
-		s.resume(work, rec, p)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.resume(work, rec)
+		}()
 	}
+	wg.Wait()
 	return len(due), nil
 }
 
-// resume settles one intent the sweeper took over. A postponed or
-// superseded outcome is normal here: the intent stays resumable and a later
-// sweep or retry finishes it. A panic is contained to this intent, as a
-// request's would be, so one bad record cannot stop the process.
-func (s *Service) resume(ctx context.Context, rec idempotency.Record, p Payment) {
+// freePlaces takes up to n places at the channel that are free now.
+func (s *Service) freePlaces(n int) []*channelPlace {
+	var places []*channelPlace
+	for range n {
+		p := &channelPlace{calls: s.channelCalls()}
+		if p.take() != nil {
+			break
+		}
+		places = append(places, p)
+	}
+	return places
+}
+
+// resume settles one intent the sweeper took over, holding one of the
+// places Sweep took for its batch. A postponed or superseded outcome is
+// normal here: the intent stays resumable and a later sweep or retry
+// finishes it. A panic is contained to this intent, as a request's would
+// be, so one bad record cannot stop the process.
+func (s *Service) resume(ctx context.Context, rec idempotency.Record) {
 	defer func() {
 		if r := recover(); r != nil {
 			s.logger().ErrorContext(ctx, "sweeper recovered from a panic", "operation", rec.Operation, "key", rec.IdempotencyKey, "panic", r)
 		}
 	}()
-	place := &channelPlace{calls: s.channelCalls()}
-	if err := place.wait(ctx); err != nil {
-		return // stopping: the lease and the next sweep finish it
+	p, found, err := pendingPayment(s.DB.WithContext(ctx), rec.Scope())
+	if err != nil {
+		s.logger().WarnContext(ctx, "sweeper could not read an intent's payment; the next sweep tries again", "operation", rec.Operation, "key", rec.IdempotencyKey, "err", err)
+		return
 	}
-	defer place.release()
+	if !found { // phase 1 writes the payment with the claim, so this is a bug
+		s.logger().ErrorContext(ctx, "unfinished money intent has no payment", "operation", rec.Operation, "key", rec.IdempotencyKey)
+		return
+	}
 	if _, err := s.settle(ctx, rec, p, true); err != nil {
 		s.logger().DebugContext(ctx, "sweep left intent unfinished", "operation", rec.Operation, "key", rec.IdempotencyKey, "err", err)
 	}
