@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 )
 
@@ -43,7 +45,8 @@ type Waiter struct {
 	URL string
 	// Poll is how often a waiter looks at its record itself while the
 	// LISTEN connection is down, so a broken listener costs latency, never
-	// a missed outcome.
+	// a missed outcome; and how long that connection may stay silent
+	// before it must carry a heartbeat there and back (see listen).
 	Poll   time.Duration
 	Logger *slog.Logger
 	// Observe, when set, is told how each Await ended (for metrics).
@@ -112,12 +115,58 @@ func (w *Waiter) listen(ctx context.Context) error {
 	w.setListening(true)
 	w.wakeAll() // anything announced before we listened is read by the waiters
 	for {
-		n, err := conn.WaitForNotification(ctx)
+		heard, err := w.next(ctx, conn, w.poll())
 		if err != nil {
 			return err
 		}
-		w.wakeScope(n.Payload)
+		if heard {
+			continue
+		}
+		// Nothing heard for a poll. A connection whose server vanished
+		// without a word (a half-open TCP connection, after a failover or a
+		// partition) would stay silent like this until TCP gave up, minutes
+		// later, while every waiter trusted it: so it must carry a
+		// notification of its own there and back within a poll, or it is
+		// given up and listened again. (What it hears meanwhile, its own
+		// or another's, proves it as well.)
+		sent, cancel := context.WithTimeout(ctx, 2*w.poll())
+		_, err = conn.Exec(sent, "SELECT pg_notify($1, $2)", notifyChannel, heartbeat)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("the LISTEN connection did not carry a heartbeat within %s: %w", 2*w.poll(), err)
+		}
+		if heard, err := w.next(ctx, conn, 2*w.poll()); err != nil || !heard {
+			return fmt.Errorf("the LISTEN connection carried no notification back within %s (err: %v)", 2*w.poll(), err)
+		}
 	}
+}
+
+// heartbeat is the payload of the notification a quiet listener sends
+// itself; no scope is named so.
+const heartbeat = "heartbeat"
+
+// next waits up to d for a notification and wakes its waiters; heard is
+// false when none came. A connection error ends the listening.
+func (w *Waiter) next(ctx context.Context, conn *pgx.Conn, d time.Duration) (heard bool, err error) {
+	wait, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	n, err := conn.WaitForNotification(wait)
+	switch {
+	case err == nil:
+		w.wakeScope(n.Payload)
+		return true, nil
+	case ctx.Err() == nil && pgconn.Timeout(err):
+		return false, nil // the connection is intact: a timeout does not close it
+	}
+	return false, err
+}
+
+// poll is Poll, or a second when unset.
+func (w *Waiter) poll() time.Duration {
+	if w.Poll <= 0 {
+		return time.Second
+	}
+	return w.Poll
 }
 
 func (w *Waiter) setListening(up bool) {
@@ -210,11 +259,7 @@ func (w *Waiter) await(ctx context.Context, db *gorm.DB, scope Scope) Wake {
 	case err == nil && !inFlight: // it moved on already
 		return NotInFlight
 	}
-	poll := w.Poll
-	if poll <= 0 {
-		poll = time.Second
-	}
-	tick := time.NewTicker(poll)
+	tick := time.NewTicker(w.poll())
 	defer tick.Stop()
 	for {
 		select {

@@ -3,9 +3,13 @@ package idempotency_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
+	"net/url"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -164,4 +168,120 @@ func TestAWaitSaysWhatEndedIt(t *testing.T) {
 		defer cancel()
 		want(t, await(ctx, waiter(time.Hour), in.Scope), "gave_up false")
 	})
+}
+
+// A LISTEN connection whose server vanishes without a word (half-open: no
+// FIN, no RST, as after a partition or a failover behind a proxy) used to
+// keep Listening() true until TCP gave up, minutes later: every waiter
+// trusted it, heard nothing, and its client got 409 after its whole wait.
+// A quiet listener now sends itself a heartbeat every Poll and gives the
+// connection up when it does not come back: the waiter looks for itself,
+// and the listener comes back once the path does.
+func TestAHalfOpenListenConnectionIsGivenUp(t *testing.T) {
+	s := newStore()
+	proxy := newFreezingProxy(t, dbURL)
+	w := &idempotency.Waiter{URL: proxy.url, Poll: 200 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)}
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() { w.Run(ctx); close(stopped) }()
+	t.Cleanup(func() { cancel(); <-stopped })
+	listeningIs(t, w, true)
+
+	in := idempotency.Intent{Scope: idempotency.Scope{TenantID: "waits", Operation: "op.money", Key: fmt.Sprintf("half-open-%d", time.Now().UnixNano())}, Fingerprint: fp("a")}
+	var c idempotency.Claim
+	tx(t, func(tx *gorm.DB) (err error) { c, err = s.ClaimOrReplay(tx, in); return err })
+	ended := make(chan idempotency.Wake, 1)
+	w.Observe = func(how idempotency.Wake) { ended <- how }
+	waitCtx, stopWait := context.WithTimeout(context.Background(), 20*time.Second)
+	defer stopWait()
+	go w.Await(waitCtx, db, in.Scope)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if rec, err := s.Get(db, in.Scope); err == nil && rec.Waiting {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter never flagged the record")
+		}
+	}
+
+	proxy.freeze() // the LISTEN connection goes silent; the notification below is lost
+	tx(t, func(tx *gorm.DB) error { return s.Complete(tx, in.Scope, c.Token(), idempotency.Done("", []byte("{}"))) })
+	select {
+	case how := <-ended:
+		if how != idempotency.Looked {
+			t.Errorf("the wait ended %q, want %q: the waiter looked once the listener was given up", how, idempotency.Looked)
+		}
+	case <-waitCtx.Done():
+		t.Fatalf("the waiter still trusted a silent LISTEN connection after 20s (Listening() = %t)", w.Listening())
+	}
+	listeningIs(t, w, false)
+	proxy.thaw()
+	listeningIs(t, w, true)
+}
+
+func listeningIs(t *testing.T, w *idempotency.Waiter, want bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); w.Listening() != want; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("Listening() stayed %t for 20s", !want)
+		}
+	}
+}
+
+// freezingProxy forwards TCP to PostgreSQL until frozen; frozen, it drops
+// every byte both ways and closes nothing, as a vanished peer would look.
+type freezingProxy struct {
+	url    string
+	frozen atomic.Bool
+}
+
+func newFreezingProxy(t *testing.T, target string) *freezingProxy {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	upstream := u.Host
+	u.Host = ln.Addr().String()
+	p := &freezingProxy{url: u.String()}
+	go func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.Dial("tcp", upstream)
+			if err != nil {
+				client.Close()
+				continue
+			}
+			t.Cleanup(func() { client.Close(); server.Close() })
+			go p.pipe(server, client)
+			go p.pipe(client, server)
+		}
+	}()
+	return p
+}
+
+func (p *freezingProxy) freeze() { p.frozen.Store(true) }
+func (p *freezingProxy) thaw()   { p.frozen.Store(false) }
+
+func (p *freezingProxy) pipe(dst io.Writer, src io.Reader) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !p.frozen.Load() {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }
