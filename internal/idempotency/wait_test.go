@@ -205,7 +205,9 @@ func TestAHalfOpenListenConnectionIsGivenUp(t *testing.T) {
 	}
 
 	proxy.freeze() // the LISTEN connection goes silent; the notification below is lost
-	tx(t, func(tx *gorm.DB) error { return s.Complete(tx, in.Scope, c.Token(), idempotency.Done("", []byte("{}"))) })
+	tx(t, func(tx *gorm.DB) error {
+		return s.Complete(tx, in.Scope, c.Token(), idempotency.Done("", []byte("{}")))
+	})
 	select {
 	case how := <-ended:
 		if how != idempotency.Looked {
