@@ -341,6 +341,20 @@ func (s *Store) Fail(tx *gorm.DB, scope Scope, token int64, retryAfter time.Dura
 	return moved(tx, res, waiting, scope)
 }
 
+// CountDue is how many intents ClaimDue would take now, at most limit,
+// without taking any: the sweeper asks first, so that it holds places at
+// the channel only for intents that are there.
+func (s *Store) CountDue(db *gorm.DB, operations []string, limit int) (int, error) {
+	var n int64
+	err := db.Raw(`
+		SELECT count(*) FROM (
+			SELECT 1 FROM idempotency_records
+			WHERE lease_expires_at IS NOT NULL AND lease_expires_at <= now()
+			  AND state IN ('PROCESSING', 'FAILED_RETRYABLE') AND operation IN ?
+			LIMIT ?) due`, operations, limit).Scan(&n).Error
+	return int(n), err
+}
+
 // ClaimDue takes over, for the sweeper, up to limit unfinished intents of
 // the given operations whose lease has expired. SKIP LOCKED lets every
 // instance sweep at once without two of them taking the same record; each

@@ -606,7 +606,11 @@ func (s *Service) Sweep(ctx context.Context, batch int) (int, error) {
 	// side by side: one that waited behind the others of its batch would
 	// be taken over by another instance while its owner had not even
 	// started it (both would then ask the channel, and one be fenced).
-	places := s.freePlaces(batch)
+	due, err := s.Records.CountDue(s.DB.WithContext(ctx), MoneyOperations, batch)
+	if err != nil || due == 0 {
+		return 0, err
+	}
+	places := s.freePlaces(due)
 	defer func() {
 		for _, p := range places {
 			p.release()
@@ -615,16 +619,16 @@ func (s *Service) Sweep(ctx context.Context, batch int) (int, error) {
 	if len(places) == 0 {
 		return 0, nil // every place at the channel is taken: the next sweep
 	}
-	var due []idempotency.Record
-	err := database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
+	var claimed []idempotency.Record
+	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
 		var err error
-		due, err = s.Records.ClaimDue(tx, MoneyOperations, len(places))
+		claimed, err = s.Records.ClaimDue(tx, MoneyOperations, len(places))
 		return err
 	})
 	if err != nil {
 		return 0, err
 	}
-	for _, p := range places[len(due):] { // no intent for them: free them now
+	for _, p := range places[len(claimed):] { // another sweeper was quicker: free them now
 		p.release()
 	}
 	// The intents taken over are finished even if ctx ends meanwhile (the
@@ -635,16 +639,17 @@ func (s *Service) Sweep(ctx context.Context, batch int) (int, error) {
 	work, cancel := s.detach(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	for _, rec := range due {
+	for i, rec := range claimed {
 		s.observe().Takeover(rec.Operation, "sweeper")
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer places[i].release() // its place is free once its answer is stored
 			s.resume(work, rec)
 		}()
 	}
 	wg.Wait()
-	return len(due), nil
+	return len(claimed), nil
 }
 
 // freePlaces takes up to n places at the channel that are free now.
