@@ -160,7 +160,7 @@ func (c *Client) Send(method, path, key string, body any, header http.Header) (R
 	for k, vs := range header {
 		req.Header[k] = vs
 	}
-	if c.APIKey != "" {
+	if _, given := header["Authorization"]; c.APIKey != "" && !given {
 		req.Header.Set("Authorization", "Bearer "+c.APIKey)
 	}
 	if key != "" {

@@ -27,6 +27,10 @@ const (
 // only from here, never from a header or body field.
 func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
+		if n := len(c.Request().Header.Values(echo.HeaderAuthorization)); n > 1 {
+			// Two keys would leave it to chance which tenant this is.
+			return problem.Errorf(problem.InvalidRequest, "Authorization: the header was sent %d times; send it once.", n).With("field", "Authorization")
+		}
 		auth := c.Request().Header.Get(echo.HeaderAuthorization)
 		scheme, key, found := strings.Cut(auth, " ")
 		tenantID, known := s.Tenants[sha256.Sum256([]byte(strings.TrimSpace(key)))]

@@ -12,7 +12,7 @@ func (s *Server) routes(e *echo.Echo) {
 	e.GET("/readyz", s.readyz)
 	e.GET("/metrics", echo.WrapHandler(s.Metrics.Handler()))
 
-	v1 := e.Group("/v1", s.authenticate)
+	v1 := e.Group("/v1", s.authenticate, wellFormed)
 	v1.POST("/orders", idempotent(s, order.OpCreate, s.Orders.Create))
 	v1.GET("/orders", s.listOrders)
 	v1.GET("/orders/:id", s.getOrder)

@@ -31,7 +31,7 @@ func errNotFound(id string) error {
 
 // errNoSuchID is the answer for a path that names no order at all.
 func errNoSuchID() error {
-	return problem.Errorf(CodeNotFound, "No order exists with this id.")
+	return refuse(problem.Errorf(CodeNotFound, "No order exists with this id."))
 }
 
 // errTransition names the current status and the refused event, and why

@@ -379,6 +379,12 @@ func TestUnknownAndForeignOrdersAreNotFound(t *testing.T) {
 				apptest.WantReplay(t, first, svc.postAs(t, globex, id, ce.path, k, ce.body))
 				shapes[name] = strings.ReplaceAll(string(first.Body), id, "{id}")
 			}
+			// An id of another shape names no order either: the same
+			// definitive 404, recorded and replayed.
+			malformed := svc.postAs(t, globex, "not-a-uuid", ce.path, key+"-malformed", ce.body)
+			apptest.WantProblem(t, malformed, http.StatusNotFound, "order_not_found")
+			apptest.WantExecuted(t, malformed)
+			apptest.WantReplay(t, malformed, svc.postAs(t, globex, "not-a-uuid", ce.path, key+"-malformed", ce.body))
 			if shapes["unknown"] != shapes["foreign"] {
 				t.Errorf("404 bodies differ beyond the id:\nunknown %s\nforeign %s", shapes["unknown"], shapes["foreign"])
 			}

@@ -244,6 +244,27 @@ func TestLimitsAndBadInput(t *testing.T) {
 		}
 		run(t, []refusal{
 			{name: "a negative quantity is 400", body: withItems("c", item("S", -1, 1)), status: 400, code: "invalid_request", field: "items[0].quantity"},
+			// 0 is a price, so a missing or null one must not read as 0.
+			{name: "an item without its unit_price is 400, not a free item", body: `{"customer_id":"c","currency":"EUR","items":[{"sku":"S","quantity":1}]}`,
+				status: 400, code: "invalid_request", field: "items[0].unit_price"},
+			{name: "a null unit_price is 400", body: `{"customer_id":"c","currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":null}]}`,
+				status: 400, code: "invalid_request", field: "items[0].unit_price"},
+			{name: "a null quantity is 400", body: `{"customer_id":"c","currency":"EUR","items":[{"sku":"S","quantity":null,"unit_price":1}]}`,
+				status: 400, code: "invalid_request", field: "items[0].quantity"},
+			{name: "a null metadata value is 400, not stored as empty", body: `{"customer_id":"c","currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":1}],"metadata":{"k":null}}`,
+				status: 400, code: "invalid_request", field: "metadata.k"},
+			{name: "a null customer_id is 400", body: `{"customer_id":null,"currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":1}]}`,
+				status: 400, code: "invalid_request", field: "customer_id"},
+			{name: "NUL inside a string is 400, never PostgreSQL's refusal", body: `{"customer_id":"a\u0000b","currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":1}]}`,
+				status: 400, code: "invalid_request", field: "customer_id"},
+			{name: "a lone surrogate inside a string is 400", body: `{"customer_id":"a\ud800b","currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":1}]}`,
+				status: 400, code: "invalid_request"},
+			{name: "invalid UTF-8 inside a string is 400", body: "{\"customer_id\":\"caf\xe9\",\"currency\":\"EUR\",\"items\":[{\"sku\":\"S\",\"quantity\":1,\"unit_price\":1}]}",
+				status: 400, code: "invalid_request"},
+			{name: "an unknown member of an item is still 400 naming it", body: `{"customer_id":"c","currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":1,"colour":"red"}]}`,
+				status: 400, code: "invalid_request", field: "items[0].colour"},
+			{name: "two Authorization headers are 400", body: withItems("c", item("S", 1, 1)), header: http.Header{"Authorization": {"Bearer " + apptest.KeyAcme, "Bearer " + apptest.KeyGlobex}},
+				status: 400, code: "invalid_request", field: "Authorization"},
 			{name: "quantity 1001 is 400", body: withItems("c", item("S", 1001, 1)), status: 400, code: "invalid_request", field: "items[0].quantity"},
 			{name: "a quantity beyond int64 is 400", body: `{"customer_id":"c","currency":"EUR","items":[{"sku":"S","quantity":9223372036854775808,"unit_price":1}]}`,
 				status: 400, code: "invalid_request", field: "items[0].quantity"},
@@ -335,5 +356,30 @@ func TestLimitsAndBadInput(t *testing.T) {
 			}
 			apptest.WantProblem(t, r, 413, "payload_too_large")
 		})
+	})
+}
+
+// A query or path whose text is not UTF-8, holds NUL, or is not valid
+// percent-encoding is refused before anything reads it: never read as
+// absent, never passed to PostgreSQL (which refuses such bytes, SQLSTATE
+// 22021, and that refusal read as a 500).
+func TestHostileQueriesAreRefused(t *testing.T) {
+	_, c := start(t, nil)
+	for _, q := range []string{"customer_id=%00", "customer_id=a%00b", "customer_id=%ff%fe", "customer_id=caf%e9",
+		"customer_id=a%C0%80", "customer_id=%ed%a0%80", "limit=%zz", "cursor=%%%", "status=%", "%ff=1"} {
+		t.Run(q, func(t *testing.T) {
+			r := c.Do(t, http.MethodGet, "/v1/orders?"+q, "", nil)
+			apptest.WantProblem(t, r, http.StatusBadRequest, "invalid_request")
+		})
+	}
+	for _, path := range []string{"/v1/orders/%00", "/v1/orders/%ff/events", "/v1/orders/caf%e9"} {
+		t.Run(path, func(t *testing.T) {
+			r := c.Do(t, http.MethodGet, path, "", nil)
+			apptest.WantProblem(t, r, http.StatusBadRequest, "invalid_request")
+		})
+	}
+	t.Run("a pay on a path id of invalid UTF-8 is 400 and records nothing", func(t *testing.T) {
+		r := c.Do(t, http.MethodPost, "/v1/orders/%ff/pay", "hostile-path-pay", map[string]any{"payment_method": "pm_ok"})
+		apptest.WantProblem(t, r, http.StatusBadRequest, "invalid_request")
 	})
 }

@@ -7,7 +7,11 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
+
 	"github.com/orderservice/orderservice/internal/problem"
+	"github.com/orderservice/orderservice/internal/transport"
 )
 
 // Limits of a create request, as api/openapi.yaml states them. Text limits
@@ -44,6 +48,26 @@ type ItemRequest struct {
 	SKU       string `json:"sku"`
 	Quantity  int    `json:"quantity"`
 	UnitPrice int64  `json:"unit_price"`
+}
+
+// UnmarshalJSONFrom reads an item and refuses one without its unit_price:
+// 0 is a price (a free item), so a missing one must not read as 0. (A
+// missing sku or quantity is refused by normalize: no sku is empty, no
+// quantity 0.)
+func (it *ItemRequest) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
+	var item struct {
+		SKU       string `json:"sku"`
+		Quantity  int    `json:"quantity"`
+		UnitPrice *int64 `json:"unit_price"`
+	}
+	if err := json.UnmarshalDecode(dec, &item); err != nil {
+		return err
+	}
+	if item.UnitPrice == nil {
+		return transport.MissingField("unit_price")
+	}
+	*it = ItemRequest{SKU: item.SKU, Quantity: item.Quantity, UnitPrice: *item.UnitPrice}
+	return nil
 }
 
 // ShipRequest is the body of POST /v1/orders/{id}/ship.

@@ -33,12 +33,13 @@ func (c Caller) intent(op, resource string, fields any) (idempotency.Intent, err
 }
 
 // intentOn is the intent of an operation on the order named in the path.
-// A malformed id names no order: order_not_found, before anything is
-// recorded.
+// A malformed id names no order, as an unknown one does, and gets the same
+// definitive answer the same way: the intent is on the nil id, which no
+// order has, so it is recorded as order_not_found and replayed.
 func (c Caller) intentOn(op, orderID string, fields any) (uuid.UUID, idempotency.Intent, error) {
 	id, err := parseID(orderID)
 	if err != nil {
-		return id, idempotency.Intent{}, err
+		id = uuid.Nil
 	}
 	in, err := c.intent(op, id.String(), fields)
 	return id, in, err

@@ -40,6 +40,9 @@ func lockOrder(tx *gorm.DB, tenantID string, id uuid.UUID) (*Order, error) {
 	var o Order
 	err := tx.Clauses(clause.Locking{Strength: "UPDATE"}).
 		Where("tenant_id = ? AND id = ?", tenantID, id).Take(&o).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) && id == uuid.Nil { // a path that named no order at all
+		return nil, errNoSuchID()
+	}
 	if errors.Is(err, gorm.ErrRecordNotFound) {
 		return nil, errNotFound(id.String())
 	}
@@ -53,6 +56,9 @@ func lockOrder(tx *gorm.DB, tenantID string, id uuid.UUID) (*Order, error) {
 func getOrder(db *gorm.DB, tenantID string, id uuid.UUID) (*Order, error) {
 	var o Order
 	err := db.Where("tenant_id = ? AND id = ?", tenantID, id).Take(&o).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) && id == uuid.Nil { // a path that named no order at all
+		return nil, errNoSuchID()
+	}
 	if errors.Is(err, gorm.ErrRecordNotFound) {
 		return nil, errNotFound(id.String())
 	}

@@ -33,6 +33,12 @@ const MaxBody = 1 << 20
 // members (server-owned fields such as id, status or tenant_id are refused,
 // never silently taken). An empty body leaves v at its zero value; the use
 // case then names the first missing field.
+//
+// No request member may be null (null is no value where the document says
+// integer, string or object) or hold NUL in a string (PostgreSQL refuses
+// it in text, and the document promises text); invalid UTF-8 and lone
+// surrogates are refused by the decoder itself. A request type may refuse
+// a missing member with MissingField.
 func DecodeJSON(body []byte, v any) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil
@@ -40,8 +46,34 @@ func DecodeJSON(body []byte, v any) error {
 	if err := json.Unmarshal(body, v, json.RejectUnknownMembers(true)); err != nil {
 		return jsonError(err)
 	}
-	return nil
+	return nullsAndNULs(body)
 }
+
+// nullsAndNULs refuses the first null value or string holding NUL in a
+// body that is valid JSON.
+func nullsAndNULs(body []byte) error {
+	dec := jsontext.NewDecoder(bytes.NewReader(body))
+	for {
+		tok, err := dec.ReadToken()
+		if err != nil {
+			return nil // the end (Unmarshal has read it all before)
+		}
+		switch tok.Kind() {
+		case 'n':
+			return InvalidBody(fieldPath(dec.StackPointer()), "must not be null")
+		case '"':
+			if strings.ContainsRune(tok.String(), 0) {
+				return InvalidBody(fieldPath(dec.StackPointer()), "must not contain NUL")
+			}
+		}
+	}
+}
+
+// MissingField is the error a request type's decoder returns for a
+// required member that is absent, which its zero value cannot tell apart.
+type MissingField string
+
+func (m MissingField) Error() string { return string(m) + " is required" }
 
 // Problem maps an error a use case returned to the problem it answers: a
 // domain problem as it is, an unavailable dependency as 503 (retry with the
@@ -77,7 +109,10 @@ func Transient(p *problem.Error) bool {
 func jsonError(err error) error {
 	var syntax *jsontext.SyntacticError
 	var semantic *json.SemanticError
+	var missing MissingField
 	switch {
+	case errors.As(err, &semantic) && errors.As(err, &missing):
+		return InvalidBody(join(fieldPath(semantic.JSONPointer), string(missing)), "is required")
 	case errors.As(err, &syntax) && errors.Is(syntax.Err, jsontext.ErrDuplicateName):
 		return InvalidBody(fieldPath(syntax.JSONPointer), "appears more than once")
 	case errors.As(err, &syntax):
@@ -94,6 +129,14 @@ func jsonError(err error) error {
 		return InvalidBody("body", "is truncated JSON")
 	}
 	return InvalidBody("body", "is not a valid request")
+}
+
+// join names member of the object at path.
+func join(path, member string) string {
+	if path == "body" {
+		return member
+	}
+	return path + "." + member
 }
 
 // fieldPath turns a JSON Pointer (/items/0/quantity) into items[0].quantity.
