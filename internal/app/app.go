@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -31,6 +32,16 @@ import (
 // cleanup` runs one cleanup pass, and `orderservice dlq list|replay` shows
 // and replays dead-lettered commands.
 func Run(ctx context.Context, args []string, environ map[string]string, stdout io.Writer) error {
+	if len(args) > 0 { // these need no configuration
+		switch args[0] {
+		case "help", "-h", "-help", "--help":
+			_, err := io.WriteString(stdout, usage)
+			return err
+		case "version", "-version", "--version":
+			_, err := fmt.Fprintln(stdout, "orderservice", Version())
+			return err
+		}
+	}
 	cfg, err := LoadConfig(environ)
 	if err != nil {
 		return err
@@ -75,7 +86,60 @@ func Run(ctx context.Context, args []string, environ map[string]string, stdout i
 	case "dlq":
 		return dlq(ctx, cfg, args[1:], stdout)
 	}
-	return fmt.Errorf("unknown command %q (want serve, migrate, cleanup or dlq)", cmd)
+	return fmt.Errorf("unknown command %q (want serve, migrate, cleanup, dlq, version or help)", cmd)
+}
+
+// usage is `orderservice help`.
+const usage = `Usage: orderservice [command]
+
+Commands:
+  serve        serve the order API (the default): HTTP, the NATS door, the sweeper
+               and the cleanup; with no PAYMENT_CHANNEL_URL the mock payment channel
+               runs in-process, with no NATS_URL an embedded NATS server
+  migrate      apply the database migrations and exit
+  cleanup      one pass of the retention job: delete expired records, archive money ones
+  dlq list     list the dead-lettered commands
+  dlq replay SEQ... | --all
+               republish dead-lettered commands to their subjects
+  version      print the build's version
+  help         print this
+
+Every setting is an environment variable; they are listed, with their
+defaults, in the README's configuration table. GET /v1/idempotency-policy
+on a running service shows the retention they imply.
+`
+
+// version is set at link time when the build names one:
+// go build -ldflags "-X github.com/orderservice/orderservice/internal/app.version=v1.2.3".
+var version string
+
+// Version is the build's version: the one set at link time, else the
+// module version when built from a tagged module, else the VCS revision it
+// was built from (with "+dirty" for uncommitted changes), else "devel".
+func Version() string {
+	if version != "" {
+		return version
+	}
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "devel"
+	}
+	if v := info.Main.Version; v != "" && v != "(devel)" {
+		return v
+	}
+	var rev, dirty string
+	for _, s := range info.Settings {
+		switch {
+		case s.Key == "vcs.revision":
+			rev = s.Value
+		case s.Key == "vcs.modified" && s.Value == "true":
+			dirty = "+dirty"
+		}
+	}
+	if rev == "" {
+		return "devel"
+	}
+	return rev[:min(12, len(rev))] + dirty
 }
 
 // cleanupOnce is `orderservice cleanup`: one pass of the cleanup job by hand.

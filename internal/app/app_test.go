@@ -71,6 +71,27 @@ func TestBadConfigurationStopsTheStart(t *testing.T) {
 	})
 }
 
+// help and version need no configuration at all: they work where the
+// service could not start.
+func TestHelpAndVersionNeedNoConfiguration(t *testing.T) {
+	bad := map[string]string{"LOG_LEVEL": "loud"}
+	for _, arg := range []string{"help", "-h", "--help"} {
+		var out bytes.Buffer
+		if err := app.Run(context.Background(), []string{arg}, bad, &out); err != nil {
+			t.Fatalf("%s: %v", arg, err)
+		}
+		for _, want := range []string{"serve", "migrate", "cleanup", "dlq replay", "version", "README"} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("%s does not mention %q:\n%s", arg, want, out.String())
+			}
+		}
+	}
+	var out bytes.Buffer
+	if err := app.Run(context.Background(), []string{"version"}, bad, &out); err != nil || out.String() != "orderservice "+app.Version()+"\n" || app.Version() == "" {
+		t.Errorf("version = %q, %v", out.String(), err)
+	}
+}
+
 func TestReadiness(t *testing.T) {
 	m := apptest.Start(t, dbURL, nil)
 	get := func(path string) int {
