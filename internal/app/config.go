@@ -49,7 +49,7 @@ type Config struct {
 	// Admission control (load shedding) on /v1; HTTPMaxInFlight 0 turns it off.
 	HTTPMaxInFlight  int           `env:"HTTP_MAX_IN_FLIGHT" envDefault:"32"`
 	HTTPMaxQueue     int           `env:"HTTP_MAX_QUEUE" envDefault:"1024"`
-	HTTPQueueTimeout time.Duration `env:"HTTP_QUEUE_TIMEOUT" envDefault:"100ms"`
+	HTTPQueueTimeout time.Duration `env:"HTTP_QUEUE_TIMEOUT" envDefault:"1s"`
 
 	Lease          time.Duration `env:"IDEMPOTENCY_LEASE" envDefault:"30s"`
 	ChannelTimeout time.Duration `env:"PAYMENT_CHANNEL_TIMEOUT" envDefault:"10s"`

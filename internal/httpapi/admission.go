@@ -24,15 +24,18 @@ import (
 // other than the service (transport.Yield): a pay during its call to the
 // payment channel, a duplicate waiting for its first attempt's outcome.
 //
-// A queue only helps with bursts. A queue that has not emptied for a
-// quarter of QueueTimeout is not a burst but overload (CoDel's "standing
-// queue"), and so is a refusal: from then on, and for CongestedFor after the
-// last refusal, a request that finds no free slot is refused at once instead
-// of waiting, so the refusals are fast and the waiters already queued are
-// served rather than timed out. A refusal costs a few microseconds
-// (no routing, no per-request log line: the refusals are counted, and
-// logged at most once a second), so the excess does not eat the capacity
-// the accepted requests need.
+// A queue is for bursts, and a burst is not overload: the service drains
+// it well within its latency budget. What tells overload from a burst is
+// how long requests wait for their slot (their sojourn), as CoDel judges a
+// queue: a standing queue is one whose waiters have all waited longer than
+// a target for a whole interval (QueueTimeout/10 and QueueTimeout/2: 100ms
+// and 500ms by default). Then, and for CongestedFor after it or after any
+// refusal, a request that finds no free slot is refused at once instead of
+// waiting, so the refusals are fast and the waiters already queued are
+// served rather than timed out. A refusal costs a few microseconds (no
+// routing, no per-request log line: the refusals are counted, and logged
+// at most once a second), so the excess does not eat the capacity the
+// accepted requests need.
 type Admission struct {
 	slots        *semaphore.Weighted
 	maxQueue     int64
@@ -40,9 +43,13 @@ type Admission struct {
 	queued       atomic.Int64
 	// congestedUntil is a UnixNano time; before it, nobody queues.
 	congestedUntil atomic.Int64
-	// queueSince is the UnixNano time the queue last went from empty to
-	// not empty (0 while empty).
-	queueSince atomic.Int64
+	// target and interval judge the queue: a standing queue is one whose
+	// every waiter waited longer than target for interval.
+	target, interval time.Duration
+	// aboveUntil is the UnixNano time at which the waiters will have
+	// waited longer than target for a whole interval, if none waits less
+	// meanwhile (0: the last one waited less).
+	aboveUntil atomic.Int64
 
 	// OnShed, when set, is told of every refusal (for metrics).
 	OnShed func()
@@ -63,13 +70,14 @@ func NewAdmission(maxInFlight, maxQueue int, queueTimeout time.Duration) *Admiss
 	if maxInFlight <= 0 {
 		return nil
 	}
-	return &Admission{slots: semaphore.NewWeighted(int64(maxInFlight)), maxQueue: int64(maxQueue), queueTimeout: queueTimeout}
+	return &Admission{slots: semaphore.NewWeighted(int64(maxInFlight)), maxQueue: int64(maxQueue), queueTimeout: queueTimeout,
+		target: queueTimeout / 10, interval: queueTimeout / 2}
 }
 
 // overloaded is the refusal's body, rendered once.
 var overloaded = func() []byte {
 	return RenderError(&problem.Error{Code: problem.ServiceUnavailable,
-		Detail: "The service is at capacity and did not start this request; nothing was recorded. Retry after the Retry-After interval with the same Idempotency-Key."}).Body
+		Detail: "The service is overloaded and did not start this request: nothing of it was recorded, and a record of an earlier attempt with the same Idempotency-Key is untouched. Retry after the Retry-After interval with the same key."}).Body
 }()
 
 // Wrap sheds load on the /v1 routes of next; /healthz, /readyz and
@@ -98,33 +106,39 @@ func (a *Admission) acquire(ctx context.Context) bool {
 	if a.slots.TryAcquire(1) {
 		return true
 	}
-	now := time.Now().UnixNano()
-	if now < a.congestedUntil.Load() {
+	enqueued := time.Now().UnixNano()
+	if enqueued < a.congestedUntil.Load() {
 		return false
 	}
-	if since := a.queueSince.Load(); since != 0 && time.Duration(now-since) > a.queueTimeout/4 {
-		return false // a standing queue: overload
-	}
-	n := a.queued.Add(1)
-	if n > a.maxQueue {
-		a.leave()
+	if a.queued.Add(1) > a.maxQueue {
+		a.queued.Add(-1)
 		return false
-	}
-	if n == 1 {
-		a.queueSince.CompareAndSwap(0, now)
 	}
 	wait, cancel := context.WithTimeout(ctx, a.queueTimeout)
 	err := a.slots.Acquire(wait, 1)
 	cancel()
-	a.leave()
+	a.queued.Add(-1)
+	if err == nil {
+		a.waited(time.Now().UnixNano(), enqueued)
+	}
 	return err == nil
 }
 
-// leave takes a waiter off the queue count; the last one out marks the
-// queue empty.
-func (a *Admission) leave() {
-	if a.queued.Add(-1) == 0 {
-		a.queueSince.Store(0)
+// waited judges the queue by one waiter's sojourn, as CoDel does: one that
+// waited less than target shows the queue still drains; once every waiter
+// for a whole interval waited longer, the queue stands, and the service is
+// congested.
+func (a *Admission) waited(now, enqueued int64) {
+	if time.Duration(now-enqueued) < a.target {
+		a.aboveUntil.Store(0)
+		return
+	}
+	until := a.aboveUntil.Load()
+	switch {
+	case until == 0:
+		a.aboveUntil.CompareAndSwap(0, now+int64(a.interval))
+	case now >= until:
+		a.congestedUntil.Store(now + int64(CongestedFor))
 	}
 }
 

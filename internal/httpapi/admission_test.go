@@ -2,11 +2,14 @@ package httpapi_test
 
 import (
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/orderservice/orderservice/internal/apptest"
+	"github.com/orderservice/orderservice/internal/httpapi"
 )
 
 // TestARequestRefusedByTheAdmissionLimitRecordsNothing holds the only slot
@@ -75,5 +78,75 @@ func TestARequestRefusedByTheAdmissionLimitRecordsNothing(t *testing.T) {
 	}
 	if attempts != 1 {
 		t.Errorf("the retry's record has attempts = %d, want 1 (its first execution)", attempts)
+	}
+}
+
+// A queue whose waiters all waited longer than the target for a whole
+// interval stands: the service is overloaded, and a request that finds no
+// free slot is refused at once rather than queued. Until then, one queues.
+// One slot, QueueTimeout 400ms (target 40ms, interval 200ms); each request
+// holds the slot until the test lets it go.
+func TestAStandingQueueIsOverloadAndABriefOneIsNot(t *testing.T) {
+	entered, release := make(chan struct{}, 16), make(chan struct{}, 16)
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		<-release
+		w.WriteHeader(http.StatusOK)
+	})
+	send := func(h http.Handler) chan int {
+		out := make(chan int, 1)
+		go func() {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/orders", nil))
+			out <- rec.Code
+		}()
+		return out
+	}
+	// steps sends, one after another, requests that each wait behind the
+	// one holding the slot for as long as it is told, then lets the holder
+	// go; it returns the last one, holding the slot.
+	steps := func(h http.Handler, holds ...time.Duration) chan int {
+		holder := send(h)
+		<-entered
+		for _, hold := range holds {
+			next := send(h)
+			time.Sleep(hold) // next waits in the queue meanwhile
+			release <- struct{}{}
+			if code := <-holder; code != http.StatusOK {
+				t.Fatalf("the holder = %d", code)
+			}
+			<-entered // next has the slot
+			holder = next
+		}
+		return holder
+	}
+	// then sends one more request while the slot is held, and lets the
+	// holder go 100ms later: a queued request would then be served.
+	then := func(h http.Handler, holder chan int) int {
+		last := send(h)
+		time.Sleep(100 * time.Millisecond)
+		release <- struct{}{}
+		if code := <-holder; code != http.StatusOK {
+			t.Fatalf("the holder = %d", code)
+		}
+		select {
+		case code := <-last:
+			return code
+		case <-entered:
+			release <- struct{}{}
+			return <-last
+		}
+	}
+
+	// A brief wait (10ms, under the target), then two past it, 250ms
+	// apart: the queue has stood for an interval.
+	a := httpapi.NewAdmission(1, 100, 400*time.Millisecond)
+	if code := then(a.Wrap(handler), steps(a.Wrap(handler), 10*time.Millisecond, 100*time.Millisecond, 250*time.Millisecond)); code != http.StatusServiceUnavailable {
+		t.Errorf("a request during a standing queue = %d, want 503 at once", code)
+	}
+	// Only brief waits: the queue drains, and the request is queued and served.
+	b := httpapi.NewAdmission(1, 100, 400*time.Millisecond)
+	if code := then(b.Wrap(handler), steps(b.Wrap(handler), 10*time.Millisecond, 10*time.Millisecond)); code != http.StatusOK {
+		t.Errorf("a request behind a brief queue = %d, want it served", code)
 	}
 }

@@ -63,7 +63,7 @@ func errPostponed(retryAfter time.Duration) error {
 // recorded and the same key is a fresh attempt.
 func errChannelBusy() error {
 	return &problem.Error{Code: problem.ServiceUnavailable, RetryAfter: time.Second,
-		Detail: "The payment channel is at capacity and this request was not started; nothing was recorded. Retry with the same Idempotency-Key."}
+		Detail: "The payment channel is at capacity and this request was not started: nothing of it was recorded, and a record of an earlier attempt with the same Idempotency-Key is untouched. Retry with the same key."}
 }
 
 // errSuperseded answers a request whose lease was taken over while it
