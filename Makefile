@@ -41,6 +41,11 @@ test-ha: ## HA suite: etcd and two Patroni-managed PostgreSQL 15 nodes on loopba
 	trap 'sh internal/hatest/leftovers.sh "$$dir"' EXIT INT TERM; \
 	HA_DIR=$$dir $(GO) test -race -tags ha -count=1 -timeout 4m -v ./internal/hatest/...
 
+.PHONY: test-cluster
+test-cluster: ## broker suite: a 3-node JetStream cluster on loopback (nats-server built from the module), two instances, a node SIGKILLed mid-backlog
+	$(GO) vet -tags cluster ./internal/messaging/...
+	$(GO) test -race -tags cluster -count=1 -timeout 8m -v -run TestCommandsConvergeWhenABrokerNodeDies ./internal/messaging/
+
 # The demo talks to a running service: `make run` (or `docker compose up`)
 # first. Override e.g. `make demo DEMO_BASE_URL=http://host:8080`.
 DEMO_BASE_URL    ?= http://localhost:8080
