@@ -41,6 +41,11 @@ test-ha: ## HA suite: etcd and two Patroni-managed PostgreSQL 15 nodes on loopba
 	trap 'sh internal/hatest/leftovers.sh "$$dir"' EXIT INT TERM; \
 	HA_DIR=$$dir $(GO) test -race -tags ha -count=1 -timeout 4m -v ./internal/hatest/...
 
+.PHONY: test-bursts
+test-bursts: ## the seed's storms on an idle instance with the default admission settings: served, not shed (run alone)
+	$(GO) vet -tags bursts ./internal/order/...
+	$(GO) test -tags bursts -count=1 -v -run TestBurstsAreServedNotShed ./internal/order/
+
 .PHONY: test-cluster
 test-cluster: ## broker suite: a 3-node JetStream cluster on loopback (nats-server built from the module), two instances, a node SIGKILLed mid-backlog
 	$(GO) vet -tags cluster ./internal/messaging/...
