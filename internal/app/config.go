@@ -55,7 +55,11 @@ type Config struct {
 	ChannelTimeout time.Duration `env:"PAYMENT_CHANNEL_TIMEOUT" envDefault:"10s"`
 	RetryAfter     time.Duration `env:"PAYMENT_RETRY_AFTER" envDefault:"2s"`
 	SweepInterval  time.Duration `env:"SWEEP_INTERVAL" envDefault:"5s"`
-	SweepBatch     int           `env:"SWEEP_BATCH" envDefault:"100"`
+	// ChannelKeyWindow is how long the payment channel remembers an
+	// idempotency key; a retry of an intent older than this asks the
+	// channel first instead of sending the key again.
+	ChannelKeyWindow time.Duration `env:"PAYMENT_CHANNEL_KEY_WINDOW" envDefault:"24h"`
+	SweepBatch       int           `env:"SWEEP_BATCH" envDefault:"100"`
 	// ChannelSlowDelay is how long the embedded mock channel takes for pm_slow.
 	ChannelSlowDelay time.Duration `env:"PAYMENT_SLOW_DELAY" envDefault:"2s"`
 	// ChannelMaxInFlight bounds the money intents at the payment channel at
@@ -180,7 +184,8 @@ func (c Config) validate() error {
 		"DB_STATEMENT_TIMEOUT": c.DBStatementTimeout, "DB_LOCK_TIMEOUT": c.DBLockTimeout,
 		"DB_CONN_MAX_LIFETIME": c.DBConnMaxLifetime, "DB_START_TIMEOUT": c.DBStartTimeout,
 		"IDEMPOTENCY_LEASE": c.Lease, "PAYMENT_CHANNEL_TIMEOUT": c.ChannelTimeout, "PAYMENT_RETRY_AFTER": c.RetryAfter,
-		"SWEEP_INTERVAL": c.SweepInterval, "SHUTDOWN_TIMEOUT": c.ShutdownTimeout, "CLEANUP_INTERVAL": c.CleanupInterval,
+		"PAYMENT_CHANNEL_KEY_WINDOW": c.ChannelKeyWindow,
+		"SWEEP_INTERVAL":             c.SweepInterval, "SHUTDOWN_TIMEOUT": c.ShutdownTimeout, "CLEANUP_INTERVAL": c.CleanupInterval,
 		"COMMAND_ACK_WAIT": c.CommandAckWait, "COMMAND_BACKOFF": c.CommandBackoff, "COMMAND_BACKOFF_MAX": c.CommandBackoffMax,
 		"OUTBOX_INTERVAL": c.OutboxInterval,
 	} {

@@ -95,6 +95,12 @@ type MoneyConfig struct {
 	// RetryAfter is what a client is told to wait after an unknown outcome;
 	// the sweeper resumes the intent itself after that if nobody retries.
 	RetryAfter time.Duration
+	// ChannelKeyWindow is how long the channel is trusted to remember an
+	// idempotency key (an acquirer's keys expire: a day is common). A
+	// resumed intent older than it asks the channel what it holds under
+	// the key before sending anything: past it, the same key sent again
+	// could move money a second time. Zero: always ask first.
+	ChannelKeyWindow time.Duration
 	// MaxChannelCalls bounds the intents at the channel at once (0: no
 	// bound). One beyond it is refused in phase 1 with 503 and Retry-After,
 	// before anything is recorded; see channelPlace.
@@ -170,9 +176,10 @@ func (s *Service) runPaymentIntent(ctx context.Context, c Caller, op, orderID st
 	// the shutdown deadline), so the outcome is recorded and its retry gets
 	// the replay. An owner that died mid-flight left no word of the
 	// channel's answer, so its successor asks the channel first; an intent
-	// that failed retryably simply sends the same request under the same
-	// key again.
-	lookupFirst := opened.claim.ResumedFrom == idempotency.Processing
+	// that failed retryably sends the same request under the same key
+	// again, which the channel absorbs for as long as it remembers the key.
+	lookupFirst := opened.claim.ResumedFrom == idempotency.Processing ||
+		opened.claim.Resumes() && s.pastKeyWindow(opened.claim.Record)
 	// From here the intent waits for the channel, holding no connection:
 	// its admission slot goes to a request with work to do. Its place at
 	// the channel, held until its answer is stored, bounds what it does
@@ -524,6 +531,14 @@ func refusalReason(err error) string {
 // the channel's words reach the client only as a short snake_case code, so
 // the detail stays within api/openapi.yaml's bound whatever the channel sends.
 const maxRefusalReason = 64
+
+// pastKeyWindow reports whether the channel may have forgotten the intent's
+// key by the time the call reaches it: the key's first use at the channel
+// came after the record was written, and the call ends within the channel
+// timeout.
+func (s *Service) pastKeyWindow(rec idempotency.Record) bool {
+	return time.Since(rec.CreatedAt)+s.Money.ChannelTimeout >= s.Money.ChannelKeyWindow
+}
 
 // lookupOrSend asks the channel for what it holds under the key when
 // lookupFirst, and sends the request (same key) when it holds nothing or

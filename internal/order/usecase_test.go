@@ -169,3 +169,89 @@ func allSucceeded(db *gorm.DB, keys []string) bool {
 	db.Raw("SELECT count(*) FROM idempotency_records WHERE idempotency_key IN ? AND state = 'SUCCEEDED'", keys).Scan(&n)
 	return n == int64(len(keys))
 }
+
+// An acquirer remembers an idempotency key for a while (a day is common),
+// not for ever; its charges it keeps. A pay whose channel answer was lost
+// is resumed by a retry, a redelivered command or a replayed dead letter,
+// possibly days later. Within the channel's key window the same key sent
+// again is absorbed; past it, sending it again would charge a second time,
+// so the resumed intent asks the channel what it holds first. The model
+// (model/idempotency.pml, variant NO_LOOKUP) found this.
+func TestAPayResumedPastTheChannelsKeyWindowAsksFirst(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		age            time.Duration // how old the intent is when it is resumed
+		remembers      bool          // whether the channel still knows the key
+		sends, lookups int
+	}{
+		{"within the window the same key is sent again and absorbed", 0, true, 2, 0},
+		{"past the window the channel is asked first", 25 * time.Hour, false, 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			charged := map[string]payment.Charge{} // the acquirer's charges, kept for ever
+			moved, sends, lookups := 0, 0, 0
+			lose := true
+			ch := &funcChannel{
+				lookupCharge: func(_ context.Context, key string) (payment.Charge, error) {
+					mu.Lock()
+					defer mu.Unlock()
+					lookups++
+					if c, ok := charged[key]; ok {
+						return c, nil
+					}
+					return payment.Charge{}, payment.ErrNotFound
+				},
+				charge: func(_ context.Context, key string, req payment.ChargeRequest) (payment.Result[payment.Charge], error) {
+					mu.Lock()
+					defer mu.Unlock()
+					sends++
+					if c, ok := charged[key]; ok && tc.remembers {
+						return payment.Result[payment.Charge]{Value: c, Replayed: true}, nil
+					}
+					moved++
+					c := payment.Charge{ID: fmt.Sprintf("ch_%d", moved), Status: payment.StatusSucceeded, Amount: req.Amount, Currency: req.Currency}
+					charged[key] = c
+					if lose {
+						lose = false
+						return payment.Result[payment.Charge]{}, errors.New("the answer was lost on the way back")
+					}
+					return payment.Result[payment.Charge]{Value: c}, nil
+				},
+			}
+			s := useCases(t, ch, 5*time.Second)
+			s.Money.ChannelKeyWindow = 24 * time.Hour
+			ctx := context.Background()
+			run := uuid.NewString()[:8]
+			created, err := s.Create(ctx, order.Caller{TenantID: "acme", Key: "kw-create-" + run}, order.CreateRequest{
+				CustomerID: "cus_kw", Currency: "EUR", Items: []order.ItemRequest{{SKU: "S", Quantity: 1, UnitPrice: 700}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pay := order.Caller{TenantID: "acme", Key: "kw-pay-" + run}
+			if _, err := s.Pay(ctx, pay, created.Resource, order.PayRequest{PaymentMethod: payment.MethodOK}); err == nil {
+				t.Fatal("the pay whose answer was lost answered")
+			}
+			var state string
+			s.DB.Raw("SELECT state FROM idempotency_records WHERE idempotency_key = ?", pay.Key).Scan(&state)
+			if state != string(idempotency.FailedRetryable) {
+				t.Fatalf("after the lost answer the intent is %s, want FAILED_RETRYABLE", state)
+			}
+			if err := s.DB.Exec("UPDATE idempotency_records SET created_at = created_at - make_interval(secs => ?) WHERE idempotency_key = ?",
+				tc.age.Seconds(), pay.Key).Error; err != nil {
+				t.Fatal(err)
+			}
+
+			res, err := s.Pay(ctx, pay, created.Resource, order.PayRequest{PaymentMethod: payment.MethodOK})
+			if err != nil || res.Failure != nil {
+				t.Fatalf("the resumed pay = %+v, %v; want the order paid", res.Failure, err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if moved != 1 || sends != tc.sends || lookups != tc.lookups {
+				t.Errorf("the channel moved money %d times (%d sends, %d lookups); want once (%d sends, %d lookups)",
+					moved, sends, lookups, tc.sends, tc.lookups)
+			}
+		})
+	}
+}
