@@ -51,6 +51,10 @@ test-cluster: ## broker suite: a 3-node JetStream cluster on loopback (nats-serv
 	$(GO) vet -tags cluster ./internal/messaging/...
 	$(GO) test -race -tags cluster -count=1 -timeout 8m -v -run TestCommandsConvergeWhenABrokerNodeDies ./internal/messaging/
 
+.PHONY: model
+model: ## model-check the idempotency protocol with SPIN (installs spin when missing): it holds; each safeguard removed, it fails
+	bash model/check.sh
+
 # The demo talks to a running service: `make run` (or `docker compose up`)
 # first. Override e.g. `make demo DEMO_BASE_URL=http://host:8080`.
 DEMO_BASE_URL    ?= http://localhost:8080
