@@ -9,6 +9,7 @@ require (
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/labstack/echo/v4 v4.16.4
 	github.com/looplab/fsm v1.0.3
+	github.com/rs/cors v1.11.1
 	github.com/vgarvardt/pgx-google-uuid/v5 v5.6.0
 	gorm.io/driver/postgres v1.6.3
 	gorm.io/gorm v1.31.2

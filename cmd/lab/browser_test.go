@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -116,7 +115,7 @@ func TestLabInABrowser(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = srv.close(context.Background()) })
 
-	browser := newBrowser(ctx, t)
+	browser := apptest.Browser(ctx, t, 1440, 900)
 	if err := chromedp.Do(browser,
 		chromedp.EmulateViewport(1440, 900),
 		chromedp.Navigate("http://"+srv.addr+"/"),
@@ -397,53 +396,6 @@ func TestLabInABrowser(t *testing.T) {
 		t.Logf("screenshot written to %s (%d bytes)", out, len(png))
 	})
 	t.Logf("the browser test took %s", time.Since(began).Round(100*time.Millisecond))
-}
-
-// newBrowser starts the system Chromium headless with a fresh profile,
-// installing Debian's package first when it is missing.
-func newBrowser(ctx context.Context, t *testing.T) context.Context {
-	t.Helper()
-	path := chromium(t)
-	opts := []chromedp.ExecAllocatorOption{
-		chromedp.ExecPath(path),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.Headless,
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.NoFirstRun,
-		chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("disable-extensions", true),
-		chromedp.Flag("disable-default-apps", true),
-		chromedp.WindowSize(1440, 900),
-	}
-	alloc, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
-	browser, cancelBrowser := chromedp.NewContext(alloc)
-	t.Cleanup(func() { cancelBrowser(); cancelAlloc() })
-	if err := chromedp.Do(browser); err != nil {
-		t.Fatalf("Chromium (%s) did not start: %v", path, err)
-	}
-	return browser
-}
-
-// chromium is the system Chromium, installed with apt-get when missing.
-func chromium(t *testing.T) string {
-	t.Helper()
-	if p, err := exec.LookPath("chromium"); err == nil {
-		return p
-	}
-	t.Log("chromium is missing: installing Debian's package")
-	out, err := exec.Command("sh", "-c", "apt-get update && apt-get install -y chromium").CombinedOutput()
-	if err != nil {
-		t.Fatalf("install chromium: %v\n%s", err, out)
-	}
-	p, err := exec.LookPath("chromium")
-	if err != nil {
-		t.Fatalf("chromium is still missing after apt-get: %v", err)
-	}
-	return p
 }
 
 func read(t *testing.T, browser context.Context) page {

@@ -273,7 +273,7 @@ func (m *Main) start(ctx context.Context) error {
 		Tenants: httpapi.NewTenants(cfg.APIKeys), Policy: policy, Metrics: m.Metrics,
 		WindowSources: sources, OutboxRetention: outboxRetention(policy),
 		Waiter: waiter, MaxWait: cfg.MaxWait, Stopping: stopping,
-		Admission: httpapi.NewAdmission(cfg.HTTPMaxInFlight, cfg.HTTPMaxQueue, cfg.HTTPQueueTimeout)}
+		Admission: httpapi.NewAdmission(cfg.HTTPMaxInFlight, cfg.HTTPMaxQueue, cfg.HTTPQueueTimeout), CORSOrigins: cfg.CORSAllowedOrigins}
 	if api.Admission != nil {
 		api.Admission.OnShed, api.Admission.Logger = m.Metrics.Shed, m.Logger
 	}

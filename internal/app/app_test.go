@@ -51,8 +51,10 @@ func TestBadConfigurationStopsTheStart(t *testing.T) {
 		"a tenant named like a subject pattern": {"API_KEYS": "a.b=key-of-ab-1,c=key-of-c-12"},
 		"a tenant named >":                      {"API_KEYS": ">=key-of-gt-1"},
 		// A window of 0 would be a stream keeping commands forever.
-		"a message window of zero": {"REPLAY_WINDOW_MESSAGE_REDELIVERY": "0s"},
-		"five replicas too many":   {"NATS_STREAM_REPLICAS": "7"},
+		"a message window of zero":  {"REPLAY_WINDOW_MESSAGE_REDELIVERY": "0s"},
+		"five replicas too many":    {"NATS_STREAM_REPLICAS": "7"},
+		"a CORS wildcard":           {"CORS_ALLOWED_ORIGINS": "*"},
+		"a CORS origin with a path": {"CORS_ALLOWED_ORIGINS": "https://shop.example/app"},
 	} {
 		t.Run(name+" is refused in one line", func(t *testing.T) {
 			var out bytes.Buffer

@@ -16,6 +16,7 @@ import (
 	"github.com/caarlos0/env/v11"
 
 	"github.com/orderservice/orderservice/internal/database"
+	"github.com/orderservice/orderservice/internal/httpapi"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/messaging"
 	"github.com/orderservice/orderservice/internal/order"
@@ -45,6 +46,10 @@ type Config struct {
 	// DBStartTimeout is how long the start waits for a read-write database
 	// (a failover under way, a database still booting) before giving up.
 	DBStartTimeout time.Duration `env:"DB_START_TIMEOUT" envDefault:"60s"`
+
+	// CORSAllowedOrigins are the exact origins (scheme://host[:port]) whose
+	// pages may call /v1 from a browser; empty turns CORS off.
+	CORSAllowedOrigins []string `env:"CORS_ALLOWED_ORIGINS"`
 
 	// Admission control (load shedding) on /v1; HTTPMaxInFlight 0 turns it off.
 	HTTPMaxInFlight  int           `env:"HTTP_MAX_IN_FLIGHT" envDefault:"32"`
@@ -219,6 +224,11 @@ func (c Config) validate() error {
 	for tenant := range c.APIKeys {
 		if !messaging.IsToken(tenant) {
 			return fmt.Errorf("API_KEYS: tenant %q must be letters, digits, '-' and '_' only: it is a NATS subject token and user name", tenant)
+		}
+	}
+	for _, o := range c.CORSAllowedOrigins {
+		if err := httpapi.CheckOrigin(o); err != nil {
+			return fmt.Errorf("CORS_ALLOWED_ORIGINS: %w", err)
 		}
 	}
 	if c.CleanupPause < 0 {

@@ -50,11 +50,15 @@ type Server struct {
 	Stopping context.Context
 	// Admission sheds load on /v1 (see HTTPHandler); nil admits everything.
 	Admission *Admission
+	// CORSOrigins are the origins whose pages may call /v1; none: CORS off.
+	CORSOrigins []string
 }
 
-// HTTPHandler is Handler behind the admission limit: what the service
-// serves.
-func (s *Server) HTTPHandler() http.Handler { return s.Admission.Wrap(s.Handler()) }
+// HTTPHandler is Handler behind the admission limit, with CORS around both:
+// what the service serves.
+func (s *Server) HTTPHandler() http.Handler {
+	return WithCORS(s.Admission.Wrap(s.Handler()), s.CORSOrigins)
+}
 
 // NewTenants builds the API-key table from tenant -> key pairs. Keys are
 // stored hashed, so a lookup does not compare secrets byte by byte.
