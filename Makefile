@@ -94,9 +94,11 @@ lab-screenshot: ## run the lab's browser test and refresh docs/lab.png, the READ
 bench: ## load benchmarks against the real service and PostgreSQL; writes docs/benchmarks/ (BENCHFLAGS=-quick for a short run)
 	$(GO) run ./cmd/bench $(BENCHFLAGS)
 
-lint-openapi: ## lint api/openapi.yaml with Redocly
+lint-openapi: ## lint api/openapi.yaml (Redocly; Spectral with OWASP's ruleset, 0 errors) and build a client from it with ogen, oapi-codegen and openapi-typescript
 	npm ci --prefix tools/openapi-lint --no-audit --no-fund
 	npx --prefix tools/openapi-lint redocly lint --config api/redocly.yaml api/openapi.yaml
+	cd tools/openapi-lint && npx spectral lint --ruleset spectral.yaml --fail-severity error --display-only-failures ../../api/openapi.yaml
+	bash tools/openapi-gen/check.sh
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
