@@ -5,7 +5,10 @@ GO          ?= go
 DATABASE_URL ?= postgres://postgres:postgres@localhost:5432/orderservice?sslmode=disable
 export DATABASE_URL
 
-.PHONY: run migrate cleanup test test-short bench lint-openapi fmt vet
+.PHONY: help run migrate cleanup test bench lint-openapi fmt vet
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
 
 run: ## start the order service (and the embedded mock channel) on :8080
 	$(GO) run ./cmd/orderservice
@@ -91,7 +94,7 @@ lab: ## the lessons in a browser on http://localhost:8090, against the running s
 lab-screenshot: ## run the lab's browser test and refresh docs/lab.png, the README's picture
 	LAB_SCREENSHOT=update $(GO) test -count=1 -run TestLabInABrowser ./cmd/lab/
 
-bench: ## load benchmarks against the real service and PostgreSQL; writes docs/benchmarks/ (BENCHFLAGS=-quick for a short run)
+bench: ## load benchmarks against the real service and PostgreSQL; writes docs/benchmarks/ (BENCHFLAGS=-quick: a short run, written outside the tree)
 	$(GO) run ./cmd/bench $(BENCHFLAGS)
 
 lint-openapi: ## lint api/openapi.yaml (Redocly; Spectral with OWASP's ruleset, 0 errors) and build a client from it with ogen, oapi-codegen and openapi-typescript
@@ -100,5 +103,12 @@ lint-openapi: ## lint api/openapi.yaml (Redocly; Spectral with OWASP's ruleset, 
 	cd tools/openapi-lint && npx spectral lint --ruleset spectral.yaml --fail-severity error --display-only-failures ../../api/openapi.yaml
 	bash tools/openapi-gen/check.sh
 
-fmt:
+fmt: ## gofmt every Go file
 	gofmt -w $$(git ls-files '*.go')
+
+vet: ## go vet every package, the tagged suites included
+	$(GO) vet ./...
+	$(GO) vet -tags faults ./internal/faults/...
+	$(GO) vet -tags ha ./internal/hatest/...
+	$(GO) vet -tags bursts ./internal/order/...
+	$(GO) vet -tags cluster ./internal/messaging/...

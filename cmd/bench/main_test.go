@@ -102,6 +102,18 @@ func TestOptions(t *testing.T) {
 			t.Errorf("got storm %d, concurrency %v, duration %s", o.Storm, o.Concurrency, o.Duration)
 		}
 	})
+	t.Run("a quick run writes outside the tree unless told where", func(t *testing.T) {
+		o, _ := parseOptions([]string{"-quick"}, noEnv, &bytes.Buffer{})
+		if o.Out == "docs/benchmarks" || !strings.HasPrefix(o.Out, os.TempDir()) {
+			t.Errorf("-quick writes to %q, want a directory under %s", o.Out, os.TempDir())
+		}
+		if o, _ := parseOptions([]string{"-quick", "-out", "here"}, noEnv, &bytes.Buffer{}); o.Out != "here" {
+			t.Errorf("-quick -out here writes to %q", o.Out)
+		}
+		if o, _ := parseOptions(nil, noEnv, &bytes.Buffer{}); o.Out != "docs/benchmarks" {
+			t.Errorf("a full run writes to %q, want docs/benchmarks", o.Out)
+		}
+	})
 	t.Run("refuses a zero concurrency", func(t *testing.T) {
 		if _, err := parseOptions([]string{"-c", "1,0"}, noEnv, &bytes.Buffer{}); err == nil {
 			t.Error("-c 1,0 was accepted")
