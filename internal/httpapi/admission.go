@@ -28,11 +28,12 @@ import (
 // it well within its latency budget. What tells overload from a burst is
 // how long requests wait for their slot (their sojourn), as CoDel judges a
 // queue: a standing queue is one whose waiters have all waited longer than
-// a target for a whole interval (QueueTimeout/10 and QueueTimeout/2: 100ms
-// and 500ms by default). Then, and for CongestedFor after it or after any
+// a target for a whole interval (QueueTimeout/10 and QueueTimeout/5: 100ms
+// and 200ms by default). Then, and for CongestedFor after it or after any
 // refusal, a request that finds no free slot is refused at once instead of
-// waiting, so the refusals are fast and the waiters already queued are
-// served rather than timed out. A refusal costs a few microseconds (no
+// waiting, and the waiters already queued longer than the target are
+// refused too (CoDel drops from the head of the queue), so the requests
+// served wait little and the refusals are fast. A refusal costs a few microseconds (no
 // routing, no per-request log line: the refusals are counted, and logged
 // at most once a second), so the excess does not eat the capacity the
 // accepted requests need.
@@ -50,6 +51,9 @@ type Admission struct {
 	// waited longer than target for a whole interval, if none waits less
 	// meanwhile (0: the last one waited less).
 	aboveUntil atomic.Int64
+	// flush is closed when the queue is found standing: the waiters queued
+	// longer than target then give up their place.
+	flush atomic.Pointer[chan struct{}]
 
 	// OnShed, when set, is told of every refusal (for metrics).
 	OnShed func()
@@ -70,8 +74,11 @@ func NewAdmission(maxInFlight, maxQueue int, queueTimeout time.Duration) *Admiss
 	if maxInFlight <= 0 {
 		return nil
 	}
-	return &Admission{slots: semaphore.NewWeighted(int64(maxInFlight)), maxQueue: int64(maxQueue), queueTimeout: queueTimeout,
-		target: queueTimeout / 10, interval: queueTimeout / 2}
+	a := &Admission{slots: semaphore.NewWeighted(int64(maxInFlight)), maxQueue: int64(maxQueue), queueTimeout: queueTimeout,
+		target: queueTimeout / 10, interval: queueTimeout / 5}
+	flush := make(chan struct{})
+	a.flush.Store(&flush)
+	return a
 }
 
 // overloaded is the refusal's body, rendered once.
@@ -115,13 +122,30 @@ func (a *Admission) acquire(ctx context.Context) bool {
 		return false
 	}
 	wait, cancel := context.WithTimeout(ctx, a.queueTimeout)
+	flushed, done := *a.flush.Load(), make(chan struct{})
+	go func() { // a flush of the queue takes this waiter out if it waited too long
+		select {
+		case <-flushed:
+			if time.Since(time.Unix(0, enqueued)) > a.target {
+				cancel()
+			}
+		case <-done:
+		}
+	}()
 	err := a.slots.Acquire(wait, 1)
+	close(done)
 	cancel()
 	a.queued.Add(-1)
-	if err == nil {
-		a.waited(time.Now().UnixNano(), enqueued)
+	if err != nil {
+		return false
 	}
-	return err == nil
+	now := time.Now().UnixNano()
+	if now < a.congestedUntil.Load() && time.Duration(now-enqueued) > a.target {
+		a.slots.Release(1) // queued too long while the queue stands: refused, the slot goes on
+		return false
+	}
+	a.waited(now, enqueued)
+	return true
 }
 
 // waited judges the queue by one waiter's sojourn, as CoDel does: one that
@@ -138,6 +162,12 @@ func (a *Admission) waited(now, enqueued int64) {
 	case until == 0:
 		a.aboveUntil.CompareAndSwap(0, now+int64(a.interval))
 	case now >= until:
+		if now >= a.congestedUntil.Load() {
+			fresh := make(chan struct{})
+			if old := a.flush.Swap(&fresh); old != nil {
+				close(*old)
+			}
+		}
 		a.congestedUntil.Store(now + int64(CongestedFor))
 	}
 }

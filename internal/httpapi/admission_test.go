@@ -84,7 +84,7 @@ func TestARequestRefusedByTheAdmissionLimitRecordsNothing(t *testing.T) {
 // A queue whose waiters all waited longer than the target for a whole
 // interval stands: the service is overloaded, and a request that finds no
 // free slot is refused at once rather than queued. Until then, one queues.
-// One slot, QueueTimeout 400ms (target 40ms, interval 200ms); each request
+// One slot, QueueTimeout 400ms (target 40ms, interval 80ms); each request
 // holds the slot until the test lets it go.
 func TestAStandingQueueIsOverloadAndABriefOneIsNot(t *testing.T) {
 	entered, release := make(chan struct{}, 16), make(chan struct{}, 16)
@@ -148,5 +148,59 @@ func TestAStandingQueueIsOverloadAndABriefOneIsNot(t *testing.T) {
 	b := httpapi.NewAdmission(1, 100, 400*time.Millisecond)
 	if code := then(b.Wrap(handler), steps(b.Wrap(handler), 10*time.Millisecond, 10*time.Millisecond)); code != http.StatusOK {
 		t.Errorf("a request behind a brief queue = %d, want it served", code)
+	}
+}
+
+// When the queue is found standing, the waiters already queued longer than
+// the target leave it at once with their 503 (CoDel drops from the head),
+// instead of being served late or timing out: what is served waits little,
+// and what is refused is refused fast. One slot, QueueTimeout 400ms
+// (target 40ms, interval 80ms).
+func TestAStandingQueueLetsItsLongWaitersGo(t *testing.T) {
+	entered, release := make(chan struct{}, 16), make(chan struct{}, 16)
+	a := httpapi.NewAdmission(1, 100, 400*time.Millisecond)
+	h := a.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		<-release
+		w.WriteHeader(http.StatusOK)
+	}))
+	send := func() chan int {
+		out := make(chan int, 1)
+		go func() {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/orders", nil))
+			out <- rec.Code
+		}()
+		return out
+	}
+	holder := send()
+	<-entered
+	first := send() // waits 100ms: above the target, the interval starts
+	time.Sleep(100 * time.Millisecond)
+	release <- struct{}{}
+	if code := <-holder; code != http.StatusOK {
+		t.Fatalf("holder = %d", code)
+	}
+	<-entered
+	second := send() // it and the third wait 250ms: the queue has stood for the interval
+	time.Sleep(10 * time.Millisecond)
+	third := send()
+	time.Sleep(240 * time.Millisecond)
+	release <- struct{}{} // the second takes the slot and finds the queue standing
+	if code := <-first; code != http.StatusOK {
+		t.Fatalf("first = %d", code)
+	}
+	<-entered
+	select {
+	case code := <-third:
+		if code != http.StatusServiceUnavailable {
+			t.Errorf("the third, queued 250ms in a standing queue = %d, want 503", code)
+		}
+	case <-time.After(100 * time.Millisecond):
+		t.Error("the third, queued 250ms in a standing queue, is still waiting after the queue was found standing")
+	}
+	release <- struct{}{}
+	if code := <-second; code != http.StatusOK {
+		t.Errorf("second = %d", code)
 	}
 }
