@@ -105,7 +105,7 @@ Commands:
   help         print this
 
 Every setting is an environment variable; they are listed, with their
-defaults, in the README's configuration table. GET /v1/idempotency-policy
+defaults, in docs/configuration.md. GET /v1/idempotency-policy
 on a running service shows the retention they imply.
 `
 

@@ -82,7 +82,7 @@ func TestHelpAndVersionNeedNoConfiguration(t *testing.T) {
 		if err := app.Run(context.Background(), []string{arg}, bad, &out); err != nil {
 			t.Fatalf("%s: %v", arg, err)
 		}
-		for _, want := range []string{"serve", "migrate", "cleanup", "dlq replay", "version", "README"} {
+		for _, want := range []string{"serve", "migrate", "cleanup", "dlq replay", "version", "docs/configuration.md"} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("%s does not mention %q:\n%s", arg, want, out.String())
 			}

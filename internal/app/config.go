@@ -23,92 +23,160 @@ import (
 )
 
 // Config is every setting of the service, read once from the environment.
-// The README's configuration table lists the same variables.
+// Each field's comment is its line in docs/configuration.md, which a test
+// generates from this struct (go test ./internal/app -run Reference -update
+// rewrites it); a "Default:" line names a default the tag cannot hold.
 type Config struct {
-	DatabaseURL       string            `env:"DATABASE_URL" envDefault:"postgres://postgres:postgres@localhost:5432/orderservice?sslmode=disable"`
-	HTTPAddr          string            `env:"HTTP_ADDR" envDefault:":8080"`
-	APIKeys           map[string]string `env:"API_KEYS" envDefault:"acme=demo-key-acme,globex=demo-key-globex" envKeyValSeparator:"="`
-	PaymentChannelURL string            `env:"PAYMENT_CHANNEL_URL"`
-	ChannelAddr       string            `env:"CHANNEL_ADDR" envDefault:"127.0.0.1:8081"`
-	LogLevel          string            `env:"LOG_LEVEL" envDefault:"info"`
-
-	// ChannelDatabaseURL is the embedded channel's own database; empty is
-	// the database paymentchannel on DATABASE_URL's server.
+	// DatabaseURL is the PostgreSQL URL, one host or several
+	// (`postgres://u@h1:5432,h2:5432/db?target_session_attrs=read-write`,
+	// see docs/scaling.md).
+	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://postgres:postgres@localhost:5432/orderservice?sslmode=disable"`
+	// HTTPAddr is the listen address of the order API.
+	HTTPAddr string `env:"HTTP_ADDR" envDefault:":8080"`
+	// APIKeys are `tenant=key` pairs, comma separated (keys of at least 8
+	// characters, distinct; a tenant is letters, digits, `-` and `_`).
+	APIKeys map[string]string `env:"API_KEYS" envDefault:"acme=demo-key-acme,globex=demo-key-globex" envKeyValSeparator:"="`
+	// PaymentChannelURL is the base URL of the payment channel; empty runs
+	// the mock channel in-process.
+	PaymentChannelURL string `env:"PAYMENT_CHANNEL_URL"`
+	// ChannelAddr is where the in-process mock channel listens.
+	ChannelAddr string `env:"CHANNEL_ADDR" envDefault:"127.0.0.1:8081"`
+	// LogLevel is `debug`, `info`, `warn` or `error`.
+	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
+	// ChannelDatabaseURL is the in-process channel's own database (created
+	// if missing, migrated at start).
+	// Default: DATABASE_URL's server, database `paymentchannel`
 	ChannelDatabaseURL string `env:"CHANNEL_DATABASE_URL"`
+	// ChannelSlowDelay is how long the in-process channel takes for `pm_slow`.
+	ChannelSlowDelay time.Duration `env:"PAYMENT_SLOW_DELAY" envDefault:"2s"`
 
-	DBMaxConns         int           `env:"DB_MAX_CONNS" envDefault:"20"`
+	// DBMaxConns is the connection pool's size.
+	DBMaxConns int `env:"DB_MAX_CONNS" envDefault:"20"`
+	// DBStatementTimeout is the server-side statement timeout.
 	DBStatementTimeout time.Duration `env:"DB_STATEMENT_TIMEOUT" envDefault:"5s"`
-	DBLockTimeout      time.Duration `env:"DB_LOCK_TIMEOUT" envDefault:"3s"`
+	// DBLockTimeout is how long a duplicate waits for the first request's
+	// transaction before its 409; shorter than DB_STATEMENT_TIMEOUT.
+	DBLockTimeout time.Duration `env:"DB_LOCK_TIMEOUT" envDefault:"3s"`
 	// DBConnMaxLifetime bounds a pooled connection's life: after a failover
 	// the pool is on the new primary within this long even where nothing
 	// broke the old connections.
 	DBConnMaxLifetime time.Duration `env:"DB_CONN_MAX_LIFETIME" envDefault:"2m"`
-	// DBStartTimeout is how long the start waits for a read-write database
-	// (a failover under way, a database still booting) before giving up.
+	// DBStartTimeout is how long the start waits for a writable primary (a
+	// failover, a booting database) while /healthz answers 200 and /readyz
+	// 503; then it gives up.
 	DBStartTimeout time.Duration `env:"DB_START_TIMEOUT" envDefault:"60s"`
 
-	// CORSAllowedOrigins are the exact origins (scheme://host[:port]) whose
-	// pages may call /v1 from a browser; empty turns CORS off.
+	// CORSAllowedOrigins are the exact origins (`https://shop.example`,
+	// comma separated, no wildcard) whose pages may call /v1 from a browser;
+	// empty turns CORS off.
 	CORSAllowedOrigins []string `env:"CORS_ALLOWED_ORIGINS"`
 
-	// Admission control (load shedding) on /v1; HTTPMaxInFlight 0 turns it off.
-	HTTPMaxInFlight  int           `env:"HTTP_MAX_IN_FLIGHT" envDefault:"32"`
-	HTTPMaxQueue     int           `env:"HTTP_MAX_QUEUE" envDefault:"1024"`
+	// HTTPMaxInFlight is how many /v1 requests are served at once (a pay or
+	// refund gives its slot back while it waits for the channel, a duplicate
+	// while it waits with Prefer: wait); 0 turns admission control off.
+	HTTPMaxInFlight int `env:"HTTP_MAX_IN_FLIGHT" envDefault:"32"`
+	// HTTPMaxQueue is how many more may wait for a slot (FIFO); beyond it a
+	// request is refused at once.
+	HTTPMaxQueue int `env:"HTTP_MAX_QUEUE" envDefault:"1024"`
+	// HTTPQueueTimeout is the longest wait for a slot; when every waiter for
+	// a fifth of it waited longer than a tenth of it (a standing queue), the
+	// waiters queued longer than that tenth and new arrivals are refused at
+	// once (docs/concepts.md §9).
 	HTTPQueueTimeout time.Duration `env:"HTTP_QUEUE_TIMEOUT" envDefault:"1s"`
 
-	Lease          time.Duration `env:"IDEMPOTENCY_LEASE" envDefault:"30s"`
+	// Lease is how long an owner may work on an intent before it can be
+	// taken over; it must exceed PAYMENT_CHANNEL_TIMEOUT by a second.
+	Lease time.Duration `env:"IDEMPOTENCY_LEASE" envDefault:"30s"`
+	// ChannelTimeout bounds one call to the payment channel.
 	ChannelTimeout time.Duration `env:"PAYMENT_CHANNEL_TIMEOUT" envDefault:"10s"`
-	RetryAfter     time.Duration `env:"PAYMENT_RETRY_AFTER" envDefault:"2s"`
-	SweepInterval  time.Duration `env:"SWEEP_INTERVAL" envDefault:"5s"`
-	// ChannelKeyWindow is how long the payment channel remembers an
-	// idempotency key; a retry of an intent older than this asks the
-	// channel first instead of sending the key again.
-	ChannelKeyWindow time.Duration `env:"PAYMENT_CHANNEL_KEY_WINDOW" envDefault:"24h"`
-	SweepBatch       int           `env:"SWEEP_BATCH" envDefault:"100"`
-	// ChannelSlowDelay is how long the embedded mock channel takes for pm_slow.
-	ChannelSlowDelay time.Duration `env:"PAYMENT_SLOW_DELAY" envDefault:"2s"`
-	// ChannelMaxInFlight bounds the money intents at the payment channel at
-	// once, per instance; one beyond it is refused before anything is
-	// recorded. The admission limit does not bound them: a pay or refund
-	// gives its slot back while it waits for the channel.
+	// ChannelMaxInFlight bounds the pays and refunds at the payment channel
+	// at once, per instance; one beyond it is refused before anything is
+	// recorded.
 	ChannelMaxInFlight int `env:"PAYMENT_CHANNEL_MAX_IN_FLIGHT" envDefault:"64"`
+	// RetryAfter is the Retry-After after an unknown channel outcome (whole
+	// seconds, at least 1); the sweeper resumes the intent after it.
+	RetryAfter time.Duration `env:"PAYMENT_RETRY_AFTER" envDefault:"2s"`
+	// ChannelKeyWindow is how long the payment channel remembers an
+	// idempotency key; a retry of an intent older than this asks the channel
+	// what it holds before sending the key again.
+	ChannelKeyWindow time.Duration `env:"PAYMENT_CHANNEL_KEY_WINDOW" envDefault:"24h"`
+	// SweepInterval is how often the sweeper looks for expired leases and
+	// retryable intents.
+	SweepInterval time.Duration `env:"SWEEP_INTERVAL" envDefault:"5s"`
+	// SweepBatch is the most intents one sweep takes.
+	SweepBatch int `env:"SWEEP_BATCH" envDefault:"100"`
 
-	ClientRetryWindow        time.Duration `env:"REPLAY_WINDOW_CLIENT_RETRY" envDefault:"24h"`
-	MessageRedeliveryWindow  time.Duration `env:"REPLAY_WINDOW_MESSAGE_REDELIVERY" envDefault:"168h"`
+	// ClientRetryWindow is how long clients may retry a request.
+	ClientRetryWindow time.Duration `env:"REPLAY_WINDOW_CLIENT_RETRY" envDefault:"24h"`
+	// MessageRedeliveryWindow is the max_age of ORDER_COMMANDS (and of the
+	// results and events streams) when the service creates it; an existing
+	// stream's max_age wins (docs/operations.md).
+	MessageRedeliveryWindow time.Duration `env:"REPLAY_WINDOW_MESSAGE_REDELIVERY" envDefault:"168h"`
+	// ManualCompensationWindow is how long operators may replay by hand;
+	// also the DLQ's max_age when the service creates it.
 	ManualCompensationWindow time.Duration `env:"REPLAY_WINDOW_MANUAL_COMPENSATION" envDefault:"720h"`
-	RetentionMargin          time.Duration `env:"RETENTION_MARGIN" envDefault:"24h"`
-	MoneyRetentionFloor      time.Duration `env:"MONEY_RETENTION_FLOOR" envDefault:"2160h"`
-	Retention                time.Duration `env:"IDEMPOTENCY_RETENTION"`
+	// RetentionMargin is added to the longest window; a negative margin (or
+	// window) is refused.
+	RetentionMargin time.Duration `env:"RETENTION_MARGIN" envDefault:"24h"`
+	// MoneyRetentionFloor is the least retention of order.pay and
+	// order.cancel records (archived when removed).
+	MoneyRetentionFloor time.Duration `env:"MONEY_RETENTION_FLOOR" envDefault:"2160h"`
+	// Retention overrides the derived retention; refused if shorter than the
+	// longest window plus the margin.
+	// Default: derived
+	Retention time.Duration `env:"IDEMPOTENCY_RETENTION"`
 
+	// CleanupInterval is the cleanup job's period.
 	CleanupInterval time.Duration `env:"CLEANUP_INTERVAL" envDefault:"1h"`
-	CleanupBatch    int           `env:"CLEANUP_BATCH" envDefault:"500"`
-	CleanupPause    time.Duration `env:"CLEANUP_PAUSE" envDefault:"5ms"`
+	// CleanupBatch is how many records one cleanup transaction removes:
+	// small batches keep each commit's WAL small.
+	CleanupBatch int `env:"CLEANUP_BATCH" envDefault:"500"`
+	// CleanupPause is the cleanup's pause between batches.
+	CleanupPause time.Duration `env:"CLEANUP_PAUSE" envDefault:"5ms"`
 
+	// ShutdownTimeout bounds the whole shutdown after SIGTERM, background
+	// work included (below Docker's default 10s stop grace period).
 	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"8s"`
 
-	// MaxWait caps how long a duplicate may wait for its first attempt's
-	// outcome (Prefer: wait=N).
+	// MaxWait caps Prefer: wait=N, how long a duplicate may wait for its
+	// first attempt's outcome.
 	MaxWait time.Duration `env:"MAX_WAIT" envDefault:"10s"`
 
-	// NATSURL names the NATS server or cluster; empty runs an embedded one.
-	NATSURL          string `env:"NATS_URL"`
+	// NATSURL names the NATS server or cluster
+	// (`nats://user:password@host:4222`, comma separated); empty runs an
+	// embedded NATS server with JetStream.
+	NATSURL string `env:"NATS_URL"`
+	// NATSEmbeddedAddr is where the embedded NATS server listens (port 0:
+	// any free port).
 	NATSEmbeddedAddr string `env:"NATS_EMBEDDED_ADDR" envDefault:"127.0.0.1:4223"`
 	// NATSStoreDir is where the embedded server keeps JetStream's streams;
-	// empty means orderservice-nats under the system's temporary directory.
+	// it must survive restarts for a redelivery to survive one.
+	// Default: $TMPDIR/orderservice-nats
 	NATSStoreDir string `env:"NATS_STORE_DIR"`
 	// NATSServicePassword is the embedded server's password for the
-	// service's own user (orderservice), which `orderservice dlq` uses too.
+	// service's own user `orderservice`, which `orderservice dlq` uses too.
 	NATSServicePassword string `env:"NATS_SERVICE_PASSWORD" envDefault:"orderservice-dev-secret"`
 	// NATSStreamReplicas is how many copies of each stream the service
 	// creates: 3 on a three-node JetStream cluster.
-	NATSStreamReplicas int           `env:"NATS_STREAM_REPLICAS" envDefault:"1"`
-	CommandMaxDeliver  int           `env:"COMMAND_MAX_DELIVER" envDefault:"5"`
-	CommandAckWait     time.Duration `env:"COMMAND_ACK_WAIT" envDefault:"30s"`
-	CommandBackoff     time.Duration `env:"COMMAND_BACKOFF" envDefault:"1s"`
-	CommandBackoffMax  time.Duration `env:"COMMAND_BACKOFF_MAX" envDefault:"30s"`
-	CommandWorkers     int           `env:"COMMAND_WORKERS" envDefault:"16"`
-	OutboxInterval     time.Duration `env:"OUTBOX_INTERVAL" envDefault:"100ms"`
-	OutboxBatch        int           `env:"OUTBOX_BATCH" envDefault:"200"`
+	NATSStreamReplicas int `env:"NATS_STREAM_REPLICAS" envDefault:"1"`
+	// CommandMaxDeliver is how many deliveries a transiently failing
+	// command gets before it is dead-lettered.
+	CommandMaxDeliver int `env:"COMMAND_MAX_DELIVER" envDefault:"5"`
+	// CommandAckWait is how long JetStream waits for an answer before it
+	// redelivers (a running command reports progress).
+	CommandAckWait time.Duration `env:"COMMAND_ACK_WAIT" envDefault:"30s"`
+	// CommandBackoff is the first delay before a transient failure is
+	// redelivered, doubled per delivery.
+	CommandBackoff time.Duration `env:"COMMAND_BACKOFF" envDefault:"1s"`
+	// CommandBackoffMax caps that delay.
+	CommandBackoffMax time.Duration `env:"COMMAND_BACKOFF_MAX" envDefault:"30s"`
+	// CommandWorkers is how many commands one instance runs (and fetches)
+	// at once.
+	CommandWorkers int `env:"COMMAND_WORKERS" envDefault:"16"`
+	// OutboxInterval is the relay's pause when the outbox is empty.
+	OutboxInterval time.Duration `env:"OUTBOX_INTERVAL" envDefault:"100ms"`
+	// OutboxBatch is how many events the relay publishes per batch.
+	OutboxBatch int `env:"OUTBOX_BATCH" envDefault:"200"`
 }
 
 // natsStoreDir is NATS_STORE_DIR or its default.

@@ -14,15 +14,15 @@ import (
 )
 
 // Config is every setting of the standalone channel (cmd/paymentchannel),
-// read once from the environment. The README's configuration table lists
-// the same variables; the order service's embedded channel takes its
-// settings from the service's own configuration instead.
+// read once from the environment; docs/configuration.md lists them,
+// generated from this struct. The order service's embedded channel takes
+// its settings from the service's own configuration instead.
 type Config struct {
 	// Addr is where the channel listens.
 	Addr string `env:"HTTP_ADDR" envDefault:":8081"`
-	// SlowDelay is how long pm_slow charges and refunds take.
+	// SlowDelay is how long `pm_slow` charges and refunds take.
 	SlowDelay time.Duration `env:"PAYMENT_SLOW_DELAY" envDefault:"2s"`
-	// LogLevel is debug, info, warn or error.
+	// LogLevel is `debug`, `info`, `warn` or `error`.
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
 	// DatabaseURL is the channel's own database, created if missing.
 	DatabaseURL string `env:"CHANNEL_DATABASE_URL" envDefault:"postgres://postgres:postgres@localhost:5432/paymentchannel?sslmode=disable"`
