@@ -7,8 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/orderservice/orderservice/internal/answer"
 	"github.com/orderservice/orderservice/internal/database"
-	"github.com/orderservice/orderservice/internal/httpapi"
 	"github.com/orderservice/orderservice/internal/problem"
 )
 
@@ -88,7 +88,7 @@ func (g *startingGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // request the service takes no part in while it starts or stops.
 func unavailable(w http.ResponseWriter, detail string) {
 	p := &problem.Error{Code: problem.ServiceUnavailable, RetryAfter: time.Second, Detail: detail}
-	resp := httpapi.RenderError(p)
+	resp := answer.RenderError(p)
 	w.Header().Set("Content-Type", resp.ContentType)
 	w.Header().Set("Retry-After", strconv.Itoa(int(p.RetryAfter/time.Second)))
 	w.WriteHeader(resp.Status)

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sync/semaphore"
 
+	"github.com/orderservice/orderservice/internal/answer"
 	"github.com/orderservice/orderservice/internal/problem"
 	"github.com/orderservice/orderservice/internal/transport"
 )
@@ -83,7 +84,7 @@ func NewAdmission(maxInFlight, maxQueue int, queueTimeout time.Duration) *Admiss
 
 // overloaded is the refusal's body, rendered once.
 var overloaded = func() []byte {
-	return RenderError(&problem.Error{Code: problem.ServiceUnavailable,
+	return answer.RenderError(&problem.Error{Code: problem.ServiceUnavailable,
 		Detail: "The service is overloaded and did not start this request: nothing of it was recorded, and a record of an earlier attempt with the same Idempotency-Key is untouched. Retry after the Retry-After interval with the same key."}).Body
 }()
 
@@ -185,7 +186,7 @@ func (a *Admission) refuse(w http.ResponseWriter, r *http.Request) {
 		a.Logger.Warn("load shedding: requests refused with 503 at the admission limit", "refused_total", n)
 	}
 	h := w.Header()
-	h.Set("Content-Type", ProblemType)
+	h.Set("Content-Type", answer.ProblemType)
 	h.Set("Retry-After", "1")
 	w.WriteHeader(http.StatusServiceUnavailable)
 	if r.Method != http.MethodHead {

@@ -14,6 +14,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
+	"github.com/orderservice/orderservice/internal/answer"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/problem"
@@ -152,7 +153,7 @@ func wantClientProblem(t *testing.T, route string, err error) {
 	default:
 		t.Fatalf("%s: %v answers %s", route, err, p.Code)
 	}
-	if r := RenderError(p); r.Status >= 500 || !bytes.Contains(r.Body, []byte(`"code":"`+string(p.Code)+`"`)) {
+	if r := answer.RenderError(p); r.Status >= 500 || !bytes.Contains(r.Body, []byte(`"code":"`+string(p.Code)+`"`)) {
 		t.Fatalf("%s: %v renders as %d %s", route, err, r.Status, r.Body)
 	}
 }

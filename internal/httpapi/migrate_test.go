@@ -11,6 +11,7 @@ import (
 
 	"github.com/golang-migrate/migrate/v4"
 	"github.com/golang-migrate/migrate/v4/source/iofs"
+	"github.com/orderservice/orderservice/internal/answer"
 	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
@@ -34,15 +35,15 @@ var oldRows = []oldResponse{
 		`{"id":"0190a6f0-6c1e-7a3b-8c4d-5e6f708192a3","customer_id":"c-1","status":"CREATED","total_amount":2500,"metadata":{"z":"1","a":"2"}}`},
 	{"old-ship", "SUCCEEDED", "0190a6f0-6c1e-7a3b-8c4d-5e6f708192a3", 200, "", "application/json",
 		`{"id":"0190a6f0-6c1e-7a3b-8c4d-5e6f708192a3",  "status":"SHIPPED"}`},
-	{"old-transition", "FAILED_FINAL", "0190a6f0-6c1e-7a3b-8c4d-5e6f708192a3", 409, "", ProblemType,
+	{"old-transition", "FAILED_FINAL", "0190a6f0-6c1e-7a3b-8c4d-5e6f708192a3", 409, "", answer.ProblemType,
 		`{"code":"invalid_transition","current_status":"SHIPPED","detail":"An order in status SHIPPED cannot cancel.","event":"cancel","status":409,"title":"The order cannot make this transition","type":"urn:orderservice:problem:invalid_transition"}`},
-	{"old-not-found", "FAILED_FINAL", "0190a6f0-6c1e-7a3b-8c4d-5e6f708192a3", 404, "", ProblemType,
+	{"old-not-found", "FAILED_FINAL", "0190a6f0-6c1e-7a3b-8c4d-5e6f708192a3", 404, "", answer.ProblemType,
 		`{"code":"order_not_found","detail":"No order 0190a6f0-6c1e-7a3b-8c4d-5e6f708192a3 exists.","status":404,"title":"Order not found","type":"urn:orderservice:problem:order_not_found"}`},
-	{"old-declined", "FAILED_FINAL", "0190a6f0-6c1e-7a3b-8c4d-5e6f708192a3", 402, "", ProblemType,
+	{"old-declined", "FAILED_FINAL", "0190a6f0-6c1e-7a3b-8c4d-5e6f708192a3", 402, "", answer.ProblemType,
 		`{"code":"payment_declined","detail":"The payment channel declined the charge; the order may be paid again with a new Idempotency-Key.","order_id":"0190a6f0-6c1e-7a3b-8c4d-5e6f708192a3","status":402,"title":"The payment was declined","type":"urn:orderservice:problem:payment_declined"}`},
-	{"old-refund-refused", "FAILED_FINAL", "0190a6f0-6c1e-7a3b-8c4d-5e6f708192a3", 409, "", ProblemType,
+	{"old-refund-refused", "FAILED_FINAL", "0190a6f0-6c1e-7a3b-8c4d-5e6f708192a3", 409, "", answer.ProblemType,
 		`{"code":"refund_refused","detail":"The payment channel refused the refund (pm_refund_refused \u003c\u0026\u003e); the order stays PAID.","order_id":"0190a6f0-6c1e-7a3b-8c4d-5e6f708192a3","status":409,"title":"The payment channel refused the refund","type":"urn:orderservice:problem:refund_refused"}`},
-	{"old-key-ran", "FAILED_FINAL", "0190a6f0-6c1e-7a3b-8c4d-5e6f708192a3", 422, "", ProblemType,
+	{"old-key-ran", "FAILED_FINAL", "0190a6f0-6c1e-7a3b-8c4d-5e6f708192a3", 422, "", answer.ProblemType,
 		`{"code":"idempotency_key_reused","detail":"This Idempotency-Key already ran order.pay on this order and its record has expired; use a new key for a new intent.","status":422,"title":"Idempotency-Key reused with different parameters","type":"urn:orderservice:problem:idempotency_key_reused"}`},
 }
 
@@ -93,12 +94,12 @@ func TestRecordsStoredBeforeMigration8ReplayIdentically(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := Render(res)
+			got := answer.Render(res)
 			if got.Status != r.status || got.Location != r.location || got.ContentType != r.mediaType || string(got.Body) != r.body || !got.Replayed {
 				t.Errorf("rendered %d %q %q %s (replayed %v)\nwant     %d %q %q %s", got.Status, got.Location, got.ContentType, got.Body, got.Replayed,
 					r.status, r.location, r.mediaType, r.body)
 			}
-			if again := Render(res); !bytes.Equal(again.Body, got.Body) {
+			if again := answer.Render(res); !bytes.Equal(again.Body, got.Body) {
 				t.Errorf("a second rendering differs:\n%s\n%s", again.Body, got.Body)
 			}
 			if status, err := responseStatus(rec); err != nil || status == nil || *status != r.status {
@@ -110,7 +111,7 @@ func TestRecordsStoredBeforeMigration8ReplayIdentically(t *testing.T) {
 	t.Run("a refusal the order builds now renders, first time and from its record, as before 008", func(t *testing.T) {
 		refusal := problem.Errorf(order.CodeInvalidTransition, "An order in status SHIPPED cannot cancel.").
 			With("current_status", order.StatusShipped).With("event", order.EventCancel)
-		first := Render(idempotency.Failed("0190a6f0-6c1e-7a3b-8c4d-5e6f708192a3", refusal))
+		first := answer.Render(idempotency.Failed("0190a6f0-6c1e-7a3b-8c4d-5e6f708192a3", refusal))
 		in := idempotency.Intent{Scope: idempotency.Scope{TenantID: "acme", Operation: "order.pay", Key: "new-transition"}, Fingerprint: strings.Repeat("b", 64)}
 		store := &idempotency.Store{Lease: time.Minute, Policy: store.Policy}
 		// Today's Store writes today's schema (migrations after 008 too).
@@ -128,7 +129,7 @@ func TestRecordsStoredBeforeMigration8ReplayIdentically(t *testing.T) {
 		if err != nil || replay.Replay == nil {
 			t.Fatalf("replay = %+v, %v", replay, err)
 		}
-		again := Render(*replay.Replay)
+		again := answer.Render(*replay.Replay)
 		want := oldRows[2]
 		if first.Status != want.status || string(first.Body) != want.body || again.Status != first.Status || !bytes.Equal(again.Body, first.Body) {
 			t.Errorf("first %d %s\nreplay %d %s\nbefore 008 %d %s", first.Status, first.Body, again.Status, again.Body, want.status, want.body)

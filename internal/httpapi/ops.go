@@ -8,6 +8,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/orderservice/orderservice/internal/answer"
 	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/problem"
@@ -94,7 +95,7 @@ func responseStatus(r idempotency.Record) (*int, error) {
 	if err != nil {
 		return nil, err
 	}
-	status := Render(res).Status
+	status := answer.Render(res).Status
 	return &status, nil
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/orderservice/orderservice/internal/answer"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/problem"
@@ -58,7 +59,7 @@ func idempotentOn[Req any](s *Server, op string, run useCase[Req]) echo.HandlerF
 		if res.Outcome == idempotency.OutcomeCreated {
 			c.Set(ctxOrderID, res.Resource)
 		}
-		return send(c, Render(res))
+		return send(c, answer.Render(res))
 	}
 }
 

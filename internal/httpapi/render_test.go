@@ -8,8 +8,8 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/orderservice/orderservice/internal/answer"
 	"github.com/orderservice/orderservice/internal/apptest"
-	"github.com/orderservice/orderservice/internal/httpapi"
 	"github.com/orderservice/orderservice/internal/order"
 )
 
@@ -21,7 +21,7 @@ func TestAUseCaseRenderedOutsideHTTPIsTheHTTPAnswer(t *testing.T) {
 	ctx := context.Background()
 	create := order.CreateRequest{CustomerID: "render-1", Currency: "EUR",
 		Items: []order.ItemRequest{{SKU: "sku-1", Quantity: 2, UnitPrice: 1250}}}
-	same := func(t *testing.T, what string, rendered httpapi.Response, r apptest.Response) {
+	same := func(t *testing.T, what string, rendered answer.Response, r apptest.Response) {
 		t.Helper()
 		if rendered.Status != r.Status || !bytes.Equal(rendered.Body, r.Body) ||
 			rendered.Location != r.Header.Get("Location") || rendered.ContentType != r.Header.Get("Content-Type") {
@@ -36,7 +36,7 @@ func TestAUseCaseRenderedOutsideHTTPIsTheHTTPAnswer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		first := httpapi.Render(res)
+		first := answer.Render(res)
 		again := acme.Do(t, http.MethodPost, "/v1/orders", key, create)
 		if first.Status != http.StatusCreated || first.Replayed {
 			t.Errorf("first = %d replayed %v, want 201 executed", first.Status, first.Replayed)
@@ -58,7 +58,7 @@ func TestAUseCaseRenderedOutsideHTTPIsTheHTTPAnswer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		replay := httpapi.Render(res)
+		replay := answer.Render(res)
 		if !replay.Replayed {
 			t.Error("the use case's second run was not a replay")
 		}

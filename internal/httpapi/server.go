@@ -1,8 +1,7 @@
 // Package httpapi is the HTTP face of the service: routes, authentication,
-// request decoding, and the rendering of what the use cases return (an
-// idempotency.Result or an error) as status, headers and body. Render and
-// RenderError are exported so that another transport answers with the
-// same bytes.
+// request decoding, and writing what the use cases return (an
+// idempotency.Result or an error, as package answer renders it) to the
+// wire.
 package httpapi
 
 import (
@@ -18,6 +17,7 @@ import (
 	"github.com/labstack/echo/v4/middleware"
 	"gorm.io/gorm"
 
+	"github.com/orderservice/orderservice/internal/answer"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/metrics"
 	"github.com/orderservice/orderservice/internal/order"
@@ -89,7 +89,7 @@ func (s *Server) handleError(err error, c echo.Context) {
 	if c.Response().Committed {
 		return
 	}
-	resp := RenderError(echoProblem(err))
+	resp := answer.RenderError(echoProblem(err))
 	switch {
 	case resp.Status == http.StatusServiceUnavailable: // transient, and the client was told to retry
 		s.Logger.WarnContext(c.Request().Context(), "request postponed", "err", err, "method", c.Request().Method, "path", c.Path())
@@ -129,7 +129,7 @@ func echoProblem(err error) error {
 }
 
 // send writes a rendered answer.
-func send(c echo.Context, resp Response) error {
+func send(c echo.Context, resp answer.Response) error {
 	h := c.Response().Header()
 	if resp.Location != "" {
 		h.Set("Location", resp.Location)

@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/orderservice/orderservice/internal/httpapi"
+	"github.com/orderservice/orderservice/internal/answer"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/transport"
 )
@@ -293,12 +293,12 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
 
 	res, err := useCases[cmd.op].run(ctx, c.Orders, caller, cmd.orderID, cmd.body)
 	// The answer is what HTTP sends for the same intent: the one renderer.
-	var resp httpapi.Response
+	var resp answer.Response
 	if err == nil {
-		resp = httpapi.Render(res)
+		resp = answer.Render(res)
 	} else {
 		p := transport.Problem(err)
-		resp = httpapi.RenderError(p)
+		resp = answer.RenderError(p)
 		status := resp.Status
 		if transport.Transient(p) {
 			if d.count >= c.MaxDeliver {
@@ -367,7 +367,7 @@ func (c *Consumer) keepInProgress(msg jetstream.Msg) (stop func()) {
 // Its Nats-Msg-Id names the command's stream sequence, so ORDER_RESULTS
 // keeps one result per command even if a handler died between publishing
 // and acknowledging and the redelivery published its replay again.
-func (c *Consumer) publishResult(ctx context.Context, cmd command, seq uint64, resp httpapi.Response) error {
+func (c *Consumer) publishResult(ctx context.Context, cmd command, seq uint64, resp answer.Response) error {
 	m := nats.NewMsg(ResultSubject(cmd.tenant, cmd.op))
 	m.Header.Set(HeaderKey, cmd.key)
 	if seq > 0 {

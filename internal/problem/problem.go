@@ -3,9 +3,8 @@
 // and a Detail it can read. The codes here belong to no capability (a request
 // is malformed, a key was reused, a dependency is down); a capability
 // declares its own codes beside its rules (internal/order/errors.go). Which
-// HTTP status and title a code has is the transport's business
-// (internal/httpapi/problem.go), so a second transport reuses the same
-// errors.
+// HTTP status and title a code has is decided once, in internal/answer,
+// which both doors use.
 package problem
 
 import (

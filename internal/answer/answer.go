@@ -1,4 +1,9 @@
-package httpapi
+// Package answer is what the service says back, whichever door asked: an
+// intent's result or a use case's error as a status, headers and bytes.
+// The code → status table is here, once; HTTP writes an Answer to the
+// wire, the message door puts the same status and bytes in a result
+// message, so a replay is the same answer through either door.
+package answer
 
 import (
 	"encoding/json"
@@ -47,7 +52,7 @@ func StatusOf(code problem.Code) int {
 	return http.StatusInternalServerError
 }
 
-// Response is an answer as HTTP sends it.
+// Response is an answer: a status, the headers that matter and the body.
 type Response struct {
 	Status      int
 	Location    string
