@@ -52,9 +52,9 @@ type Admission struct {
 	// waited longer than target for a whole interval, if none waits less
 	// meanwhile (0: the last one waited less).
 	aboveUntil atomic.Int64
-	// flush is closed when the queue is found standing: the waiters queued
+	// flush is done when the queue is found standing: the waiters queued
 	// longer than target then give up their place.
-	flush atomic.Pointer[chan struct{}]
+	flush atomic.Pointer[flushSignal]
 
 	// OnShed, when set, is told of every refusal (for metrics).
 	OnShed func()
@@ -77,8 +77,7 @@ func NewAdmission(maxInFlight, maxQueue int, queueTimeout time.Duration) *Admiss
 	}
 	a := &Admission{slots: semaphore.NewWeighted(int64(maxInFlight)), maxQueue: int64(maxQueue), queueTimeout: queueTimeout,
 		target: queueTimeout / 10, interval: queueTimeout / 5}
-	flush := make(chan struct{})
-	a.flush.Store(&flush)
+	a.flush.Store(newFlushSignal())
 	return a
 }
 
@@ -95,7 +94,7 @@ func (a *Admission) Wrap(next http.Handler) http.Handler {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !strings.HasPrefix(r.URL.Path, "/v1/") && r.URL.Path != "/v1" {
+		if !underV1(r.URL.Path) {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -123,18 +122,14 @@ func (a *Admission) acquire(ctx context.Context) bool {
 		return false
 	}
 	wait, cancel := context.WithTimeout(ctx, a.queueTimeout)
-	flushed, done := *a.flush.Load(), make(chan struct{})
-	go func() { // a flush of the queue takes this waiter out if it waited too long
-		select {
-		case <-flushed:
-			if time.Since(time.Unix(0, enqueued)) > a.target {
-				cancel()
-			}
-		case <-done:
+	// A flush of the queue takes this waiter out if it waited too long.
+	stop := context.AfterFunc(a.flush.Load().ctx, func() {
+		if time.Since(time.Unix(0, enqueued)) > a.target {
+			cancel()
 		}
-	}()
+	})
 	err := a.slots.Acquire(wait, 1)
-	close(done)
+	stop()
 	cancel()
 	a.queued.Add(-1)
 	if err != nil {
@@ -164,10 +159,7 @@ func (a *Admission) waited(now, enqueued int64) {
 		a.aboveUntil.CompareAndSwap(0, now+int64(a.interval))
 	case now >= until:
 		if now >= a.congestedUntil.Load() {
-			fresh := make(chan struct{})
-			if old := a.flush.Swap(&fresh); old != nil {
-				close(*old)
-			}
+			a.flush.Swap(newFlushSignal()).done()
 		}
 		a.congestedUntil.Store(now + int64(CongestedFor))
 	}
@@ -193,3 +185,19 @@ func (a *Admission) refuse(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write(overloaded)
 	}
 }
+
+// flushSignal is done once, when the queue it was current for is found
+// standing.
+type flushSignal struct {
+	ctx  context.Context
+	done context.CancelFunc
+}
+
+func newFlushSignal() *flushSignal {
+	ctx, done := context.WithCancel(context.Background())
+	return &flushSignal{ctx, done}
+}
+
+// underV1 reports whether path is one of the /v1 routes, the API that
+// admission control and CORS apply to.
+func underV1(path string) bool { return path == "/v1" || strings.HasPrefix(path, "/v1/") }

@@ -93,15 +93,7 @@ func TestAStandingQueueIsOverloadAndABriefOneIsNot(t *testing.T) {
 		<-release
 		w.WriteHeader(http.StatusOK)
 	})
-	send := func(h http.Handler) chan int {
-		out := make(chan int, 1)
-		go func() {
-			rec := httptest.NewRecorder()
-			h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/orders", nil))
-			out <- rec.Code
-		}()
-		return out
-	}
+	send := sendTo
 	// steps sends, one after another, requests that each wait behind the
 	// one holding the slot for as long as it is told, then lets the holder
 	// go; it returns the last one, holding the slot.
@@ -164,15 +156,7 @@ func TestAStandingQueueLetsItsLongWaitersGo(t *testing.T) {
 		<-release
 		w.WriteHeader(http.StatusOK)
 	}))
-	send := func() chan int {
-		out := make(chan int, 1)
-		go func() {
-			rec := httptest.NewRecorder()
-			h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/orders", nil))
-			out <- rec.Code
-		}()
-		return out
-	}
+	send := func() chan int { return sendTo(h) }
 	holder := send()
 	<-entered
 	first := send() // waits 100ms: above the target, the interval starts
@@ -203,4 +187,16 @@ func TestAStandingQueueLetsItsLongWaitersGo(t *testing.T) {
 	if code := <-second; code != http.StatusOK {
 		t.Errorf("second = %d", code)
 	}
+}
+
+// sendTo sends a create to h in the background; its status arrives on the
+// channel returned.
+func sendTo(h http.Handler) chan int {
+	out := make(chan int, 1)
+	go func() {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/orders", nil))
+		out <- rec.Code
+	}()
+	return out
 }

@@ -35,7 +35,7 @@ func WithCORS(h http.Handler, origins []string) http.Handler {
 		MaxAge:         600,
 	}).Handler(h)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/v1" || strings.HasPrefix(r.URL.Path, "/v1/") {
+		if underV1(r.URL.Path) {
 			c.ServeHTTP(w, r)
 			return
 		}
