@@ -1,5 +1,5 @@
-// Package deploy holds no code, only tests: they load the Dockerfile and
+// Package deploytest holds no code, only tests: they load the Dockerfile and
 // docker-compose.yml at the repository root, check them against the code
 // (the variables the service reads, the commands that exist), and run the
 // binaries the image contains with the compose file's configuration.
-package deploy
+package deploytest
