@@ -6,14 +6,16 @@
 package answer
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"time"
 
+	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/problem"
-	"github.com/orderservice/orderservice/internal/transport"
 )
 
 // ProblemType is the media type of a problem document (RFC 9457).
@@ -83,11 +85,11 @@ func Render(res idempotency.Result) Response {
 }
 
 // RenderError is the HTTP form of an error a use case (or the HTTP layer)
-// returned: its problem document, status and Retry-After. transport.Problem
+// returned: its problem document, status and Retry-After. Problem
 // names the domain error it answers (an error without a code is an
 // unavailable dependency, 503, or a hidden internal one, 500).
 func RenderError(err error) Response {
-	p := transport.Problem(err)
+	p := Problem(err)
 	status, body := renderProblem(p)
 	return Response{Status: status, ContentType: ProblemType, Body: body, RetryAfter: p.RetryAfter}
 }
@@ -110,4 +112,33 @@ func renderProblem(e *problem.Error) (status int, body []byte) {
 		return http.StatusInternalServerError, []byte(`{"type":"urn:orderservice:problem:internal","title":"Internal error","status":500,"code":"internal"}`)
 	}
 	return status, body
+}
+
+// Problem maps an error a use case returned to the problem it answers: a
+// domain problem as it is, an unavailable dependency as 503 (retry with the
+// same key), anything else as 500.
+func Problem(err error) *problem.Error {
+	switch {
+	case problem.CodeOf(err) != problem.Internal:
+		return problem.As(err)
+	case database.IsUnavailable(err) || database.IsLockTimeout(err) || errors.Is(err, context.DeadlineExceeded):
+		return &problem.Error{Code: problem.ServiceUnavailable, Detail: "A dependency is unavailable; retry with the same Idempotency-Key.", RetryAfter: time.Second}
+	case errors.Is(err, context.Canceled):
+		// The caller hung up (or the service is stopping) before the work
+		// finished: nothing went wrong that a retry with the same key
+		// would not resolve, and nobody may be there to read the answer.
+		return &problem.Error{Code: problem.ServiceUnavailable, Detail: "The request was cancelled before it finished; retry with the same Idempotency-Key.", RetryAfter: time.Second}
+	}
+	return problem.As(err)
+}
+
+// Transient reports whether p is an answer that a later try of the same
+// intent may change: a dependency was unavailable, the intent is still in
+// progress elsewhere, or the service failed. Every other answer is final.
+func Transient(p *problem.Error) bool {
+	switch p.Code {
+	case problem.ServiceUnavailable, problem.RequestInProgress, problem.Internal:
+		return true
+	}
+	return false
 }

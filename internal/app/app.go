@@ -265,8 +265,8 @@ func (m *Main) start(ctx context.Context) error {
 	m.stopping = stopWaiting
 	m.Orders = &order.Service{
 		DB: db, Records: records, Logger: m.Logger, Observe: m.Metrics, Lifetime: m.lifetime,
-		Channel: payment.NewClient(channelURL, &http.Client{Transport: &http.Transport{
-			MaxIdleConnsPerHost: cfg.ChannelMaxInFlight, IdleConnTimeout: 90 * time.Second}}),
+		Channel: slotFreeChannel{payment.NewClient(channelURL, &http.Client{Transport: &http.Transport{
+			MaxIdleConnsPerHost: cfg.ChannelMaxInFlight, IdleConnTimeout: 90 * time.Second}})},
 		Money: order.MoneyConfig{ChannelTimeout: cfg.ChannelTimeout, RetryAfter: cfg.RetryAfter, ChannelKeyWindow: cfg.ChannelKeyWindow, MaxChannelCalls: cfg.ChannelMaxInFlight},
 	}
 	api := &httpapi.Server{Orders: m.Orders, Records: records, DB: db, Logger: m.Logger,

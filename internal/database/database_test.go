@@ -290,3 +290,32 @@ func waitIdle(t *testing.T, db *gorm.DB, pid int) {
 	}
 	t.Fatalf("backend %d still in its transaction after 10s", pid)
 }
+
+func TestADatabaseFromAnotherMigrationHistoryIsRefusedWithTheWayOut(t *testing.T) {
+	url, drop, err := testdb.Create("database-history")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer drop()
+	latest, err := database.LatestVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := database.Migrate(url); err != nil || v != latest {
+		t.Fatalf("migrating an up-to-date database again: version %d, %v; want %d, nil", v, err, latest)
+	}
+	db, err := database.Open(context.Background(), url, testOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = database.Close(db) }()
+	// Version 11 is where the development history stood before the
+	// migrations were made one baseline.
+	if err := db.Exec("UPDATE schema_migrations SET version = 11").Error; err != nil {
+		t.Fatal(err)
+	}
+	_, err = database.Migrate(url)
+	if err == nil || !strings.Contains(err.Error(), "migration 11") || !strings.Contains(err.Error(), "recreate") {
+		t.Fatalf("Migrate = %v, want a refusal naming version 11 and saying to recreate the database", err)
+	}
+}

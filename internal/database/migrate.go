@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"path"
 
 	"github.com/golang-migrate/migrate/v4"
 	pgxmigrate "github.com/golang-migrate/migrate/v4/database/pgx/v5"
@@ -43,11 +44,33 @@ func MigrateSet(url string, set MigrationSet) (version uint, err error) {
 			err = errors.Join(srcErr, dbErr)
 		}
 	}()
+	if err := knownVersion(m, set); err != nil {
+		return 0, err
+	}
 	if err := m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
 		return 0, fmt.Errorf("apply migrations: %w", err)
 	}
 	v, _, err := m.Version()
 	return v, err
+}
+
+// knownVersion refuses a database whose recorded version names no
+// migration of set: it was migrated by a build with another history (the
+// migrations were made one baseline before the first release), and
+// golang-migrate would otherwise fail with "file does not exist".
+func knownVersion(m *migrate.Migrate, set MigrationSet) error {
+	v, _, err := m.Version()
+	if errors.Is(err, migrate.ErrNilVersion) {
+		return nil // a new database
+	}
+	if err != nil {
+		return err
+	}
+	names, err := fs.Glob(set.FS, path.Join(set.Dir, fmt.Sprintf("%03d_*.up.sql", v)))
+	if err != nil || len(names) == 0 {
+		return fmt.Errorf("the database is at migration %d, which this build does not have: it was migrated by an earlier development build; recreate it (with compose: docker compose down -v)", v)
+	}
+	return nil
 }
 
 // newMigrator connects the way the pool does (pgx's parser: several hosts

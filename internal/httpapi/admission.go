@@ -12,7 +12,6 @@ import (
 
 	"github.com/orderservice/orderservice/internal/answer"
 	"github.com/orderservice/orderservice/internal/problem"
-	"github.com/orderservice/orderservice/internal/transport"
 )
 
 // Admission is the service's load shedding: at most MaxInFlight requests
@@ -22,7 +21,7 @@ import (
 // before it reaches the router: nothing is authenticated, decoded or
 // recorded, so its retry with the same Idempotency-Key is a fresh attempt.
 // A request gives its slot back early when it goes on to wait on something
-// other than the service (transport.Yield): a pay during its call to the
+// other than the service (Yield): a pay during its call to the
 // payment channel, a duplicate waiting for its first attempt's outcome.
 //
 // A queue is for bursts, and a burst is not overload: the service drains
@@ -102,7 +101,7 @@ func (a *Admission) Wrap(next http.Handler) http.Handler {
 			a.refuse(w, r)
 			return
 		}
-		ctx, release := transport.WithSlot(r.Context(), func() { a.slots.Release(1) })
+		ctx, release := withSlot(r.Context(), func() { a.slots.Release(1) })
 		defer release()
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})

@@ -9,17 +9,17 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/orderservice/orderservice/internal/transport"
+	"github.com/orderservice/orderservice/internal/decode"
 )
 
 // maxBody bounds every request body; 100 items fit many times over.
-const maxBody = transport.MaxBody
+const maxBody = decode.MaxBody
 
-// decode reads a JSON body into v with the decoder every transport shares
-// (transport.DecodeJSON: strict, one value, no unknown or repeated
+// readBody reads a JSON body into v with the decoder every door shares
+// (decode.JSON: strict, one value, no unknown or repeated
 // members), after the HTTP-only checks: at most maxBody bytes, and a JSON
 // media type when there is a body.
-func decode(c echo.Context, v any) error {
+func readBody(c echo.Context, v any) error {
 	r := c.Request()
 	body, err := io.ReadAll(http.MaxBytesReader(c.Response(), r.Body, maxBody))
 	var tooLarge *http.MaxBytesError
@@ -27,12 +27,12 @@ func decode(c echo.Context, v any) error {
 		return echo.ErrStatusRequestEntityTooLarge
 	}
 	if err != nil {
-		return transport.InvalidBody("body", "could not be read")
+		return decode.InvalidBody("body", "could not be read")
 	}
 	if len(strings.TrimSpace(string(body))) > 0 && !isJSON(r.Header.Get(echo.HeaderContentType)) {
 		return echo.ErrUnsupportedMediaType
 	}
-	return transport.DecodeJSON(body, v)
+	return decode.JSON(body, v)
 }
 
 func isJSON(contentType string) bool {

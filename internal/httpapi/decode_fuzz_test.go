@@ -18,7 +18,6 @@ import (
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/problem"
-	"github.com/orderservice/orderservice/internal/transport"
 )
 
 // errReachedDatabase is what a use case returns once its request passed
@@ -57,7 +56,7 @@ type fuzzedRoute struct {
 func through[Req any](use func(*order.Service) func(context.Context, order.Caller, string, Req) (idempotency.Result, error)) func(echo.Context, *order.Service) (error, error) {
 	return func(c echo.Context, s *order.Service) (error, error) {
 		var req Req
-		if err := decode(c, &req); err != nil {
+		if err := readBody(c, &req); err != nil {
 			return err, nil
 		}
 		_, err := use(s)(c.Request().Context(), order.Caller{TenantID: "fuzz", Key: "K1"}, "0190a6f0-6c1e-7a3b-8c4d-5e6f708192a3", req)
@@ -147,7 +146,7 @@ func FuzzDecodeRequest(f *testing.F) {
 // wantClientProblem checks the response the error handler would send.
 func wantClientProblem(t *testing.T, route string, err error) {
 	t.Helper()
-	p := transport.Problem(echoProblem(err))
+	p := answer.Problem(echoProblem(err))
 	switch p.Code {
 	case problem.InvalidRequest, problem.PayloadTooLarge, problem.UnsupportedMediaType:
 	default:

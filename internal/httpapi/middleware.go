@@ -8,9 +8,9 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/orderservice/orderservice/internal/answer"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/problem"
-	"github.com/orderservice/orderservice/internal/transport"
 )
 
 // Keys of values a request carries through echo's context, for the metrics
@@ -56,7 +56,7 @@ func (s *Server) answerErrors(next echo.HandlerFunc) echo.HandlerFunc {
 			return nil
 		}
 		if _, named := c.Get(ctxDisposition).(idempotency.Disposition); !named {
-			c.Set(ctxDisposition, idempotency.DispositionOf(idempotency.Result{}, transport.Problem(echoProblem(err))))
+			c.Set(ctxDisposition, idempotency.DispositionOf(idempotency.Result{}, answer.Problem(echoProblem(err))))
 		}
 		c.Error(err)
 		return nil

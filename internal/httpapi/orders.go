@@ -44,7 +44,7 @@ func idempotentOn[Req any](s *Server, op string, run useCase[Req]) echo.HandlerF
 			return err
 		}
 		var req Req
-		if err := decode(c, &req); err != nil {
+		if err := readBody(c, &req); err != nil {
 			return err
 		}
 		caller := order.Caller{TenantID: tenant(c), Key: key}

@@ -22,7 +22,6 @@ import (
 	"github.com/orderservice/orderservice/internal/metrics"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/problem"
-	"github.com/orderservice/orderservice/internal/transport"
 )
 
 // Server holds what the handlers need.
@@ -94,7 +93,7 @@ func (s *Server) handleError(err error, c echo.Context) {
 	case resp.Status == http.StatusServiceUnavailable: // transient, and the client was told to retry
 		s.Logger.WarnContext(c.Request().Context(), "request postponed", "err", err, "method", c.Request().Method, "path", c.Path())
 	case resp.Status >= http.StatusInternalServerError:
-		s.Logger.ErrorContext(c.Request().Context(), "request failed", "err", err, "code", problem.CodeOf(transport.Problem(err)),
+		s.Logger.ErrorContext(c.Request().Context(), "request failed", "err", err, "code", problem.CodeOf(answer.Problem(err)),
 			"method", c.Request().Method, "path", c.Path())
 	}
 	if c.Request().Method == http.MethodHead {

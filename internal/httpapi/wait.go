@@ -11,7 +11,6 @@ import (
 
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/problem"
-	"github.com/orderservice/orderservice/internal/transport"
 )
 
 // maxPrefer bounds a Prefer header line, as api/openapi.yaml states it.
@@ -59,7 +58,7 @@ func (s *Server) awaitFirst(c echo.Context, scope idempotency.Scope, wait time.D
 		stop := context.AfterFunc(s.Stopping, cancel)
 		defer stop()
 	}
-	transport.Yield(c.Request().Context()) // it waits holding neither a slot nor a connection
+	Yield(c.Request().Context()) // it waits holding neither a slot nor a connection
 	for problem.CodeOf(err) == problem.RequestInProgress && s.Waiter.Await(ctx, s.DB, scope) {
 		resp, err = run()
 	}

@@ -68,14 +68,15 @@ type Record struct {
 	LeaseExpiresAt *time.Time
 	Attempts       int
 	// Waiting is set by a duplicate that waits for the outcome (Prefer:
-	// wait): moving the record on then notifies it.
+	// wait): moving the record on then notifies it (a trigger:
+	// migrations/006_record_waiters.up.sql).
 	Waiting     bool
 	CreatedAt   time.Time
 	UpdatedAt   time.Time
 	CompletedAt *time.Time
 	ExpiresAt   *time.Time
 	// Resumable is false for an intent executed in one transaction (see
-	// Store.Record): it never had a lease or a PROCESSING version.
+	// Store.Insert): it never had a lease or a PROCESSING version.
 	Resumable bool
 }
 

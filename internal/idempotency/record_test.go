@@ -38,7 +38,7 @@ func TestAnIntentOfOneTransactionIsRecordedByOneInsert(t *testing.T) {
 	in := idempotency.Intent{Scope: idempotency.Scope{TenantID: "t-rec", Operation: "op.rec", Key: unique("once")}, Fingerprint: fp("once")}
 	tx(t, func(tx *gorm.DB) error {
 		ins0, upd0 := writes(t, tx)
-		if err := s.Record(tx, in, idempotency.Created("r-1", []byte(`{"id":"r-1"}`))); err != nil {
+		if err := s.Insert(tx, in, idempotency.Created("r-1", []byte(`{"id":"r-1"}`))); err != nil {
 			return err
 		}
 		if ins, upd := writes(t, tx); ins-ins0 != 1 || upd-upd0 != 0 {
@@ -76,11 +76,11 @@ func TestTheFirstOfTwoConcurrentRecordsWins(t *testing.T) {
 			go func() {
 				<-recorded
 				second <- db.Transaction(func(tx *gorm.DB) error {
-					return s.Record(tx, in, idempotency.Created("second", []byte(`{"id":"second"}`)))
+					return s.Insert(tx, in, idempotency.Created("second", []byte(`{"id":"second"}`)))
 				})
 			}()
 			err := db.Transaction(func(tx *gorm.DB) error {
-				if err := s.Record(tx, in, idempotency.Created("first", []byte(`{"id":"first"}`))); err != nil {
+				if err := s.Insert(tx, in, idempotency.Created("first", []byte(`{"id":"first"}`))); err != nil {
 					return err
 				}
 				close(recorded)

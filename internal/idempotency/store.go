@@ -73,7 +73,7 @@ type observed struct {
 // Inside a transaction, a duplicate of an uncommitted claim waits on the
 // unique index until the first commits (then replays) or rolls back (then
 // claims); lock_timeout bounds that wait and turns it into a 409. An
-// operation done in one transaction does not claim: see Record.
+// operation done in one transaction does not claim: see Insert.
 func (s *Store) ClaimOrReplay(tx *gorm.DB, in Intent) (Claim, error) {
 	var rec Record
 	res := tx.Raw(`
@@ -107,12 +107,12 @@ func (s *Store) ClaimOrReplay(tx *gorm.DB, in Intent) (Claim, error) {
 	return s.resolve(tx, in, cur)
 }
 
-// ErrTaken is Record's answer when another transaction recorded the same
+// ErrTaken is Insert's answer when another transaction recorded the same
 // intent first and committed: the caller's transaction holds a duplicate's
 // work and must roll back; the request is then answered from that record.
 var ErrTaken = errors.New("idempotency: the intent was recorded by another transaction first")
 
-// Record stores the definitive result of an intent executed in ONE
+// Insert stores the definitive result of an intent executed in ONE
 // transaction (a create, a ship, a deliver), inside the transaction that
 // executes it. Nobody else can ever see such an intent unfinished (its
 // writes and its record commit together or not at all), so it skips
@@ -124,10 +124,10 @@ var ErrTaken = errors.New("idempotency: the intent was recorded by another trans
 //
 // The primary key still decides every race. A concurrent duplicate's insert
 // waits on the first's uncommitted key: when the first commits, the insert
-// does nothing and Record returns ErrTaken (the caller rolls back and
+// does nothing and Insert returns ErrTaken (the caller rolls back and
 // replays the first's result); when it rolls back, this insert goes ahead.
 // lock_timeout bounds the wait and turns it into a 409.
-func (s *Store) Record(tx *gorm.DB, in Intent, result Result) error {
+func (s *Store) Insert(tx *gorm.DB, in Intent, result Result) error {
 	outcome, code, body, err := result.stored()
 	if err != nil {
 		return err
@@ -260,9 +260,6 @@ func (s *Store) takeOver(tx *gorm.DB, rec Record) (claim Claim, won bool, err er
 	if res.RowsAffected == 0 {
 		return Claim{}, false, nil
 	}
-	if err := wake(tx, next.Waiting, rec.Scope()); err != nil {
-		return Claim{}, false, err
-	}
 	return Claim{Record: next, ResumedFrom: rec.State}, true, nil
 }
 
@@ -277,32 +274,27 @@ func (s *Store) Complete(tx *gorm.DB, scope Scope, token int64, result Result) e
 		return err
 	}
 	state, resourceID := result.state(), result.Resource
-	var waiting []bool
-	res := tx.Raw(`
+	res := tx.Exec(`
 		UPDATE idempotency_records
 		SET state = ?, resource_id = COALESCE(NULLIF(?, ''), resource_id),
 		    outcome = ?, result_code = ?, result_body = ?,
 		    completed_at = now(), expires_at = now() + make_interval(secs => ?),
 		    lease_expires_at = NULL, updated_at = now()
 		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?
-		  AND lease_token = ? AND state = 'PROCESSING'
-		RETURNING waiting`,
+		  AND lease_token = ? AND state = 'PROCESSING'`,
 		state, resourceID, outcome, code, body,
 		s.Policy.RetentionFor(scope.Operation).Seconds(),
-		scope.TenantID, scope.Operation, scope.Key, token).Find(&waiting)
-	return moved(tx, res, waiting, scope)
+		scope.TenantID, scope.Operation, scope.Key, token)
+	return fenced(res)
 }
 
-// moved finishes a fenced write of one record: ErrFenced when it matched no
-// row, and the wake-up of waiting duplicates when it did.
-func moved(tx *gorm.DB, res *gorm.DB, waiting []bool, scope Scope) error {
-	if res.Error != nil {
-		return res.Error
-	}
-	if len(waiting) == 0 {
+// fenced is the error of a write that names a lease token: ErrFenced when
+// it matched no row.
+func fenced(res *gorm.DB) error {
+	if res.Error == nil && res.RowsAffected == 0 {
 		return ErrFenced
 	}
-	return wake(tx, waiting[0], scope)
+	return res.Error
 }
 
 // Hold locks the record of an intent owned with token, for the rest of the
@@ -330,15 +322,13 @@ func (s *Store) Hold(tx *gorm.DB, scope Scope, token int64) error {
 // failure transient. The same key may retry at once; the sweeper resumes
 // the intent itself after retryAfter if no client does.
 func (s *Store) Fail(tx *gorm.DB, scope Scope, token int64, retryAfter time.Duration) error {
-	var waiting []bool
-	res := tx.Raw(`
+	res := tx.Exec(`
 		UPDATE idempotency_records
 		SET state = 'FAILED_RETRYABLE', lease_expires_at = now() + make_interval(secs => ?), updated_at = now()
 		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?
-		  AND lease_token = ? AND state = 'PROCESSING'
-		RETURNING waiting`,
-		retryAfter.Seconds(), scope.TenantID, scope.Operation, scope.Key, token).Find(&waiting)
-	return moved(tx, res, waiting, scope)
+		  AND lease_token = ? AND state = 'PROCESSING'`,
+		retryAfter.Seconds(), scope.TenantID, scope.Operation, scope.Key, token)
+	return fenced(res)
 }
 
 // CountDue is how many intents ClaimDue would take now, at most limit,
@@ -378,11 +368,6 @@ func (s *Store) ClaimDue(tx *gorm.DB, operations []string, limit int) ([]Record,
 		WHERE r.tenant_id = due.tenant_id AND r.operation = due.operation AND r.idempotency_key = due.idempotency_key
 		RETURNING r.*`,
 		operations, limit, s.Lease.Seconds()).Find(&recs).Error
-	for _, rec := range recs {
-		if err == nil {
-			err = wake(tx, rec.Waiting, rec.Scope())
-		}
-	}
 	return recs, err
 }
 

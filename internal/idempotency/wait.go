@@ -19,18 +19,9 @@ import (
 // waiting for it, on every instance.
 const notifyChannel = "idempotency_record_moved"
 
-// wake announces, from the transaction that moved the record, that scope
-// moved on. PostgreSQL delivers the notification only if and when that
-// transaction commits, so a waiter never sees an outcome that rolled back.
-func wake(tx *gorm.DB, waiting bool, scope Scope) error {
-	if !waiting {
-		return nil
-	}
-	return tx.Exec("SELECT pg_notify(?, ?)", notifyChannel, scopeID(scope)).Error
-}
-
 // scopeID is the NOTIFY payload naming a scope: fixed length, whatever the
-// key holds.
+// key holds. The trigger that sends it computes the same in SQL
+// (migrations/006_record_waiters.up.sql).
 func scopeID(scope Scope) string {
 	sum := sha256.Sum256([]byte(scope.TenantID + "\x00" + scope.Operation + "\x00" + scope.Key))
 	return hex.EncodeToString(sum[:16])

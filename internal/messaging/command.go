@@ -11,9 +11,10 @@ import (
 	"github.com/go-json-experiment/json/jsontext"
 	"github.com/nats-io/nats.go"
 
+	"github.com/orderservice/orderservice/internal/answer"
+	"github.com/orderservice/orderservice/internal/decode"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
-	"github.com/orderservice/orderservice/internal/transport"
 )
 
 // Orders is what the consumer needs of the order use cases: the very
@@ -60,7 +61,7 @@ var useCases = map[string]useCase{
 func decoded[Req any](pick func(Orders) func(context.Context, order.Caller, string, Req) (idempotency.Result, error)) func(context.Context, Orders, order.Caller, string, []byte) (idempotency.Result, error) {
 	return func(ctx context.Context, s Orders, c order.Caller, orderID string, body []byte) (idempotency.Result, error) {
 		var req Req
-		if err := transport.DecodeJSON(body, &req); err != nil {
+		if err := decode.JSON(body, &req); err != nil {
 			return idempotency.Result{}, err
 		}
 		return pick(s)(ctx, c, orderID, req)
@@ -103,7 +104,7 @@ func parseCommand(subject string, header nats.Header, data []byte, tenants map[s
 	}
 	key, err := idempotency.ParseKeyHeader(headerValues(header, HeaderKey))
 	if err != nil {
-		return cmd, "Idempotency-Key: " + transport.Problem(err).Detail
+		return cmd, "Idempotency-Key: " + answer.Problem(err).Detail
 	}
 	cmd.key = key
 	if len(bytes.TrimSpace(data)) > 0 && !stdjson.Valid(data) {

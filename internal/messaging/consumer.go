@@ -14,7 +14,6 @@ import (
 
 	"github.com/orderservice/orderservice/internal/answer"
 	"github.com/orderservice/orderservice/internal/order"
-	"github.com/orderservice/orderservice/internal/transport"
 )
 
 // Consumer runs the commands of ORDER_COMMANDS through the order use cases.
@@ -297,10 +296,10 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
 	if err == nil {
 		resp = answer.Render(res)
 	} else {
-		p := transport.Problem(err)
+		p := answer.Problem(err)
 		resp = answer.RenderError(p)
 		status := resp.Status
-		if transport.Transient(p) {
+		if answer.Transient(p) {
 			if d.count >= c.MaxDeliver {
 				c.deadLetter(ctx, d, op, fmt.Sprintf("still failing after %d deliveries: %d %s", d.count, status, p.Code))
 				return

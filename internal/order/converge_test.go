@@ -188,7 +188,7 @@ func TestARefusedRefundPutsTheOrderBackToPaid(t *testing.T) {
 // cutPhase3 makes the database drop phase 3's connection before it commits,
 // as a failover or a restart would, for as long as cut holds.
 func cutPhase3(t *testing.T, m *app.Main, cut *atomic.Bool) {
-	m.Orders.Hooks.BeforeSettleCommit = func() error {
+	m.Orders.Hooks.BeforeReplyCommit = func() error {
 		if cut.Load() {
 			if err := moneyDB(t).Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 				WHERE datname = current_database() AND state = 'idle in transaction' AND application_name = 'orderservice'`).Error; err != nil {
@@ -207,14 +207,14 @@ func TestADatabaseBlipAfterTheChannelAnsweredIsRidenOutByPhase3(t *testing.T) {
 	cutPhase3(t, m, &cut)
 	m.Orders.Hooks.AfterChannelCall = func() error { return nil }
 	var attempts atomic.Int32
-	m.Orders.Hooks.BeforeSettleCommit = func(next func() error) func() error {
+	m.Orders.Hooks.BeforeReplyCommit = func(next func() error) func() error {
 		return func() error {
 			if attempts.Add(1) > 1 {
 				cut.Store(false) // the new primary is up: the next try commits
 			}
 			return next()
 		}
-	}(m.Orders.Hooks.BeforeSettleCommit)
+	}(m.Orders.Hooks.BeforeReplyCommit)
 
 	r := moneyPay(t, c, id, moneyKey("R2-blip"), "pm_ok")
 	if r.Status != http.StatusOK || moneyDecodeOrder(t, r.Body).Status != "PAID" {

@@ -56,7 +56,7 @@ func TestCrashAtAPhaseBoundaryIsRecovered(t *testing.T) {
 	}{
 		{"after phase 1", func(h *order.Hooks, f func() error) { h.AfterPhase1 = f }, false},
 		{"after the channel call", func(h *order.Hooks, f func() error) { h.AfterChannelCall = f }, true},
-		{"before phase 3 commits", func(h *order.Hooks, f func() error) { h.BeforeSettleCommit = f }, true},
+		{"before phase 3 commits", func(h *order.Hooks, f func() error) { h.BeforeReplyCommit = f }, true},
 	}
 	for _, recoverer := range []struct {
 		name string

@@ -126,7 +126,7 @@ func (o *Order) Cancel() error { return o.fire(EventCancel) }
 // Refund moves a paid order to REFUND_PENDING and returns the refund of the
 // charge that paid it; the order is CANCELLED once the refund succeeded.
 func (o *Order) Refund() (Payment, error) {
-	charge := o.settledCharge()
+	charge := o.paidCharge()
 	if err := o.fire(EventRefund); err != nil {
 		return Payment{}, err
 	}
@@ -148,24 +148,24 @@ func (o *Order) Ship(carrier, trackingNumber string) error {
 // Deliver moves a shipped order to DELIVERED.
 func (o *Order) Deliver() error { return o.fire(EventDeliver) }
 
-// settle applies the channel's definitive answer on the pending payment p:
-// the order makes the answer's transition and its loaded payment (which the
-// representation shows) takes the answer's status.
-func (o *Order) settle(p Payment, ans channelResult, at time.Time) (Event, error) {
-	ev := ans.event(p.Kind)
+// applyReply applies the channel's definitive reply on the pending payment p:
+// the order makes the reply's transition and its loaded payment (which the
+// representation shows) takes the reply's status.
+func (o *Order) applyReply(p Payment, reply channelReply, at time.Time) (Event, error) {
+	ev := reply.event(p.Kind)
 	if err := o.fire(ev); err != nil {
 		return ev, err
 	}
 	for i := range o.payments {
 		if q := &o.payments[i]; q.ID == p.ID {
-			q.Status, q.ChannelRef, q.UpdatedAt = ans.paymentStatus(), ans.channelRef(), at
+			q.Status, q.ChannelRef, q.UpdatedAt = reply.paymentStatus(), reply.channelRef(), at
 		}
 	}
 	return ev, nil
 }
 
-// settledCharge is the charge that made the order PAID.
-func (o *Order) settledCharge() *Payment {
+// paidCharge is the charge that made the order PAID.
+func (o *Order) paidCharge() *Payment {
 	for i := len(o.payments) - 1; i >= 0; i-- {
 		if p := &o.payments[i]; p.Kind == KindCharge && p.Status == PaymentSucceeded {
 			return p

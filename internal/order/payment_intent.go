@@ -9,8 +9,8 @@ package order
 //	         the order, apply its rule; either the intent ends here or a
 //	         pending payment with its stable downstream key is written;
 //	phase 2, no transaction  (askChannel):  ask the channel, under that key;
-//	phase 3, one transaction (record):      store the answer, fenced by the
-//	         lease token; an unknown answer postpones the intent instead.
+//	phase 3, one transaction (storeReply):  store the reply, fenced by the
+//	         lease token; an unknown reply postpones the intent instead.
 //
 // A retry of an unfinished intent (failed retryably, or its owner's lease
 // expired) skips the rule and resumes the payment phase 1 wrote; the
@@ -27,85 +27,12 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"golang.org/x/sync/semaphore"
 	"gorm.io/gorm"
 
 	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/payment"
-	"github.com/orderservice/orderservice/internal/problem"
-	"github.com/orderservice/orderservice/internal/transport"
 )
-
-// PaymentKind says which way money moves.
-type PaymentKind string
-
-// Payment kinds.
-const (
-	KindCharge PaymentKind = "charge"
-	KindRefund PaymentKind = "refund"
-)
-
-// PaymentStatus is what we know of a money movement at the channel.
-type PaymentStatus string
-
-// Payment statuses. Pending means the outcome is not known yet: the channel
-// may or may not have acted, and only a query by ChannelKey can tell.
-const (
-	PaymentPending   PaymentStatus = "pending"
-	PaymentSucceeded PaymentStatus = "succeeded"
-	PaymentFailed    PaymentStatus = "failed"
-)
-
-// Payment is one charge or refund that an intent asked the channel for.
-type Payment struct {
-	ID            uuid.UUID `gorm:"type:uuid;primaryKey"`
-	OrderID       uuid.UUID `gorm:"type:uuid"`
-	TenantID      string
-	Kind          PaymentKind
-	Status        PaymentStatus
-	Amount        int64
-	Currency      string
-	PaymentMethod *string
-	// ChannelKey is the stable downstream idempotency key of the intent.
-	ChannelKey string
-	ChannelRef *string
-	// RefundOf is, for a refund, the channel's id of the charge it returns.
-	RefundOf       *string
-	Operation      string
-	IdempotencyKey string
-	CreatedAt      time.Time
-	UpdatedAt      time.Time
-}
-
-// Channel is the payment channel as the order use cases need it. Every
-// method takes the stable downstream key of one intent.
-type Channel interface {
-	Charge(ctx context.Context, key string, req payment.ChargeRequest) (payment.Result[payment.Charge], error)
-	LookupCharge(ctx context.Context, key string) (payment.Charge, error)
-	Refund(ctx context.Context, key string, req payment.RefundRequest) (payment.Result[payment.Refund], error)
-	LookupRefund(ctx context.Context, key string) (payment.Refund, error)
-}
-
-// MoneyConfig tunes the calls to the payment channel.
-type MoneyConfig struct {
-	// ChannelTimeout bounds one call to the channel; it must be well below
-	// the lease, or a slow call could outlive its owner's right to finish.
-	ChannelTimeout time.Duration
-	// RetryAfter is what a client is told to wait after an unknown outcome;
-	// the sweeper resumes the intent itself after that if nobody retries.
-	RetryAfter time.Duration
-	// ChannelKeyWindow is how long the channel is trusted to remember an
-	// idempotency key (an acquirer's keys expire: a day is common). A
-	// resumed intent older than it asks the channel what it holds under
-	// the key before sending anything: past it, the same key sent again
-	// could move money a second time. Zero: always ask first.
-	ChannelKeyWindow time.Duration
-	// MaxChannelCalls bounds the intents at the channel at once (0: no
-	// bound). One beyond it is refused in phase 1 with 503 and Retry-After,
-	// before anything is recorded; see channelPlace.
-	MaxChannelCalls int
-}
 
 // Pay charges the order total through the payment channel.
 func (s *Service) Pay(ctx context.Context, c Caller, orderID string, req PayRequest) (idempotency.Result, error) {
@@ -160,7 +87,7 @@ func (s *Service) runPaymentIntent(ctx context.Context, c Caller, op, orderID st
 	if err != nil {
 		return idempotency.Result{}, err
 	}
-	place := &channelPlace{calls: s.channelCalls()}
+	place := s.channelPlace()
 	defer place.release()
 	opened, err := s.open(ctx, c, id, in, rule, place)
 	if err != nil || !opened.awaitsChannel {
@@ -180,14 +107,12 @@ func (s *Service) runPaymentIntent(ctx context.Context, c Caller, op, orderID st
 	// again, which the channel absorbs for as long as it remembers the key.
 	lookupFirst := opened.claim.ResumedFrom == idempotency.Processing ||
 		opened.claim.Resumes() && s.pastKeyWindow(opened.claim.Record)
-	// From here the intent waits for the channel, holding no connection:
-	// its admission slot goes to a request with work to do. Its place at
-	// the channel, held until its answer is stored, bounds what it does
-	// from now on.
-	transport.Yield(ctx)
+	// From here the intent waits for the channel, holding no connection.
+	// Its place at the channel, held until its reply is stored, bounds
+	// what it does from now on.
 	work, cancel := s.detach(ctx)
 	defer cancel()
-	return s.settle(work, opened.claim.Record, opened.payment, lookupFirst)
+	return s.finishPayment(work, opened.claim.Record, opened.payment, lookupFirst)
 }
 
 // opening is how phase 1 ended: either the intent is answered (result:
@@ -198,59 +123,6 @@ type opening struct {
 	awaitsChannel bool
 	payment       Payment
 	result        idempotency.Result
-}
-
-// channelPlace is an intent's place among the MaxChannelCalls intents at
-// the channel at once. Phase 1 takes it when the intent is about to move
-// money, so an intent the channel has no room for is refused while
-// everything it wrote can still be rolled back; the intent holds it
-// through the call and until the answer is stored (phase 3).
-type channelPlace struct {
-	calls *semaphore.Weighted // nil: no bound
-	held  bool
-}
-
-// take reserves the place, or refuses with 503 when every place is taken.
-// A place already held is kept: a transaction that is tried again takes it
-// once.
-func (p *channelPlace) take() error {
-	return p.hold(func() error {
-		if !p.calls.TryAcquire(1) {
-			return errChannelBusy()
-		}
-		return nil
-	})
-}
-
-// hold takes the place with acquire, unless there is no bound or the place
-// is held already.
-func (p *channelPlace) hold(acquire func() error) error {
-	if p.calls == nil || p.held {
-		return nil
-	}
-	if err := acquire(); err != nil {
-		return err
-	}
-	p.held = true
-	return nil
-}
-
-func (p *channelPlace) release() {
-	if p.held {
-		p.calls.Release(1)
-		p.held = false
-	}
-}
-
-// channelCalls is the bound of MaxChannelCalls, made on first use; nil
-// when there is none.
-func (s *Service) channelCalls() *semaphore.Weighted {
-	s.callsOnce.Do(func() {
-		if s.Money.MaxChannelCalls > 0 {
-			s.calls = semaphore.NewWeighted(int64(s.Money.MaxChannelCalls))
-		}
-	})
-	return s.calls
 }
 
 // open is phase 1, in one transaction. An intent that goes on to the
@@ -344,26 +216,26 @@ func channelKey(tenantID, op string, orderID uuid.UUID, key string) string {
 	return "os_" + hex.EncodeToString(sum[:20])
 }
 
-// settle drives a pending payment to its outcome (phases 2 and 3). It is
+// finishPayment drives a pending payment to its outcome (phases 2 and 3). It is
 // used by the request that started the payment, by a client retry, and by
 // the sweeper after a takeover.
-func (s *Service) settle(ctx context.Context, rec idempotency.Record, p Payment, lookupFirst bool) (idempotency.Result, error) {
-	ans, err := s.askChannel(ctx, p, lookupFirst)
+func (s *Service) finishPayment(ctx context.Context, rec idempotency.Record, p Payment, lookupFirst bool) (idempotency.Result, error) {
+	reply, err := s.askChannel(ctx, p, lookupFirst)
 	if err == nil {
 		err = s.Hooks.run(s.Hooks.AfterChannelCall)
 	}
 	if err != nil {
 		return idempotency.Result{}, err
 	}
-	if ans.answer == unknown {
+	if reply.verdict == unknown {
 		return idempotency.Result{}, s.postpone(ctx, rec)
 	}
-	res, err := s.recordPatiently(ctx, rec, p, ans)
+	res, err := s.storeReplyPatiently(ctx, rec, p, reply)
 	switch {
 	case errors.Is(err, idempotency.ErrFenced):
 		return idempotency.Result{}, errSuperseded()
 	case transientStore(err):
-		// The channel answered but the answer could not be stored: the
+		// The channel answered but the reply could not be stored: the
 		// intent is resumable at once, and its retry sends the same key
 		// again, which the channel answers from its own record.
 		return idempotency.Result{}, s.postpone(ctx, rec)
@@ -377,20 +249,20 @@ func transientStore(err error) bool {
 	return database.IsUnavailable(err) || database.IsLockTimeout(err)
 }
 
-// recordPatiently is phase 3, tried again for up to a channel timeout while
+// storeReplyPatiently is phase 3, tried again for up to a channel timeout while
 // the database is briefly unavailable (a failover, a dropped connection):
-// the channel's answer is known and worth storing now rather than after a
+// the channel's reply is known and worth storing now rather than after a
 // retry or a lease. A commit whose outcome was lost and that did land is
 // fenced on the next try (the record is no longer PROCESSING), and the
 // client's retry gets it replayed.
-func (s *Service) recordPatiently(ctx context.Context, rec idempotency.Record, p Payment, ans channelResult) (idempotency.Result, error) {
+func (s *Service) storeReplyPatiently(ctx context.Context, rec idempotency.Record, p Payment, reply channelReply) (idempotency.Result, error) {
 	deadline := time.Now().Add(s.Money.ChannelTimeout)
 	for pause := 50 * time.Millisecond; ; pause = min(2*pause, time.Second) {
-		res, err := s.record(ctx, rec, p, ans)
+		res, err := s.storeReply(ctx, rec, p, reply)
 		if !transientStore(err) || time.Now().Add(pause).After(deadline) {
 			return res, err
 		}
-		s.logger().WarnContext(ctx, "storing the channel's answer failed; trying again", "channel_key", p.ChannelKey, "err", err)
+		s.logger().WarnContext(ctx, "storing the channel's reply failed; trying again", "channel_key", p.ChannelKey, "err", err)
 		select {
 		case <-ctx.Done():
 			return res, err
@@ -399,85 +271,12 @@ func (s *Service) recordPatiently(ctx context.Context, rec idempotency.Record, p
 	}
 }
 
-// answer is what the channel's reply means for one payment: the request
-// classified once, where the reply is read (payment.Client), and named here.
-type answer int
-
-const (
-	// unknown: no definitive reply (timeout, 5xx, 429, lost connection).
-	// The same request under the same key may be sent again.
-	unknown answer = iota
-	// moved: the charge or refund was made.
-	moved
-	// declined: the acquirer declined the charge (402).
-	declined
-	// refused: the channel refused the request and will not act on it
-	// (any other 4xx): as final as a decline.
-	refused
-)
-
-// channelResult is what the channel said of one payment.
-type channelResult struct {
-	answer   answer
-	ref      string // the channel's id of the charge or refund, when made
-	reason   string // the channel's words, for a refusal
-	replayed bool
-}
-
-// paymentStatus is what the payment row records of a definitive answer.
-func (r channelResult) paymentStatus() PaymentStatus {
-	if r.answer == moved {
-		return PaymentSucceeded
-	}
-	return PaymentFailed
-}
-
-// channelRef is the channel's id of what it made, or nil.
-func (r channelResult) channelRef() *string {
-	if r.ref == "" {
-		return nil
-	}
-	ref := r.ref
-	return &ref
-}
-
-// event is the order's transition for a definitive answer on a payment of
-// kind: the table in fsm.go decides whether the order may make it.
-func (r channelResult) event(kind PaymentKind) Event {
-	switch {
-	case kind == KindRefund && r.answer == moved:
-		return EventRefundSucceeded
-	case kind == KindRefund:
-		return EventRefundFailed
-	case r.answer == moved:
-		return EventPaymentSucceeded
-	}
-	return EventPaymentFailed
-}
-
-// failure is the refusal a definitive non-success answer is stored as, or
-// nil when the money moved.
-func (r channelResult) failure(kind PaymentKind, orderID string) *problem.Error {
-	switch {
-	case r.answer == moved:
-		return nil
-	case kind == KindRefund:
-		return problem.Errorf(CodeRefundRefused, "The payment channel refused the refund (%s); the order stays PAID.", r.reason).
-			With("order_id", orderID)
-	case r.answer == refused:
-		return problem.Errorf(CodePaymentRefused, "The payment channel refused the charge (%s); the order may be paid again with a new Idempotency-Key.", r.reason).
-			With("order_id", orderID)
-	}
-	return problem.Errorf(CodePaymentDeclined, "The payment channel declined the charge; the order may be paid again with a new Idempotency-Key.").
-		With("order_id", orderID)
-}
-
 // askChannel is phase 2. With lookupFirst (a takeover from an owner that
 // died) it first asks the channel what happened under the key, and only when
 // the channel has nothing sends the request, with the same key. An error is
-// one the channel's answer cannot be classified past (a hook's); the
-// channel's own failures are an unknown answer.
-func (s *Service) askChannel(ctx context.Context, p Payment, lookupFirst bool) (res channelResult, err error) {
+// one the channel's reply cannot be classified past (a hook's); the
+// channel's own failures are an unknown reply.
+func (s *Service) askChannel(ctx context.Context, p Payment, lookupFirst bool) (res channelReply, err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.Money.ChannelTimeout)
 	defer cancel()
 	start := time.Now()
@@ -490,9 +289,9 @@ func (s *Service) askChannel(ctx context.Context, p Payment, lookupFirst bool) (
 				return s.Channel.Charge(ctx, p.ChannelKey, payment.ChargeRequest{Amount: p.Amount, Currency: p.Currency,
 					Reference: p.OrderID.String(), PaymentMethod: deref(p.PaymentMethod)})
 			})
-		res.answer, res.ref = declined, ch.ID
+		res.verdict, res.ref = declined, ch.ID
 		if ch.Status == payment.StatusSucceeded {
-			res.answer = moved
+			res.verdict = moved
 		}
 	case KindRefund:
 		var rf payment.Refund
@@ -501,36 +300,21 @@ func (s *Service) askChannel(ctx context.Context, p Payment, lookupFirst bool) (
 			func() (payment.Result[payment.Refund], error) {
 				return s.Channel.Refund(ctx, p.ChannelKey, payment.RefundRequest{ChargeID: deref(p.RefundOf), Amount: p.Amount})
 			})
-		res.answer, res.ref = moved, rf.ID
+		res.verdict, res.ref = moved, rf.ID
 	}
 	s.observe().ChannelCall(string(p.Kind), time.Since(start), err, res.replayed)
 	switch {
 	case errors.Is(err, payment.ErrRejected):
 		s.logger().WarnContext(ctx, "payment channel refused the request", "kind", p.Kind, "channel_key", p.ChannelKey, "err", err)
-		return channelResult{answer: refused, reason: refusalReason(err)}, nil
+		return channelReply{verdict: refused, reason: refusalReason(err)}, nil
 	case err != nil:
 		// Outcome unknown: keep the intent resumable and let a retry or the
 		// sweeper ask again under the same key.
-		s.logger().WarnContext(ctx, "payment channel gave no definitive answer", "kind", p.Kind, "channel_key", p.ChannelKey, "err", err)
-		return channelResult{answer: unknown}, nil
+		s.logger().WarnContext(ctx, "payment channel gave no definitive reply", "kind", p.Kind, "channel_key", p.ChannelKey, "err", err)
+		return channelReply{verdict: unknown}, nil
 	}
 	return res, nil
 }
-
-// refusalReason is the channel's code for a refusal, safe to show a client.
-func refusalReason(err error) string {
-	var se *payment.StatusError
-	if errors.As(err, &se) && se.Code != "" && len(se.Code) <= maxRefusalReason &&
-		strings.Trim(se.Code, "abcdefghijklmnopqrstuvwxyz0123456789_") == "" {
-		return se.Code
-	}
-	return "refused"
-}
-
-// maxRefusalReason bounds the channel's code a refusal's detail repeats:
-// the channel's words reach the client only as a short snake_case code, so
-// the detail stays within api/openapi.yaml's bound whatever the channel sends.
-const maxRefusalReason = 64
 
 // pastKeyWindow reports whether the channel may have forgotten the intent's
 // key by the time the call reaches it: the key's first use at the channel
@@ -554,10 +338,10 @@ func lookupOrSend[T any](lookupFirst bool, lookup func() (T, error), send func()
 	return r.Value, r.Replayed, err
 }
 
-// record is phase 3: one transaction that stores the channel's definitive
+// storeReply is phase 3: one transaction that stores the channel's definitive
 // answer on the payment, moves the order and completes the intent, fenced
 // by the lease token. A decline or refusal is the intent's failed result.
-func (s *Service) record(ctx context.Context, rec idempotency.Record, p Payment, ans channelResult) (result idempotency.Result, err error) {
+func (s *Service) storeReply(ctx context.Context, rec idempotency.Record, p Payment, reply channelReply) (result idempotency.Result, err error) {
 	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
 		// The fence first: a superseded owner must not even try the
 		// transition, which its successor may already have made.
@@ -569,23 +353,23 @@ func (s *Service) record(ctx context.Context, rec idempotency.Record, p Payment,
 			return err
 		}
 		from := o.Status
-		at, err := settlePayment(tx, p.ID, ans.paymentStatus(), ans.channelRef())
+		at, err := storePaymentReply(tx, p.ID, reply.paymentStatus(), reply.channelRef())
 		if err != nil {
 			return err
 		}
-		ev, err := o.settle(p, ans, at)
+		ev, err := o.applyReply(p, reply, at)
 		if err != nil {
 			return err
 		}
 		if err := saveTransition(tx, o, from, ev, p.Operation, p.IdempotencyKey); err != nil {
 			return err
 		}
-		if fail := ans.failure(p.Kind, o.ID.String()); fail != nil {
+		if fail := reply.failure(p.Kind, o.ID.String()); fail != nil {
 			result = idempotency.Failed(o.ID.String(), fail)
 		} else if result, err = done(o); err != nil {
 			return err
 		}
-		if err := s.Hooks.run(s.Hooks.BeforeSettleCommit); err != nil {
+		if err := s.Hooks.run(s.Hooks.BeforeReplyCommit); err != nil {
 			return err
 		}
 		return s.Records.Complete(tx, rec.Scope(), rec.LeaseToken, result)
@@ -659,25 +443,12 @@ func (s *Service) Sweep(ctx context.Context, batch int) (int, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer places[i].release() // its place is free once its answer is stored
+			defer places[i].release() // its place is free once its reply is stored
 			s.resume(work, rec)
 		}()
 	}
 	wg.Wait()
 	return len(claimed), nil
-}
-
-// freePlaces takes up to n places at the channel that are free now.
-func (s *Service) freePlaces(n int) []*channelPlace {
-	var places []*channelPlace
-	for range n {
-		p := &channelPlace{calls: s.channelCalls()}
-		if p.take() != nil {
-			break
-		}
-		places = append(places, p)
-	}
-	return places
 }
 
 // resume settles one intent the sweeper took over, holding one of the
@@ -700,7 +471,7 @@ func (s *Service) resume(ctx context.Context, rec idempotency.Record) {
 		s.logger().ErrorContext(ctx, "unfinished money intent has no payment", "operation", rec.Operation, "key", rec.IdempotencyKey)
 		return
 	}
-	if _, err := s.settle(ctx, rec, p, true); err != nil {
+	if _, err := s.finishPayment(ctx, rec, p, true); err != nil {
 		s.logger().DebugContext(ctx, "sweep left intent unfinished", "operation", rec.Operation, "key", rec.IdempotencyKey, "err", err)
 	}
 }

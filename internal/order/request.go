@@ -10,8 +10,8 @@ import (
 	"github.com/go-json-experiment/json"
 	"github.com/go-json-experiment/json/jsontext"
 
+	"github.com/orderservice/orderservice/internal/decode"
 	"github.com/orderservice/orderservice/internal/problem"
-	"github.com/orderservice/orderservice/internal/transport"
 )
 
 // Limits of a create request, as api/openapi.yaml states them. Text limits
@@ -64,7 +64,7 @@ func (it *ItemRequest) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
 		return err
 	}
 	if item.UnitPrice == nil {
-		return transport.MissingField("unit_price")
+		return decode.MissingField("unit_price")
 	}
 	*it = ItemRequest{SKU: item.SKU, Quantity: item.Quantity, UnitPrice: *item.UnitPrice}
 	return nil

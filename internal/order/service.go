@@ -88,8 +88,8 @@ type Hooks struct {
 	AfterPhase1 func() error
 	// AfterChannelCall runs once the channel answered, before phase 3.
 	AfterChannelCall func() error
-	// BeforeSettleCommit runs inside phase 3, just before it commits.
-	BeforeSettleCommit func() error
+	// BeforeReplyCommit runs inside phase 3, just before it commits.
+	BeforeReplyCommit func() error
 }
 
 func (h Hooks) run(f func() error) error {
@@ -130,13 +130,13 @@ func (s *Service) logger() *slog.Logger {
 //
 //  1. answer with the stored result, found by one plain read, if there is one;
 //  2. otherwise run exec, which executes the business write and records its
-//     result (recordFirst, recordLast), in ONE transaction, so a crash
+//     result (insertRecordFirst, insertRecordLast), in ONE transaction, so a crash
 //     leaves both or neither;
 //  3. if a concurrent duplicate recorded the intent first, roll ours back
 //     and go to 1, which now finds the duplicate's result.
 //
 // The record is written once, SUCCEEDED or FAILED_FINAL
-// (idempotency.Store.Record): PROCESSING would be seen by nobody. Any error
+// (idempotency.Store.Insert): PROCESSING would be seen by nobody. Any error
 // but a refusal rolls everything back and records nothing, so the same key
 // may simply be sent again.
 func (s *Service) once(ctx context.Context, in idempotency.Intent, exec func(tx *gorm.DB) (idempotency.Result, error)) (idempotency.Result, error) {
@@ -163,30 +163,30 @@ func (s *Service) once(ctx context.Context, in idempotency.Intent, exec func(tx 
 	}
 }
 
-// recordFirst is how an intent whose result is known before it writes
+// insertRecordFirst is how an intent whose result is known before it writes
 // anything runs, inside once's transaction (a create: the new order's id,
 // times and representation are chosen before its first statement): its
 // record goes first, so a concurrent duplicate waits at the record's key
 // before it does any work, then write runs.
-func (s *Service) recordFirst(tx *gorm.DB, in idempotency.Intent, res idempotency.Result, write func() error) (idempotency.Result, error) {
-	if err := s.Records.Record(tx, in, res); err != nil {
+func (s *Service) insertRecordFirst(tx *gorm.DB, in idempotency.Intent, res idempotency.Result, write func() error) (idempotency.Result, error) {
+	if err := s.Records.Insert(tx, in, res); err != nil {
 		return idempotency.Result{}, err
 	}
 	return res, write()
 }
 
-// recordLast is how an intent whose result is only known once it has run
+// insertRecordLast is how an intent whose result is only known once it has run
 // runs (a transition, which reads the order it changes under its row lock):
 // exec runs, then its record stores what it ended with, success or refusal
-// (see outcome). A refusal must be returned before exec writes anything.
-func (s *Service) recordLast(in idempotency.Intent, exec func(tx *gorm.DB) (idempotency.Result, error)) func(tx *gorm.DB) (idempotency.Result, error) {
+// (see resultOf). A refusal must be returned before exec writes anything.
+func (s *Service) insertRecordLast(in idempotency.Intent, exec func(tx *gorm.DB) (idempotency.Result, error)) func(tx *gorm.DB) (idempotency.Result, error) {
 	return func(tx *gorm.DB) (idempotency.Result, error) {
 		executed, err := exec(tx)
-		res, err := outcome(in, executed, err)
+		res, err := resultOf(in, executed, err)
 		if err != nil {
 			return idempotency.Result{}, err
 		}
-		return res, s.Records.Record(tx, in, res)
+		return res, s.Records.Insert(tx, in, res)
 	}
 }
 
@@ -197,10 +197,10 @@ func (s *Service) recordLast(in idempotency.Intent, exec func(tx *gorm.DB) (idem
 // round; that ends in 409.
 const maxRecordRaces = 3
 
-// outcome is the result an intent's execution ended with: its success, or
+// resultOf is the result an intent's execution ended with: its success, or
 // the refusal it ended with, as a failed result to store and replay. Any
 // other error is returned for a rollback.
-func outcome(in idempotency.Intent, res idempotency.Result, err error) (idempotency.Result, error) {
+func resultOf(in idempotency.Intent, res idempotency.Result, err error) (idempotency.Result, error) {
 	if err == nil {
 		return res, nil
 	}
@@ -212,9 +212,9 @@ func outcome(in idempotency.Intent, res idempotency.Result, err error) (idempote
 }
 
 // finish stores the outcome of a claimed intent on its record, in the
-// caller's transaction (see outcome).
+// caller's transaction (see resultOf).
 func (s *Service) finish(tx *gorm.DB, in idempotency.Intent, token int64, res idempotency.Result, err error) (idempotency.Result, error) {
-	if res, err = outcome(in, res, err); err != nil {
+	if res, err = resultOf(in, res, err); err != nil {
 		return idempotency.Result{}, err
 	}
 	return res, s.Records.Complete(tx, in.Scope, token, res)
@@ -254,7 +254,7 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (idem
 		if err != nil {
 			return idempotency.Result{}, err
 		}
-		return s.recordFirst(tx, in, res, func() error {
+		return s.insertRecordFirst(tx, in, res, func() error {
 			if err := insertOrder(tx, o, OpCreate, c.Key); err != nil {
 				return err
 			}
@@ -288,7 +288,7 @@ func (s *Service) transition(ctx context.Context, c Caller, op string, ev Event,
 	if err != nil {
 		return idempotency.Result{}, err
 	}
-	return s.once(ctx, in, s.recordLast(in, func(tx *gorm.DB) (idempotency.Result, error) {
+	return s.once(ctx, in, s.insertRecordLast(in, func(tx *gorm.DB) (idempotency.Result, error) {
 		o, err := lockOrder(tx, c.TenantID, id)
 		if err != nil {
 			return idempotency.Result{}, err

@@ -112,9 +112,9 @@ func pendingPayment(db *gorm.DB, scope idempotency.Scope) (p Payment, found bool
 	return p, err == nil, err
 }
 
-// settlePayment records the channel's answer on the pending payment id and
+// storePaymentReply records the channel's reply on the pending payment id and
 // returns when it did.
-func settlePayment(tx *gorm.DB, id uuid.UUID, status PaymentStatus, channelRef *string) (time.Time, error) {
+func storePaymentReply(tx *gorm.DB, id uuid.UUID, status PaymentStatus, channelRef *string) (time.Time, error) {
 	now := tx.NowFunc()
 	res := tx.Model(&Payment{}).Where("id = ? AND status = ?", id, PaymentPending).
 		Updates(map[string]any{"status": status, "channel_ref": channelRef, "updated_at": now})

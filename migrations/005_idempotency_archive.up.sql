@@ -1,5 +1,5 @@
 -- Expired records of money operations are archived, not just deleted: the
--- key, fingerprint, outcome, resource and times stay for audit; the response
+-- key, fingerprint, outcome, resource and times stay for audit; the result
 -- body is dropped and only its SHA-256 kept, which keeps the archive compact.
 CREATE TABLE idempotency_archive (
     id              bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -9,8 +9,9 @@ CREATE TABLE idempotency_archive (
     fingerprint     text        NOT NULL,
     state           text        NOT NULL,
     resource_id     text,
-    response_status integer,
-    response_sha256 bytea,
+    outcome         text,
+    result_code     text,
+    result_sha256   bytea,
     attempts        integer     NOT NULL,
     created_at      timestamptz NOT NULL,
     completed_at    timestamptz,

@@ -1,25 +1,19 @@
-// Package transport is what every door into the service shares, so that an
-// HTTP request and a message carrying the same intent are read the same way
-// and answered with the same bytes: the strict JSON body decoder, the
-// mapping from any error a use case returns to the problem it answers, and
-// the slot a door may hold for a request, which a use case gives back
-// while it waits (slot.go).
-package transport
+// Package decode reads a request body the one way every door reads it, so
+// that an HTTP request and a message carrying the same intent are refused
+// or accepted alike: strict JSON, and a 400 that names the field.
+package decode
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/go-json-experiment/json"
 	"github.com/go-json-experiment/json/jsontext"
 
-	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/problem"
 )
 
@@ -27,7 +21,7 @@ import (
 // also NATS's default max_payload, so a message can never carry more.
 const MaxBody = 1 << 20
 
-// DecodeJSON reads body into v, strictly: one JSON value, member names
+// JSON reads body into v, strictly: one JSON value, member names
 // matched exactly, no duplicate members (a gateway that reads the first
 // value and a service that reads the last must never disagree), no unknown
 // members (server-owned fields such as id, status or tenant_id are refused,
@@ -39,7 +33,7 @@ const MaxBody = 1 << 20
 // it in text, and the document promises text); invalid UTF-8 and lone
 // surrogates are refused by the decoder itself. A request type may refuse
 // a missing member with MissingField.
-func DecodeJSON(body []byte, v any) error {
+func JSON(body []byte, v any) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil
 	}
@@ -74,35 +68,6 @@ func nullsAndNULs(body []byte) error {
 type MissingField string
 
 func (m MissingField) Error() string { return string(m) + " is required" }
-
-// Problem maps an error a use case returned to the problem it answers: a
-// domain problem as it is, an unavailable dependency as 503 (retry with the
-// same key), anything else as 500.
-func Problem(err error) *problem.Error {
-	switch {
-	case problem.CodeOf(err) != problem.Internal:
-		return problem.As(err)
-	case database.IsUnavailable(err) || database.IsLockTimeout(err) || errors.Is(err, context.DeadlineExceeded):
-		return &problem.Error{Code: problem.ServiceUnavailable, Detail: "A dependency is unavailable; retry with the same Idempotency-Key.", RetryAfter: time.Second}
-	case errors.Is(err, context.Canceled):
-		// The caller hung up (or the service is stopping) before the work
-		// finished: nothing went wrong that a retry with the same key
-		// would not resolve, and nobody may be there to read the answer.
-		return &problem.Error{Code: problem.ServiceUnavailable, Detail: "The request was cancelled before it finished; retry with the same Idempotency-Key.", RetryAfter: time.Second}
-	}
-	return problem.As(err)
-}
-
-// Transient reports whether p is an answer that a later try of the same
-// intent may change: a dependency was unavailable, the intent is still in
-// progress elsewhere, or the service failed. Every other answer is final.
-func Transient(p *problem.Error) bool {
-	switch p.Code {
-	case problem.ServiceUnavailable, problem.RequestInProgress, problem.Internal:
-		return true
-	}
-	return false
-}
 
 // jsonError names the member a decoding error is about, as a field path
 // such as items[0].quantity.

@@ -30,3 +30,5 @@ CREATE UNIQUE INDEX payments_one_live_charge ON payments (order_id)
     WHERE kind = 'charge' AND status IN ('pending', 'succeeded');
 CREATE UNIQUE INDEX payments_one_live_refund ON payments (order_id)
     WHERE kind = 'refund' AND status IN ('pending', 'succeeded');
+-- Reading an order loads its payments, oldest first.
+CREATE INDEX payments_order ON payments (order_id, created_at, id);

@@ -1,1 +1,0 @@
-ALTER TABLE idempotency_records DROP COLUMN waiting;
