@@ -3,6 +3,7 @@ package lessons
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -89,6 +90,11 @@ func TestEveryLessonTellsAWellFormedStory(t *testing.T) {
 				switch e.Kind {
 				case KindRequest:
 					requests[e.Request.ID] = *e.Request
+					// The lab's ↻ sends what the timeline holds: a POST the Go
+					// client sent (it drops GetBody) must be held with its body.
+					if e.Request.Method == http.MethodPost && e.Request.Operation != "" && e.Request.Body == "" {
+						t.Errorf("request %d (%s %s) is on the timeline without its body: a re-send would go out empty", e.Request.ID, e.Request.Method, e.Request.Path)
+					}
 					mu.Lock()
 					skipped := i > 0 && evs[i-1].Kind == KindSay && evs[i-1].Text == fmt.Sprintf(stepSkipped, e.Request.ID)
 					if !stepped[e.Request.ID] && !skipped {

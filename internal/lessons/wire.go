@@ -37,11 +37,25 @@ func (t *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 	s := t.s
 	r := Request{Method: req.Method, Path: req.URL.RequestURI(), Key: req.Header.Get("Idempotency-Key")}
 	r.Operation = operationOf(req.Method, req.URL.Path)
-	if req.GetBody != nil {
+	// The body is kept so that the request can be sent again (the lab's ↻).
+	// A client may leave no GetBody (the Go client drops it, so net/http
+	// never resends a POST behind its back): the body is then read here
+	// and the request goes on with a copy.
+	switch {
+	case req.GetBody != nil:
 		if b, err := req.GetBody(); err == nil {
 			raw, _ := io.ReadAll(b)
 			r.Body = string(raw)
 		}
+	case req.Body != nil && req.Body != http.NoBody:
+		raw, err := io.ReadAll(req.Body)
+		req.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+		r.Body = string(raw)
+		req = req.Clone(req.Context())
+		req.Body = io.NopCloser(bytes.NewReader(raw))
 	}
 	resend, _ := req.Context().Value(resendKey{}).(int)
 	r.Resend = resend
