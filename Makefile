@@ -58,37 +58,25 @@ test-cluster: ## broker suite: a 3-node JetStream cluster on loopback (nats-serv
 model: ## model-check the idempotency protocol with SPIN (installs spin when missing): it holds; each safeguard removed, it fails
 	bash model/check.sh
 
-# The demo talks to a running service: `make run` (or `docker compose up`)
-# first. Override e.g. `make demo DEMO_BASE_URL=http://host:8080`.
-DEMO_BASE_URL    ?= http://localhost:8080
-DEMO_CHANNEL_URL ?= http://localhost:8081
-DEMO_API_KEY     ?= demo-key-acme
-# The broker lessons (9-12) connect as the tenant's NATS user (user = tenant,
-# password = its API key) to `make run`'s embedded NATS, and as the service's
-# own NATS user for the operator's steps (a DLQ replay, a republished event).
-DEMO_TENANT        ?= acme
-DEMO_NATS_URL      ?= nats://127.0.0.1:4223
-DEMO_NATS_OPERATOR ?= orderservice:orderservice-dev-secret
+# The demo and the lab talk to a running service: `make run` first, or
+# `docker compose up` and then `make demo STACK=compose`. Each reads its
+# settings from DEMO_* and LAB_* (docs/lab.md lists them), e.g.
+# `make demo DEMO_SERVICE_URL=http://host:8080 DEMO_FLAGS="-only 9,11"`.
+ifeq ($(STACK),compose)
+# compose serves the same ports, but its NATS on 4222 with its own secret.
+export DEMO_NATS_URL      ?= nats://127.0.0.1:4222
+export DEMO_NATS_OPERATOR ?= orderservice:orderservice-compose-secret
+export LAB_NATS_URL       ?= $(DEMO_NATS_URL)
+export LAB_NATS_OPERATOR  ?= $(DEMO_NATS_OPERATOR)
+endif
 
 .PHONY: demo
-demo: ## narrated scenarios of every lesson against the running service
-	$(GO) run ./cmd/demo -url $(DEMO_BASE_URL) -channel $(DEMO_CHANNEL_URL) -api-key $(DEMO_API_KEY) \
-		-tenant $(DEMO_TENANT) -nats-url $(DEMO_NATS_URL) -nats-operator '$(DEMO_NATS_OPERATOR)'
-
-# The lab, like the demo, talks to a running service: `make run` first, then
-# open http://localhost:8090. Override e.g. `make lab LAB_SERVICE_URL=http://host:8080`.
-LAB_ADDR        ?= localhost:8090
-LAB_SERVICE_URL ?= $(DEMO_BASE_URL)
-LAB_CHANNEL_URL ?= http://127.0.0.1:8081
-LAB_API_KEY     ?= $(DEMO_API_KEY)
-LAB_TENANT        ?= $(DEMO_TENANT)
-LAB_NATS_URL      ?= $(DEMO_NATS_URL)
-LAB_NATS_OPERATOR ?= $(DEMO_NATS_OPERATOR)
+demo: ## narrated scenarios of every lesson against the running service (STACK=compose: against docker compose up)
+	$(GO) run ./cmd/demo $(DEMO_FLAGS)
 
 .PHONY: lab
-lab: ## the lessons in a browser on http://localhost:8090, against the running service
-	$(GO) run ./cmd/lab -listen $(LAB_ADDR) -url $(LAB_SERVICE_URL) -channel $(LAB_CHANNEL_URL) -api-key $(LAB_API_KEY) \
-		-tenant $(LAB_TENANT) -nats-url $(LAB_NATS_URL) -nats-operator '$(LAB_NATS_OPERATOR)'
+lab: ## the lessons in a browser on http://localhost:8090, against the running service (STACK=compose: against docker compose up)
+	$(GO) run ./cmd/lab $(LAB_FLAGS)
 
 .PHONY: lab-screenshot
 lab-screenshot: ## run the lab's browser test and refresh docs/lab.png, the README's picture
