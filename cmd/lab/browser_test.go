@@ -353,6 +353,20 @@ func TestLabInABrowser(t *testing.T) {
 		sameKey(t, p, "order.create", 2)
 	})
 
+	t.Run("a lesson's number typed picks it, two digits included", func(t *testing.T) {
+		for _, keys := range []string{"14", "9", "10"} {
+			for _, k := range keys {
+				if err := chromedp.Do(browser, chromedp.KeyEvent(string(k))); err != nil {
+					t.Fatalf("typing %s: %v", keys, err)
+				}
+			}
+			if err := chromedp.Do(browser, waitVisible(fmt.Sprintf(`#lessons button[data-lesson="%s"][aria-current="true"]`, keys))); err != nil {
+				t.Fatalf("after typing %s: %v", keys, err)
+			}
+			time.Sleep(time.Second) // the next number starts afresh
+		}
+	})
+
 	t.Run("fault toggles set the channel's real faults", func(t *testing.T) {
 		if err := chromedp.Do(browser,
 			setValue("#unavail", "100"),

@@ -40,6 +40,16 @@ function renderLessons() {
   }));
 }
 
+// pickByNumber selects a lesson by its number as it is typed: "1" picks
+// lesson 1, and "1" then "4" within a moment picks lesson 14.
+const typed = { digits: "", timer: 0 };
+function pickByNumber(digit) {
+  clearTimeout(typed.timer);
+  typed.digits = Number(typed.digits + digit) <= state.lessons.length ? typed.digits + digit : digit;
+  typed.timer = setTimeout(() => { typed.digits = ""; }, 800);
+  select(Number(typed.digits));
+}
+
 function select(n, focus = true) {
   if (!state.lessons.some((l) => l.number === n)) return;
   state.selected = n;
@@ -251,7 +261,7 @@ function wireKeys() {
       select(Math.min(Math.max(n, 1), state.lessons.length));
       return;
     }
-    if (/^[0-9]$/.test(k)) { select(k === "0" ? 10 : Number(k)); return; }
+    if (/^[0-9]$/.test(k)) { pickByNumber(k); return; }
     const act = { r: () => run(false), s: () => run(true), n: () => next(false), c: () => next(true), a: () => run(false, 0) }[k];
     if (act) { ev.preventDefault(); act(); }
   });
