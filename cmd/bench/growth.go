@@ -47,6 +47,7 @@ type growthResult struct {
 // other phase while creates run throughout; Quiet and During are the
 // creates sent in the phases without and with it, Took the time it ran.
 type cleanupRun struct {
+	Name  string // which setting it is, as the report names it
 	Batch int
 	Pause time.Duration
 	// WALCompression is the wal_compression of the job's own sessions
@@ -147,6 +148,25 @@ func (c cleanupRun) P99Up() float64 {
 	return float64(c.During.P99)/max(float64(c.Quiet.P99), 1) - 1
 }
 
+// PairedP99Up is the same, phase by phase: the median of Paired.
+func (c cleanupRun) PairedP99Up() float64 { return c.Paired.Median - 1 }
+
+// Refused counts the creates answered 503, with the job and without it.
+func (c cleanupRun) Refused() int {
+	return c.Quiet.ok(http.StatusServiceUnavailable) + c.During.ok(http.StatusServiceUnavailable)
+}
+
+// Settings are the cleanup runs in the order they ran.
+func (g growthResult) Settings() []cleanupRun {
+	return []cleanupRun{g.CleanupBefore, g.Cleanup, g.CleanupCompressed}
+}
+
+// Pairs is how many ratios Paired summarises: one per phase with the job.
+func (g growthResult) Pairs() int { return g.Phases / 2 }
+
+// Windows is how many windows of refusalWindow the phases span.
+func (g growthResult) Windows() int { return int(time.Duration(g.Phases) * g.Phase / refusalWindow) }
+
 // summarise is the point of the samples that keep selects: their count,
 // latency quantiles and answers.
 func summarise(samples []sample, keep func(sample) bool) point {
@@ -188,11 +208,11 @@ func (b *bench) growth(ctx context.Context, res *results) error {
 	if g.Expired, err = b.generate(ctx, o.BigRecords, o.BigOrders); err != nil {
 		return err
 	}
-	g.Generated = time.Since(began)
+	g.Generated = time.Since(began).Round(time.Second)
 	if err := b.admin.QueryRow(ctx, `SELECT pg_total_relation_size('idempotency_records')`).Scan(&g.TableBytes); err != nil {
 		return err
 	}
-	b.progress("  generated in %s (%d MB of records)", g.Generated.Round(time.Second), g.TableBytes>>20)
+	b.progress("  generated in %s (%s of records)", g.Generated, megabytes(g.TableBytes))
 
 	// The stored rows stay: no reset before these measurements.
 	warm := shot{name: "create-big-warmup", client: b.client, workers: o.ReplayConc, targeter: freshCreates(url, &b.keys), duration: o.Warmup}
@@ -221,13 +241,15 @@ func (b *bench) growth(ctx context.Context, res *results) error {
 	g.Phase = o.Duration / 10
 	g.Phases = 20 // after phase 0, while the load opens its connections, which counts for neither
 	cfg := b.svc.Config
+	const compression = "lz4"
 	for _, run := range []struct {
 		into    *cleanupRun
 		setting cleanupRun
 	}{
-		{&g.CleanupBefore, cleanupRun{Batch: cleanupBatchBefore, Pause: cleanupPauseBefore}},
-		{&g.Cleanup, cleanupRun{Batch: cfg.CleanupBatch, Pause: cfg.CleanupPause}},
-		{&g.CleanupCompressed, cleanupRun{Batch: cfg.CleanupBatch, Pause: cfg.CleanupPause, WALCompression: "lz4"}},
+		{&g.CleanupBefore, cleanupRun{Name: "before", Batch: cleanupBatchBefore, Pause: cleanupPauseBefore}},
+		{&g.Cleanup, cleanupRun{Name: "the service's", Batch: cfg.CleanupBatch, Pause: cfg.CleanupPause}},
+		{&g.CleanupCompressed, cleanupRun{Name: "the service's, wal_compression=" + compression, Batch: cfg.CleanupBatch, Pause: cfg.CleanupPause,
+			WALCompression: compression}},
 	} {
 		*run.into = b.cleanupPhases(ctx, url, g, run.setting)
 		c := *run.into

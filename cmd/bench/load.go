@@ -38,6 +38,9 @@ type shot struct {
 	service int
 }
 
+// rate is an open loop's pace: perSecond requests a second.
+func rate(perSecond int) vegeta.Rate { return vegeta.Rate{Freq: perSecond, Per: time.Second} }
+
 // point is what one shot measured. Throughput, rate and status counts come
 // from vegeta's Metrics; the latency quantiles are exact (sorted), not
 // vegeta's t-digest estimates.

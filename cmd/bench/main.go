@@ -49,7 +49,7 @@ type options struct {
 	Out         string
 	Duration    time.Duration
 	Warmup      time.Duration
-	Concurrency []int
+	Concurrency intList
 	// Rounds and Slice shape scenario 2's interleaved ratio: Rounds rounds
 	// of one Slice of each path.
 	Rounds       int
@@ -71,15 +71,12 @@ type options struct {
 	OverloadFor    time.Duration
 	// OverloadLimits are the other HTTP_MAX_IN_FLIGHT the overload is run
 	// at again, besides the default: what the limit trades.
-	OverloadLimits []int
+	OverloadLimits intList
 	// OverloadPools are the DB_MAX_CONNS it is also run at: how many
 	// backends at once the database's CPUs can serve.
-	OverloadPools []int
+	OverloadPools intList
 	Quick         bool
 	CPUProfile    string
-	// outboxInterval and outboxBatch are the service's relay settings, for the report.
-	outboxInterval time.Duration
-	outboxBatch    int
 	// viaMake is true when `make bench` started the run.
 	viaMake bool
 	// Only, when set, names the scenarios to run (a partial report, for
@@ -88,8 +85,14 @@ type options struct {
 	args []string
 }
 
-// runs reports whether scenario n is part of this run.
-func (o options) runs(n int) bool { return len(o.Only) == 0 || o.Only[n] }
+// Runs reports whether scenario n is part of this run; 1 and 2 are
+// measured together, so either runs both.
+func (o options) Runs(n int) bool {
+	if n == 1 || n == 2 {
+		return len(o.Only) == 0 || o.Only[1] || o.Only[2]
+	}
+	return len(o.Only) == 0 || o.Only[n]
+}
 
 func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (options, error) {
 	o := options{Concurrency: []int{1, 4, 16, 64}, OverloadLimits: []int{16, 64}, OverloadPools: []int{8}, args: args, viaMake: getenv("MAKELEVEL") != ""}
@@ -100,7 +103,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs.DurationVar(&o.Warmup, "warmup", 2*time.Second, "unmeasured warm-up before each measurement")
 	fs.IntVar(&o.Rounds, "rounds", 7, "rounds of scenario 2's interleaved comparison (one slice of each path per round)")
 	fs.DurationVar(&o.Slice, "slice", 1500*time.Millisecond, "length of one slice of scenario 2's interleaved comparison")
-	fs.Var((*intList)(&o.Concurrency), "c", "concurrencies of the create comparison, comma-separated")
+	fs.Var(&o.Concurrency, "c", "concurrencies of the create comparison, comma-separated")
 	fs.IntVar(&o.Pool, "pool", 20, "DB_MAX_CONNS of the service, and the size of the direct pgx pool")
 	fs.IntVar(&o.ReplayConc, "replay-c", 16, "concurrency of the replay-vs-first-execution comparison")
 	fs.IntVar(&o.Storm, "storm", 1000, "copies of one request fired at once in the duplicate storm")
@@ -114,8 +117,8 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs.IntVar(&o.BigRecords, "records", 10_000_000, "idempotency records generated for the big-table scenario")
 	fs.IntVar(&o.BigOrders, "orders", 2_000_000, "orders (two items and an event each) generated for the big-table scenario")
 	fs.DurationVar(&o.OverloadFor, "overload-duration", 20*time.Second, "length of the overload at three times capacity")
-	fs.Var((*intList)(&o.OverloadLimits), "overload-limits", "HTTP_MAX_IN_FLIGHT values the overload is also run at, comma-separated")
-	fs.Var((*intList)(&o.OverloadPools), "overload-pools", "DB_MAX_CONNS values the overload is also run at, comma-separated")
+	fs.Var(&o.OverloadLimits, "overload-limits", "HTTP_MAX_IN_FLIGHT values the overload is also run at, comma-separated")
+	fs.Var(&o.OverloadPools, "overload-pools", "DB_MAX_CONNS values the overload is also run at, comma-separated")
 	fs.BoolVar(&o.Quick, "quick", false, "a smoke-test run: short points, concurrencies 1 and 4, a storm of 50, 16 pays in flight, 20 000 records")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run (service and load) to this file")
 	var only intList
@@ -192,11 +195,12 @@ func (o options) command() string {
 	return cmd
 }
 
+// intList is a flag of positive integers, written comma-separated.
 type intList []int
 
-func (l *intList) String() string {
-	s := make([]string, len(*l))
-	for i, n := range *l {
+func (l intList) String() string {
+	s := make([]string, len(l))
+	for i, n := range l {
 		s[i] = strconv.Itoa(n)
 	}
 	return strings.Join(s, ",")
@@ -251,9 +255,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	res.Took = time.Since(start)
+	res.Took = time.Since(start).Round(time.Second)
 
-	report := render(res, "throughput.svg")
+	report, err := render(res, "throughput.svg")
+	if err != nil {
+		return err
+	}
 	fmt.Fprint(stdout, report)
 	if opts.Out != "" {
 		if err := os.MkdirAll(opts.Out, 0o755); err != nil {

@@ -31,6 +31,9 @@ type messageResult struct {
 	// the arrival of its "created" event at a subscriber, during HTTP.
 	LagP50, LagP99, LagMax time.Duration
 	LagEvents              int
+	// OutboxInterval and OutboxBatch are the service's relay settings.
+	OutboxInterval time.Duration
+	OutboxBatch    int
 }
 
 // Throughput is commands answered per second.
@@ -43,9 +46,9 @@ func (m messageResult) Throughput() float64 {
 
 // messages is scenario 9.
 func (b *bench) messages(ctx context.Context, res *results) error {
-	workers := b.svc.Config.CommandWorkers
-	res.Opts.outboxInterval, res.Opts.outboxBatch = b.svc.Config.OutboxInterval, b.svc.Config.OutboxBatch
-	m := messageResult{Workers: workers, Commands: b.opts.Commands}
+	cfg := b.svc.Config
+	workers := cfg.CommandWorkers
+	m := messageResult{Workers: workers, Commands: b.opts.Commands, OutboxInterval: cfg.OutboxInterval, OutboxBatch: cfg.OutboxBatch}
 	nc, err := nats.Connect(b.svc.NATSURL, nats.UserInfo(benchTenant, benchAPIKey), nats.CustomInboxPrefix(messaging.InboxPrefix(benchTenant)))
 	if err != nil {
 		return err

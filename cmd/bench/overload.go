@@ -36,22 +36,32 @@ type overloadResult struct {
 	// Limited is the same overload with the service restarted at each
 	// HTTP_MAX_IN_FLIGHT of -overload-limits and each DB_MAX_CONNS of
 	// -overload-pools.
-	Limited       []limitedRun
+	Limited       []overloadRun
 	ClientTimeout time.Duration
 	Limits        string // the admission settings of the shedding run
 }
 
-// limitedRun is an overload run with one setting other than the defaults.
-type limitedRun struct {
-	Name, Value string // the variable and its value
-	overloadRun
+// Runs are the overloads in the order they ran: the defaults, the other
+// settings, no admission control.
+func (ov overloadResult) Runs() []overloadRun {
+	return slices.Concat([]overloadRun{ov.Shed}, ov.Limited, []overloadRun{ov.Unshed})
 }
 
-// Setting is "NAME=value".
-func (l limitedRun) Setting() string { return l.Name + "=" + l.Value }
+// RefusedWithoutRetryAfter counts the refusals of the runs with admission
+// control that came without Retry-After.
+func (ov overloadResult) RefusedWithoutRetryAfter() int {
+	n := ov.Shed.NoRetryAfter
+	for _, l := range ov.Limited {
+		n += l.NoRetryAfter
+	}
+	return n
+}
 
 // overloadRun is one overload and the normal load right after it.
 type overloadRun struct {
+	// Setting is how the service ran, as the report names it: the
+	// defaults, "NAME=value" or no admission control.
+	Setting                    string
 	Point                      point
 	Accepted, Refused, Timeout int
 	Other                      int // any other answer or error
@@ -154,7 +164,7 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 		ov.Normal = b.fire(ctx, shot{name: "normal", client: client, rate: rate(ov.NormalRate),
 			targeter: freshCreates(svc.url+"/v1/orders", &b.keys), duration: o.Duration / 2, service: svc.pid()})
 		b.progress("  normal load %d/s: p50 %s p99 %s", ov.NormalRate, ms(ov.Normal.P50), ms(ov.Normal.P99))
-		ov.Shed, err = b.overloadRun(ctx, client, ov, svc, "overload")
+		ov.Shed, err = b.overloadRun(ctx, client, ov, svc, "admission limit (defaults)")
 		return err
 	})
 	if err != nil {
@@ -162,18 +172,18 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 	}
 	// The same at other limits, then without admission control: the
 	// service as it was.
-	var others []limitedRun
+	type variable struct{ name, value string }
+	var others []variable
 	for _, limit := range o.OverloadLimits {
-		others = append(others, limitedRun{Name: "HTTP_MAX_IN_FLIGHT", Value: strconv.Itoa(limit)})
+		others = append(others, variable{"HTTP_MAX_IN_FLIGHT", strconv.Itoa(limit)})
 	}
 	for _, pool := range o.OverloadPools {
-		others = append(others, limitedRun{Name: "DB_MAX_CONNS", Value: strconv.Itoa(pool)})
+		others = append(others, variable{"DB_MAX_CONNS", strconv.Itoa(pool)})
 	}
-	for _, l := range others {
-		err := at(map[string]string{l.Name: l.Value}, true, func(svc *serviceProcess) error {
-			var err error
-			l.overloadRun, err = b.overloadRun(ctx, client, ov, svc, "overload-"+l.Setting())
-			ov.Limited = append(ov.Limited, l)
+	for _, v := range others {
+		err := at(map[string]string{v.name: v.value}, true, func(svc *serviceProcess) error {
+			run, err := b.overloadRun(ctx, client, ov, svc, v.name+"="+v.value)
+			ov.Limited = append(ov.Limited, run)
 			return err
 		})
 		if err != nil {
@@ -182,13 +192,15 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 	}
 	return at(map[string]string{"HTTP_MAX_IN_FLIGHT": "0"}, true, func(svc *serviceProcess) error {
 		var err error
-		ov.Unshed, err = b.overloadRun(ctx, client, ov, svc, "overload-unshed")
+		ov.Unshed, err = b.overloadRun(ctx, client, ov, svc, "no admission control")
 		return err
 	})
 }
 
-func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overloadResult, svc *serviceProcess, name string) (overloadRun, error) {
-	var run overloadRun
+// overloadRun runs one overload against svc, started with setting.
+func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overloadResult, svc *serviceProcess, setting string) (overloadRun, error) {
+	run := overloadRun{Setting: setting}
+	name := "overload " + setting
 	if err := b.reset(ctx); err != nil {
 		return run, err
 	}

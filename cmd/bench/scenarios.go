@@ -359,7 +359,7 @@ func (b *bench) runAll(ctx context.Context) (*results, error) {
 		{5, "5 pay with a slow channel", b.pay},
 	}
 	for _, s := range steps {
-		if !b.opts.runs(s.n) && (s.n != 1 || !b.opts.runs(2)) {
+		if !b.opts.Runs(s.n) {
 			continue
 		}
 		b.progress("scenario %s", s.name)

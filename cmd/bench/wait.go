@@ -16,9 +16,6 @@ import (
 	"github.com/orderservice/orderservice/internal/metrics"
 )
 
-// titleWait heads the waiting-duplicates scenario's section.
-const titleWait = "## 10. Duplicates waiting for the first result (Prefer: wait)"
-
 // waitResult is the waiting-duplicates scenario: one slow pay, and
 // Duplicates copies of it sent with Prefer: wait=10 while it runs.
 type waitResult struct {
@@ -174,7 +171,7 @@ func (b *bench) waitScenario(ctx context.Context, res *results) error {
 		res.fail("wait: the channel made %d charges for one intent, want 1", w.Charges)
 	}
 	b.progress("  %d duplicates waiting: last answer %s after the first's, p50 %s; busy sessions at most %d (pool %d); %d charge; waits ended %s",
-		w.Duplicates, ms(w.Last), ms(w.P50), w.BusyPeak, w.Pool, w.Charges, w.ended())
+		w.Duplicates, ms(w.Last), ms(w.P50), w.BusyPeak, w.Pool, w.Charges, w.Endings())
 	return nil
 }
 
@@ -198,32 +195,8 @@ func (b *bench) waitFor(ctx context.Context, within time.Duration, done func(n i
 	}
 }
 
-func (r *report) wait(res *results) {
-	w := res.Wait
-	r.p("One pay with `pm_slow` (the embedded channel answers after %s); once it holds its record, %d copies", w.SlowDelay, w.Duplicates)
-	r.p("of it (same key, same body) are sent at once with `Prefer: wait=10`, each on its own connection,")
-	r.p("to the service restarted with admission control off (`HTTP_MAX_IN_FLIGHT=0`; section 8 measures it).")
-	r.p("Each copy finds the intent PROCESSING, flags the record and waits for a NOTIFY without a database")
-	r.p("connection; the first pay's phase 3 notifies from its commit. Times are from the first pay's answer")
-	r.p("to each copy's answer (the commit comes just before the first's answer, so they may be negative).")
-	r.p("Busy sessions are the service's sessions that are active or in a transaction, sampled every 20 ms")
-	r.p("from the moment every copy was waiting (counted in the service's goroutines) to the first's answer.")
-	r.p("How the waits ended is the service's own count (`orderservice_idempotency_waits_total`): `notified` by the")
-	r.p("first's commit, `looked` by a waiter polling for itself (its LISTEN connection down), `not_in_flight` when")
-	r.p("the outcome was stored before the wait began, `gave_up` in a 409.")
-	r.p("")
-	r.p("| duplicates | first pay | p50 after the first | p99 | last | replayed | other answers | waits ended | busy sessions (peak) | pool | charges |")
-	r.p("|--:|--:|--:|--:|--:|--:|---|---|--:|--:|--:|")
-	other := "none"
-	if len(w.Other) > 0 {
-		other = fmt.Sprint(w.Other)
-	}
-	r.p("| %d | %s | %s | %s | %s | %d | %s | %s | %d | %d | %d |", w.Duplicates, ms(w.FirstTook), ms(w.P50), ms(w.P99), ms(w.Last),
-		w.Replayed, other, w.ended(), w.BusyPeak, w.Pool, w.Charges)
-}
-
-// ended lists the ways the waits ended that some did.
-func (w waitResult) ended() string {
+// Endings lists the ways the waits ended that some did.
+func (w waitResult) Endings() string {
 	var ways []string
 	for _, how := range idempotency.Wakes {
 		if n := w.Ended[how]; n > 0 {
