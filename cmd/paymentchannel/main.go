@@ -1,5 +1,6 @@
 // Command paymentchannel serves the mock payment channel over HTTP, its
-// ledger kept in its own PostgreSQL database (CHANNEL_DATABASE_URL).
+// ledger kept in its own PostgreSQL database (CHANNEL_DATABASE_URL), its
+// webhooks delivered to CHANNEL_WEBHOOK_URL.
 package main
 
 import (
@@ -42,7 +43,8 @@ func environ() map[string]string {
 // run serves the channel until ctx ends or SIGINT/SIGTERM arrives.
 func run(ctx context.Context, args []string, environ map[string]string, stdout, _ io.Writer) error {
 	if len(args) > 1 {
-		return fmt.Errorf("unexpected arguments %q: configure with HTTP_ADDR, PAYMENT_SLOW_DELAY, LOG_LEVEL, CHANNEL_DATABASE_URL", args[1:])
+		return fmt.Errorf("unexpected arguments %q: configure with HTTP_ADDR, PAYMENT_SLOW_DELAY, LOG_LEVEL, CHANNEL_DATABASE_URL, "+
+			"PAYMENT_ASYNC_DELAY, CHANNEL_WEBHOOK_URL, CHANNEL_WEBHOOK_RETRY_WINDOW, PAYMENT_WEBHOOK_SECRET", args[1:])
 	}
 	cfg, err := channel.LoadConfig(environ)
 	if err != nil {
@@ -58,7 +60,8 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		return fmt.Errorf("listening on %s: %w", cfg.Addr, err)
 	}
 	defer ln.Close() // a no-op once Serve has closed it
-	ch, err := channel.Open(ctx, cfg.DatabaseURL, channel.Options{SlowDelay: cfg.SlowDelay, Logger: log})
+	ch, err := channel.Open(ctx, cfg.DatabaseURL, channel.Options{SlowDelay: cfg.SlowDelay, AsyncDelay: cfg.AsyncDelay,
+		WebhookURL: cfg.WebhookURL, WebhookSecret: cfg.WebhookSecrets[0], WebhookRetryWindow: cfg.WebhookRetryWindow, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -68,7 +71,8 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	log.Info("payment channel listening", "addr", ln.Addr().String(), "slow_delay", cfg.SlowDelay.String())
+	log.Info("payment channel listening", "addr", ln.Addr().String(), "slow_delay", cfg.SlowDelay.String(),
+		"async_delay", cfg.AsyncDelay.String(), "webhook_url", cfg.WebhookURL)
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()

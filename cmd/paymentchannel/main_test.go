@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/orderservice/orderservice/internal/testdb"
+	"github.com/orderservice/orderservice/internal/webhook"
 )
 
 // started is one run of the binary's run function.
@@ -131,10 +133,14 @@ func TestRun(t *testing.T) {
 
 	t.Run("refuses invalid configuration with the variable named, in one line", func(t *testing.T) {
 		for name, env := range map[string]map[string]string{
-			"HTTP_ADDR":            {"HTTP_ADDR": "no-port"},
-			"PAYMENT_SLOW_DELAY":   {"PAYMENT_SLOW_DELAY": "two seconds"},
-			"LOG_LEVEL":            {"LOG_LEVEL": "loud"},
-			"CHANNEL_DATABASE_URL": {"CHANNEL_DATABASE_URL": "mysql://x"},
+			"HTTP_ADDR":                    {"HTTP_ADDR": "no-port"},
+			"PAYMENT_SLOW_DELAY":           {"PAYMENT_SLOW_DELAY": "two seconds"},
+			"LOG_LEVEL":                    {"LOG_LEVEL": "loud"},
+			"CHANNEL_DATABASE_URL":         {"CHANNEL_DATABASE_URL": "mysql://x"},
+			"PAYMENT_ASYNC_DELAY":          {"PAYMENT_ASYNC_DELAY": "0s"},
+			"CHANNEL_WEBHOOK_URL":          {"CHANNEL_WEBHOOK_URL": "ftp://receiver"},
+			"CHANNEL_WEBHOOK_RETRY_WINDOW": {"CHANNEL_WEBHOOK_RETRY_WINDOW": "-2h"},
+			"PAYMENT_WEBHOOK_SECRET":       {"PAYMENT_WEBHOOK_SECRET": "whsec_dG9vIHNob3J0"},
 		} {
 			err := run(context.Background(), []string{"paymentchannel"}, env, io.Discard, io.Discard)
 			if err == nil || !strings.Contains(err.Error(), name) {
@@ -150,6 +156,31 @@ func TestRun(t *testing.T) {
 				t.Errorf("PAYMENT_SLOW_DELAY=%s: run = %v, want it refused", bad, err)
 			}
 		}
+	})
+
+	t.Run("delivers signed webhooks to CHANNEL_WEBHOOK_URL", func(t *testing.T) {
+		const secret = "whsec_Y2hhbm5lbC10ZXN0cy13ZWJob29rLXNlY3JldC0zMmI="
+		verified := make(chan error, 10)
+		receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			verified <- webhook.Verify([]string{secret}, r.Header, body, time.Now(), time.Minute)
+		}))
+		defer receiver.Close()
+		s := start(t, map[string]string{"HTTP_ADDR": "127.0.0.1:0", "CHANNEL_DATABASE_URL": testdb.Fresh(t, "paymentchannel"),
+			"CHANNEL_WEBHOOK_URL": receiver.URL, "PAYMENT_WEBHOOK_SECRET": secret + ",whsec_b3JkZXJzZXJ2aWNlLWRldi13ZWJob29rLXNlY3JldCE="})
+		const charge = `{"amount":100,"currency":"EUR","reference":"order-1","payment_method":"pm_ok"}`
+		if code, _, body := send(t, http.MethodPost, s.url+"/v1/charges", "k1", charge); code != http.StatusCreated {
+			t.Fatalf("charge = %d %s", code, body)
+		}
+		select {
+		case err := <-verified:
+			if err != nil {
+				t.Errorf("the webhook does not verify with the first secret: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("no webhook within 10s")
+		}
+		s.stop(t)
 	})
 
 	t.Run("reports a bind error at start", func(t *testing.T) {

@@ -169,7 +169,7 @@ func TestMigrateCreatesTheEmbeddedChannelsDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatalf("migrate: %v\n%s", err, out.String())
 	}
-	if !strings.Contains(out.String(), "payment channel database schema at version 1") {
+	if !strings.Contains(out.String(), "payment channel database schema at version 2") {
 		t.Errorf("migrate printed %q, want the channel's schema version", out.String())
 	}
 	ch, err := channel.Open(context.Background(), chURL, channel.Options{})

@@ -98,13 +98,14 @@ func NewClient(baseURL string, httpClient *http.Client) *Client {
 
 // Charge asks the channel to charge req under the idempotency key. A declined
 // charge is a definitive outcome: it is returned with Status "declined" and a
-// nil error. ErrUnavailable means the charge may or may not have been made.
+// nil error; so is a charge the channel took on to settle later (202, Status
+// "pending"). ErrUnavailable means the charge may or may not have been made.
 func (c *Client) Charge(ctx context.Context, key string, req ChargeRequest) (Result[Charge], error) {
 	httpReq, err := c.newPost(ctx, "/v1/charges", key, req)
 	if err != nil {
 		return Result[Charge]{}, err
 	}
-	return send[Charge](c, httpReq, http.StatusOK, http.StatusCreated, http.StatusPaymentRequired)
+	return send[Charge](c, httpReq, http.StatusOK, http.StatusCreated, http.StatusAccepted, http.StatusPaymentRequired)
 }
 
 // LookupCharge returns the charge the channel made under the idempotency key,

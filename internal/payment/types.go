@@ -4,12 +4,16 @@ package payment
 
 import "time"
 
-// Charge statuses: a charge is either made or declined, never pending.
+// Charge statuses: a charge is made or declined, at once or, when the
+// channel takes it on as pending, later.
 const (
 	// StatusSucceeded marks a charge or refund that moved money.
 	StatusSucceeded = "succeeded"
 	// StatusDeclined marks a charge the acquirer refused (402).
 	StatusDeclined = "declined"
+	// StatusPending marks a charge the channel took on (202) and settles
+	// later; its outcome comes by webhook or by a lookup of its key.
+	StatusPending = "pending"
 )
 
 // Test tokens accepted as payment_method by the mock channel.
@@ -75,3 +79,29 @@ type Result[T any] struct {
 	// (Idempotent-Replayed: true): a downstream duplicate it absorbed.
 	Replayed bool
 }
+
+// Test tokens the channel takes on as pending (202) and settles after
+// PAYMENT_ASYNC_DELAY, telling the outcome by webhook and by lookup.
+const (
+	// MethodAsyncOK is pending, then succeeds.
+	MethodAsyncOK = "pm_async_ok"
+	// MethodAsyncDeclined is pending, then declined.
+	MethodAsyncDeclined = "pm_async_declined"
+)
+
+// AsyncMethods lists the test tokens the channel settles later; the channel
+// accepts them as well as Methods.
+var AsyncMethods = []string{MethodAsyncOK, MethodAsyncDeclined}
+
+// StatusFailed marks the refund in a refund.failed event: one the channel
+// refused (422 refund_refused), which it keeps no refund for.
+const StatusFailed = "failed"
+
+// The types of the channel's webhook events, one for each outcome of a
+// charge or refund; the event's data is the charge or refund.
+const (
+	EventChargeSucceeded = "charge.succeeded"
+	EventChargeDeclined  = "charge.declined"
+	EventRefundSucceeded = "refund.succeeded"
+	EventRefundFailed    = "refund.failed"
+)

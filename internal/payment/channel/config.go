@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/caarlos0/env/v11"
+
+	"github.com/orderservice/orderservice/internal/webhook"
 )
 
 // Config is every setting of the standalone channel (cmd/paymentchannel),
@@ -26,6 +28,20 @@ type Config struct {
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
 	// DatabaseURL is the channel's own database, created if missing.
 	DatabaseURL string `env:"CHANNEL_DATABASE_URL" envDefault:"postgres://postgres:postgres@localhost:5432/paymentchannel?sslmode=disable"`
+	// AsyncDelay is how long `pm_async_ok` and `pm_async_declined` charges
+	// stay pending before they succeed or are declined.
+	AsyncDelay time.Duration `env:"PAYMENT_ASYNC_DELAY" envDefault:"2s"`
+	// WebhookURL receives the channel's webhooks (the order service's
+	// `/webhooks/payment-channel`); empty records the events without
+	// delivering them.
+	WebhookURL string `env:"CHANNEL_WEBHOOK_URL"`
+	// WebhookRetryWindow is how long the channel retries a webhook, with
+	// backoff, before it gives up on it.
+	WebhookRetryWindow time.Duration `env:"CHANNEL_WEBHOOK_RETRY_WINDOW" envDefault:"72h"`
+	// WebhookSecrets sign the webhooks (Standard Webhooks: `whsec_` and
+	// base64, comma separated as the order service reads them); the channel
+	// signs with the first.
+	WebhookSecrets []string `env:"PAYMENT_WEBHOOK_SECRET" envDefault:"whsec_b3JkZXJzZXJ2aWNlLWRldi13ZWJob29rLXNlY3JldCE="`
 }
 
 // LoadConfig parses and validates the configuration in environ; an error
@@ -50,6 +66,25 @@ func (c Config) validate() error {
 	}
 	if u, err := url.Parse(c.DatabaseURL); err != nil || !strings.HasPrefix(u.Scheme, "postgres") {
 		return errors.New("CHANNEL_DATABASE_URL must be a postgres:// URL")
+	}
+	if c.AsyncDelay <= 0 {
+		return fmt.Errorf("PAYMENT_ASYNC_DELAY must be a positive duration such as 2s, not %s", c.AsyncDelay)
+	}
+	if c.WebhookURL != "" {
+		if u, err := url.Parse(c.WebhookURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("CHANNEL_WEBHOOK_URL %q must be an http:// or https:// URL", c.WebhookURL)
+		}
+	}
+	if c.WebhookRetryWindow <= 0 {
+		return fmt.Errorf("CHANNEL_WEBHOOK_RETRY_WINDOW must be a positive duration such as 72h, not %s", c.WebhookRetryWindow)
+	}
+	if len(c.WebhookSecrets) == 0 {
+		return errors.New("PAYMENT_WEBHOOK_SECRET must name at least one secret")
+	}
+	for _, secret := range c.WebhookSecrets {
+		if _, err := webhook.ParseSecret(secret); err != nil {
+			return fmt.Errorf("PAYMENT_WEBHOOK_SECRET: %w", err)
+		}
 	}
 	return nil
 }

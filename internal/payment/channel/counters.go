@@ -16,6 +16,8 @@ type Stats struct {
 	Charges int64 `json:"charges"`
 	// Declined counts declined charges made.
 	Declined int64 `json:"declined"`
+	// Pending counts charges taken on as pending and not settled yet.
+	Pending int64 `json:"pending"`
 	// Refunds counts refunds made.
 	Refunds int64 `json:"refunds"`
 	// DuplicatesAbsorbed counts POSTs answered from an idempotency record.
@@ -123,6 +125,7 @@ func (s *store) stats(ctx context.Context) (Stats, error) {
 	err := s.db.WithContext(ctx).Raw(`SELECT
 			(SELECT count(*) FROM charges WHERE status = 'succeeded') AS charges,
 			(SELECT count(*) FROM charges WHERE status = 'declined') AS declined,
+			(SELECT count(*) FROM charges WHERE status = 'pending') AS pending,
 			(SELECT count(*) FROM refunds) AS refunds,
 			(SELECT coalesce(sum(amount), 0) FROM charges WHERE status = 'succeeded') AS amount_charged,
 			(SELECT coalesce(sum(amount), 0) FROM refunds) AS amount_refunded,

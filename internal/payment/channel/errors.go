@@ -11,15 +11,17 @@ import (
 
 // The channel's error vocabulary; problemFor maps each to one HTTP answer.
 var (
-	errInvalidRequest = errors.New("invalid request")
-	errKeyMissing     = errors.New("the Idempotency-Key header is required")
-	errKeyInvalid     = errors.New("the Idempotency-Key must be 1-255 printable ASCII characters without spaces")
-	errKeyReused      = errors.New("idempotency key was already used with different parameters")
-	errChargeNotFound = errors.New("charge not found")
-	errRefundNotFound = errors.New("refund not found")
-	errRefundInvalid  = errors.New("refund invalid")
-	errRefundRefused  = errors.New("refund refused")
-	errUnavailable    = errors.New("service unavailable, retry with the same Idempotency-Key")
+	errInvalidRequest  = errors.New("invalid request")
+	errKeyMissing      = errors.New("the Idempotency-Key header is required")
+	errKeyInvalid      = errors.New("the Idempotency-Key must be 1-255 printable ASCII characters without spaces")
+	errKeyReused       = errors.New("idempotency key was already used with different parameters")
+	errChargeNotFound  = errors.New("charge not found")
+	errRefundNotFound  = errors.New("refund not found")
+	errRefundInvalid   = errors.New("refund invalid")
+	errRefundRefused   = errors.New("refund refused")
+	errUnavailable     = errors.New("service unavailable, retry with the same Idempotency-Key")
+	errWebhookNotFound = errors.New("webhook event not found")
+	errWebhooksOff     = errors.New("webhooks are not delivered")
 )
 
 // failure is the HTTP answer for one error of the vocabulary.
@@ -40,6 +42,8 @@ var failures = []failure{
 	{errRefundInvalid, http.StatusUnprocessableEntity, "refund_invalid", "Refund invalid"},
 	{errRefundRefused, http.StatusUnprocessableEntity, "refund_refused", "Refund refused"},
 	{errUnavailable, http.StatusServiceUnavailable, "service_unavailable", "Service unavailable"},
+	{errWebhookNotFound, http.StatusNotFound, "webhook_not_found", "Webhook event not found"},
+	{errWebhooksOff, http.StatusConflict, "webhooks_off", "Webhooks are not delivered"},
 	// The caller left while we waited for a concurrent request: nothing definitive to say.
 	{context.Canceled, http.StatusServiceUnavailable, "service_unavailable", "Service unavailable"},
 	{context.DeadlineExceeded, http.StatusServiceUnavailable, "service_unavailable", "Service unavailable"},

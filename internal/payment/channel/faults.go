@@ -12,7 +12,8 @@ import (
 // maxLatencyMS bounds injected latency so a typo cannot hang a test run.
 const maxLatencyMS = 60_000
 
-// Faults are the chaos settings applied to every /v1 request.
+// Faults are the chaos settings applied to every /v1 request and to every
+// webhook the channel sends.
 type Faults struct {
 	// LostResponseRate is the share of POSTs performed whose response is then dropped.
 	LostResponseRate float64 `json:"lost_response_rate"`
@@ -22,6 +23,17 @@ type Faults struct {
 	LatencyMS int `json:"latency_ms"`
 	// LatencyJitterMS adds a uniform 0..LatencyJitterMS on top of LatencyMS.
 	LatencyJitterMS int `json:"latency_jitter_ms"`
+	// WebhookDuplicateRate is the share of delivered webhooks sent a second
+	// time at once, with the same webhook-id.
+	WebhookDuplicateRate float64 `json:"webhook_duplicate_rate"`
+	// WebhookDropRate is the share of webhook attempts lost on the way: the
+	// receiver never sees them, and the channel retries as after a timeout.
+	WebhookDropRate float64 `json:"webhook_drop_rate"`
+	// WebhookDelayMS holds back the first delivery of each event recorded.
+	WebhookDelayMS int `json:"webhook_delay_ms"`
+	// WebhookReorderMS holds each event back a further uniform
+	// 0..WebhookReorderMS, so that later events overtake earlier ones.
+	WebhookReorderMS int `json:"webhook_reorder_ms"`
 }
 
 // Validate reports the first setting out of range.
@@ -29,7 +41,8 @@ func (f Faults) Validate() error {
 	rates := []struct {
 		name string
 		v    float64
-	}{{"lost_response_rate", f.LostResponseRate}, {"unavailable_rate", f.UnavailableRate}}
+	}{{"lost_response_rate", f.LostResponseRate}, {"unavailable_rate", f.UnavailableRate},
+		{"webhook_duplicate_rate", f.WebhookDuplicateRate}, {"webhook_drop_rate", f.WebhookDropRate}}
 	for _, r := range rates {
 		if math.IsNaN(r.v) || r.v < 0 || r.v > 1 {
 			return fmt.Errorf("%w: %s must be between 0 and 1", errInvalidRequest, r.name)
@@ -38,7 +51,8 @@ func (f Faults) Validate() error {
 	latencies := []struct {
 		name string
 		ms   int
-	}{{"latency_ms", f.LatencyMS}, {"latency_jitter_ms", f.LatencyJitterMS}}
+	}{{"latency_ms", f.LatencyMS}, {"latency_jitter_ms", f.LatencyJitterMS},
+		{"webhook_delay_ms", f.WebhookDelayMS}, {"webhook_reorder_ms", f.WebhookReorderMS}}
 	for _, l := range latencies {
 		if l.ms < 0 || l.ms > maxLatencyMS {
 			return fmt.Errorf("%w: %s must be between 0 and %d", errInvalidRequest, l.name, maxLatencyMS)
@@ -86,11 +100,17 @@ func (fi *faultInjector) roll(rate func(Faults) float64) bool {
 }
 
 func (fi *faultInjector) latency() time.Duration {
+	return fi.jittered(func(f Faults) (int, int) { return f.LatencyMS, f.LatencyJitterMS })
+}
+
+// jittered returns base plus a uniform 0..jitter milliseconds, both picked
+// from the faults in force.
+func (fi *faultInjector) jittered(pick func(Faults) (base, jitter int)) time.Duration {
 	fi.mu.Lock()
 	defer fi.mu.Unlock()
-	ms := fi.faults.LatencyMS
-	if fi.faults.LatencyJitterMS > 0 {
-		ms += fi.rng.IntN(fi.faults.LatencyJitterMS + 1)
+	ms, jitter := pick(fi.faults)
+	if jitter > 0 {
+		ms += fi.rng.IntN(jitter + 1)
 	}
 	return time.Duration(ms) * time.Millisecond
 }
@@ -109,6 +129,21 @@ func (fi *faultInjector) beforeRequest(ctx context.Context) error {
 // loseResponse decides whether a performed POST's response is dropped.
 func (fi *faultInjector) loseResponse() bool {
 	return fi.roll(func(f Faults) float64 { return f.LostResponseRate })
+}
+
+// webhookHoldBack is how long a new event waits before its first delivery.
+func (fi *faultInjector) webhookHoldBack() time.Duration {
+	return fi.jittered(func(f Faults) (int, int) { return f.WebhookDelayMS, f.WebhookReorderMS })
+}
+
+// dropWebhook decides whether a webhook attempt is lost on the way.
+func (fi *faultInjector) dropWebhook() bool {
+	return fi.roll(func(f Faults) float64 { return f.WebhookDropRate })
+}
+
+// duplicateWebhook decides whether a delivered webhook is sent again.
+func (fi *faultInjector) duplicateWebhook() bool {
+	return fi.roll(func(f Faults) float64 { return f.WebhookDuplicateRate })
 }
 
 // sleep waits d or until ctx ends, whichever comes first.

@@ -111,8 +111,8 @@ func serveLookup[Res any](s *Server, find func(ctx context.Context, key string) 
 		if key == "" {
 			return fmt.Errorf("%w: the idempotency_key query parameter is required", errInvalidRequest)
 		}
-		// Charges and refunds are written whole, so a lookup only ever sees
-		// settled outcomes.
+		// Charges and refunds are written whole, so a lookup sees an outcome,
+		// or a charge taken on as pending until it settles.
 		value, found, err := find(ctx, key)
 		if err != nil {
 			return err
@@ -181,10 +181,8 @@ func decodeBody(c echo.Context, v any) error {
 	return nil
 }
 
-var knownMethods = []string{
-	payment.MethodOK, payment.MethodDeclined, payment.MethodLostResponse,
-	payment.MethodUnavailableOnce, payment.MethodSlow, payment.MethodRefundRefused,
-}
+// knownMethods are the service's test tokens and those the channel settles later.
+var knownMethods = slices.Concat(payment.Methods, payment.AsyncMethods)
 
 func validateCharge(r *payment.ChargeRequest) error {
 	r.Currency = strings.ToUpper(r.Currency)

@@ -3,7 +3,8 @@
 // records they are) in a PostgreSQL database of its own so that a restart
 // forgets nothing, and injects the faults a real network has (lost
 // responses, 503s, latency), so that the order service can prove it never
-// charges twice.
+// charges twice. Some charges it settles later, and it tells every outcome
+// by signed webhooks, delivered at least once and in no guaranteed order.
 package channel
 
 import (
@@ -14,17 +15,32 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
+	"sync"
 	"time"
 
 	"github.com/labstack/echo/v4"
 	"gorm.io/gorm"
 
 	"github.com/orderservice/orderservice/internal/database"
+	"github.com/orderservice/orderservice/internal/webhook"
 	"github.com/orderservice/orderservice/migrations"
 )
 
-// DefaultSlowDelay is how long pm_slow waits when Options.SlowDelay is zero.
-const DefaultSlowDelay = 2 * time.Second
+// Defaults of the Options left zero.
+const (
+	// DefaultSlowDelay is how long pm_slow waits.
+	DefaultSlowDelay = 2 * time.Second
+	// DefaultAsyncDelay is how long pm_async_ok and pm_async_declined stay pending.
+	DefaultAsyncDelay = 2 * time.Second
+	// DefaultWebhookRetryWindow is how long a webhook is retried.
+	DefaultWebhookRetryWindow = 72 * time.Hour
+	// DefaultWebhookTimeout bounds one delivery attempt (Standard Webhooks
+	// recommends 15 to 30 seconds).
+	DefaultWebhookTimeout = 15 * time.Second
+	// DefaultWebhookFirstRetry is the wait before a webhook's first retry.
+	DefaultWebhookFirstRetry = 5 * time.Second
+)
 
 // DefaultMaxConns is the pool size to the channel's database when
 // Options.MaxConns is zero.
@@ -38,6 +54,23 @@ const directTimeout = 10 * time.Second
 type Options struct {
 	// SlowDelay is how long pm_slow charges and refunds take (default 2s).
 	SlowDelay time.Duration
+	// AsyncDelay is how long pm_async_ok and pm_async_declined charges stay
+	// pending before they settle (default 2s).
+	AsyncDelay time.Duration
+	// WebhookURL receives an event for every outcome of a charge or refund;
+	// empty: the events are recorded but not delivered.
+	WebhookURL string
+	// WebhookSecret signs the webhooks ("whsec_" and base64); required with
+	// a WebhookURL.
+	WebhookSecret string
+	// WebhookRetryWindow is how long after its outcome an event is retried
+	// before the channel gives up on it (default 72h).
+	WebhookRetryWindow time.Duration
+	// WebhookTimeout bounds one delivery attempt (default 15s).
+	WebhookTimeout time.Duration
+	// WebhookFirstRetry is the wait before a failed event's first retry,
+	// doubled for each one after it up to 6h, with jitter (default 5s).
+	WebhookFirstRetry time.Duration
 	// Logger receives request and fault logs; nil discards them.
 	Logger *slog.Logger
 	// Rand drives the fault dice; set it for deterministic fault tests.
@@ -55,13 +88,21 @@ type Server struct {
 	faults    *faultInjector
 	slowDelay time.Duration
 	log       *slog.Logger
+	// webhooks delivers the outbox; nil without a WebhookURL.
+	webhooks  *sender
+	stopLoops context.CancelFunc
+	loops     sync.WaitGroup
 }
 
 // Open connects to the channel's database at dbURL, creating the database
 // if it is missing, applies the channel's migrations and returns a channel
-// serving the ledger found there. Close releases the pool. Faults start
-// cleared: they are chaos settings of one process, not ledger.
+// serving the ledger found there, settling its pending charges and
+// delivering its webhooks. Close stops that and releases the pool. Faults
+// start cleared: they are chaos settings of one process, not ledger.
 func Open(ctx context.Context, dbURL string, opts Options) (*Server, error) {
+	if err := checkWebhookOptions(opts); err != nil {
+		return nil, err
+	}
 	db, err := database.Open(ctx, dbURL, database.Options{MaxConns: cmp.Or(opts.MaxConns, DefaultMaxConns),
 		StatementTimeout: 5 * time.Second, LockTimeout: 5 * time.Second, ApplicationName: "paymentchannel"})
 	if err != nil {
@@ -71,16 +112,16 @@ func Open(ctx context.Context, dbURL string, opts Options) (*Server, error) {
 		_ = database.Close(db)
 		return nil, err
 	}
+	faults := newFaultInjector(opts.Rand)
+	st := &store{db: db, asyncDelay: positiveOr(opts.AsyncDelay, DefaultAsyncDelay), holdBack: faults.webhookHoldBack,
+		chargePending: newSignal(), eventRecorded: newSignal()}
 	s := &Server{
 		echo:      echo.New(),
 		db:        db,
-		store:     &store{db: db},
-		faults:    newFaultInjector(opts.Rand),
-		slowDelay: opts.SlowDelay,
+		store:     st,
+		faults:    faults,
+		slowDelay: positiveOr(opts.SlowDelay, DefaultSlowDelay),
 		log:       opts.Logger,
-	}
-	if s.slowDelay <= 0 {
-		s.slowDelay = DefaultSlowDelay
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -89,7 +130,36 @@ func Open(ctx context.Context, dbURL string, opts Options) (*Server, error) {
 	s.echo.HTTPErrorHandler = s.handleError
 	s.echo.Use(s.logRequests)
 	s.routes()
+
+	// The loops outlive Open's context: Close ends them.
+	loopCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	s.stopLoops = stop
+	s.loops.Go(func() { s.runLoop(loopCtx, "settling pending charges", s.store.chargePending, s.settlePass) })
+	if opts.WebhookURL != "" {
+		s.webhooks = newSender(opts, st, faults, s.log)
+		s.loops.Go(func() { s.runLoop(loopCtx, "delivering webhooks", s.store.eventRecorded, s.webhooks.pass) })
+	}
 	return s, nil
+}
+
+func positiveOr(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
+}
+
+func checkWebhookOptions(opts Options) error {
+	if opts.WebhookURL == "" {
+		return nil
+	}
+	if u, err := url.Parse(opts.WebhookURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("payment channel webhooks: the URL %q is not an http:// or https:// URL", opts.WebhookURL)
+	}
+	if _, err := webhook.ParseSecret(opts.WebhookSecret); err != nil {
+		return fmt.Errorf("payment channel webhooks: the secret: %w", err)
+	}
+	return nil
 }
 
 // Migrate creates the channel's database at dbURL if it is missing and
@@ -117,8 +187,17 @@ func migrate(dbURL string) (uint, error) {
 	return v, nil
 }
 
-// Close closes the pool to the channel's database; stop serving first.
-func (s *Server) Close() error { return database.Close(s.db) }
+// Close stops settling and delivering, the attempts in flight cut short
+// (their events are due again later), and closes the pool to the channel's
+// database; stop serving first.
+func (s *Server) Close() error {
+	s.stopLoops()
+	s.loops.Wait()
+	if s.webhooks != nil {
+		s.webhooks.client.CloseIdleConnections()
+	}
+	return database.Close(s.db)
+}
 
 // routes is the one place every endpoint of the channel is declared.
 func (s *Server) routes() {
@@ -136,6 +215,8 @@ func (s *Server) routes() {
 	admin.GET("/faults", s.adminGetFaults)
 	admin.POST("/faults", s.adminSetFaults)
 	admin.POST("/reset", s.adminReset)
+	admin.GET("/webhooks", s.adminWebhooks)
+	admin.POST("/webhooks/:id/resend", s.adminResendWebhook)
 }
 
 // Handler returns the HTTP handler serving the channel's API.
@@ -166,8 +247,8 @@ func (s *Server) Charges() []ChargeRecord {
 	return recs
 }
 
-// Reset forgets every charge, refund, counter and fault; a database error
-// is logged.
+// Reset forgets every charge, refund, webhook event, counter and fault; a
+// database error is logged.
 func (s *Server) Reset() {
 	ctx, cancel := context.WithTimeout(context.Background(), directTimeout)
 	defer cancel()
@@ -249,7 +330,9 @@ func (s *Server) adminSetFaults(c echo.Context) error {
 		return err
 	}
 	s.log.Info("faults set", "lost_response_rate", f.LostResponseRate, "unavailable_rate", f.UnavailableRate,
-		"latency_ms", f.LatencyMS, "latency_jitter_ms", f.LatencyJitterMS)
+		"latency_ms", f.LatencyMS, "latency_jitter_ms", f.LatencyJitterMS,
+		"webhook_duplicate_rate", f.WebhookDuplicateRate, "webhook_drop_rate", f.WebhookDropRate,
+		"webhook_delay_ms", f.WebhookDelayMS, "webhook_reorder_ms", f.WebhookReorderMS)
 	return c.JSON(http.StatusOK, s.Faults())
 }
 

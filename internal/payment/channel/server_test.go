@@ -599,7 +599,7 @@ func TestAdmin(t *testing.T) {
 		h := newHarness(t, channel.Options{})
 		h.charge("k1", ok(100))
 		stats := decode[map[string]int64](t, h.must(http.MethodGet, "/admin/stats", "", nil))
-		for _, field := range []string{"charges", "declined", "refunds", "duplicates_absorbed", "lookups", "requests",
+		for _, field := range []string{"charges", "declined", "pending", "refunds", "duplicates_absorbed", "lookups", "requests",
 			"lost_responses", "unavailable_responses", "amount_charged", "amount_refunded"} {
 			if _, ok := stats[field]; !ok {
 				t.Errorf("stats lack %q", field)

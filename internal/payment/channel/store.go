@@ -38,6 +38,14 @@ type outcome[Res any] struct {
 // could slip between.
 type store struct {
 	db *gorm.DB
+	// asyncDelay is how long a pm_async_* charge stays pending.
+	asyncDelay time.Duration
+	// holdBack is how long a new event waits before its first delivery
+	// (the webhook delay and reorder faults).
+	holdBack func() time.Duration
+	// chargePending and eventRecorded wake the settling and delivery loops
+	// when this process has written work for them.
+	chargePending, eventRecorded signal
 }
 
 // chargeRow is a row of charges.
@@ -66,8 +74,11 @@ func (r chargeRow) request() payment.ChargeRequest {
 
 func (r chargeRow) outcome(fresh bool) outcome[payment.Charge] {
 	status := http.StatusCreated
-	if r.Status == payment.StatusDeclined {
+	switch r.Status {
+	case payment.StatusDeclined:
 		status = http.StatusPaymentRequired
+	case payment.StatusPending:
+		status = http.StatusAccepted
 	}
 	return outcome[payment.Charge]{value: r.charge(), status: status, method: r.PaymentMethod, fresh: fresh}
 }
@@ -140,17 +151,28 @@ func (s *store) claimCharge(ctx context.Context, p *post, req payment.ChargeRequ
 		}
 	}
 	status := payment.StatusSucceeded
-	if req.PaymentMethod == payment.MethodDeclined {
+	var settleIn any // seconds until a pending charge settles; NULL for the others
+	switch req.PaymentMethod {
+	case payment.MethodDeclined:
 		status = payment.StatusDeclined
+	case payment.MethodAsyncOK, payment.MethodAsyncDeclined:
+		status, settleIn = payment.StatusPending, s.asyncDelay.Seconds()
 	}
 	// The primary key decides which of concurrent requests charges.
 	var made []chargeRow
 	err := database.Transact(ctx, s.db, func(tx *gorm.DB) error {
-		err := tx.Raw(`INSERT INTO charges (idempotency_key, id, status, amount, currency, reference, payment_method)
-			VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING RETURNING `+chargeColumns,
-			key, "ch_"+uuid.NewString(), status, req.Amount, req.Currency, req.Reference, req.PaymentMethod).Scan(&made).Error
+		err := tx.Raw(`INSERT INTO charges (idempotency_key, id, status, amount, currency, reference, payment_method, settles_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, now() + make_interval(secs => ?))
+			ON CONFLICT (idempotency_key) DO NOTHING RETURNING `+chargeColumns,
+			key, "ch_"+uuid.NewString(), status, req.Amount, req.Currency, req.Reference, req.PaymentMethod, settleIn).Scan(&made).Error
 		if err != nil || len(made) == 0 {
 			return err
+		}
+		// A pending charge is told of when it settles.
+		if status != payment.StatusPending {
+			if err := s.recordChargeEvent(tx, made[0]); err != nil {
+				return err
+			}
 		}
 		return countPostIn(tx, p)
 	})
@@ -159,6 +181,11 @@ func (s *store) claimCharge(ctx context.Context, p *post, req payment.ChargeRequ
 	}
 	if len(made) == 1 {
 		p.counted = true
+		if status == payment.StatusPending {
+			s.chargePending.notify()
+		} else {
+			s.eventRecorded.notify()
+		}
 		return made[0].outcome(true), nil
 	}
 	// Another request charged under key first: its charge is the answer.
@@ -207,6 +234,9 @@ func (s *store) claimRefund(ctx context.Context, p *post, req payment.RefundRequ
 	case charge.Status != payment.StatusSucceeded:
 		return none, fmt.Errorf("%w: charge %q was %s", errRefundInvalid, req.ChargeID, charge.Status)
 	case charge.PaymentMethod == payment.MethodRefundRefused:
+		if err := s.recordRefusal(ctx, key, req); err != nil {
+			return none, err
+		}
 		return none, fmt.Errorf("%w: charge %q was made with %s, whose refunds are always refused", errRefundRefused,
 			req.ChargeID, payment.MethodRefundRefused)
 	}
@@ -239,6 +269,10 @@ func (s *store) claimRefund(ctx context.Context, p *post, req payment.RefundRequ
 			}
 			return errExceeds
 		}
+		rf := made[0].outcome(true).value
+		if err := s.recordEvent(tx, payment.EventRefundSucceeded, rf.ID, rf.IdempotencyKey, rf); err != nil {
+			return err
+		}
 		return countPostIn(tx, p)
 	})
 	switch {
@@ -258,6 +292,7 @@ func (s *store) claimRefund(ctx context.Context, p *post, req payment.RefundRequ
 		return none, ledgerErr(err)
 	}
 	p.counted = true
+	s.eventRecorded.notify()
 	return made[0].outcome(true), nil
 }
 
@@ -315,5 +350,5 @@ func (s *store) lookupRefund(ctx context.Context, key string) (payment.Refund, b
 // reset forgets the whole ledger and every counter.
 func (s *store) reset(ctx context.Context) error {
 	return ledgerErr(s.db.WithContext(ctx).Exec(
-		`TRUNCATE charges, refunds, attempts, unavailable_given, counters RESTART IDENTITY`).Error)
+		`TRUNCATE charges, refunds, attempts, unavailable_given, counters, webhook_events RESTART IDENTITY`).Error)
 }
