@@ -881,6 +881,12 @@ func TestEveryRequestBoundIsEnforced(t *testing.T) {
 
 	sent := 0
 	for _, o := range operations(doc) {
+		// A webhook is signed over its id, timestamp and body: a probe
+		// that changes one of them is refused (401) before any bound is
+		// read. internal/app's webhook tests send it signed, out of bounds.
+		if o.path == "/webhooks/payment-channel" {
+			continue
+		}
 		params := parameters(o.item, o.op)
 		var targets []target
 		targets = append(targets, paramTargets(params)...)

@@ -67,7 +67,8 @@ type Response struct {
 }
 
 // Render is the HTTP form of an intent's result: 201 with the new order's
-// Location, 200, or the failure's problem document. Any transport that must
+// Location, 200, 202 (taken on, finishes later), or the failure's problem
+// document. Any transport that must
 // answer with the bytes HTTP would send calls it; it depends on nothing but
 // the result, so a replay of a stored result is the same bytes as the first
 // answer.
@@ -78,6 +79,8 @@ func Render(res idempotency.Result) Response {
 			ContentType: "application/json", Body: res.Body, Replayed: res.Replayed}
 	case idempotency.OutcomeDone:
 		return Response{Status: http.StatusOK, ContentType: "application/json", Body: res.Body, Replayed: res.Replayed}
+	case idempotency.OutcomeAccepted:
+		return Response{Status: http.StatusAccepted, ContentType: "application/json", Body: res.Body, Replayed: res.Replayed}
 	}
 	r := RenderError(res.Failure)
 	r.Replayed = res.Replayed

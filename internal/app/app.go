@@ -151,10 +151,11 @@ func cleanupOnce(ctx context.Context, cfg Config, logger *slog.Logger, stdout io
 	defer database.Close(db)
 	policy := cfg.Policy()
 	c := &idempotency.Cleaner{DB: db, Store: &idempotency.Store{Lease: cfg.Lease, Policy: policy},
+		Inbox: &idempotency.Inbox{Retention: policy.InboxRetention()},
 		Batch: cfg.CleanupBatch, Pause: cfg.CleanupPause, Logger: logger}
 	res, err := c.Pass(ctx)
-	fmt.Fprintf(stdout, "cleanup: deleted %d expired idempotency records, %d of them archived first (money operations: %v)\n",
-		res.Deleted, res.Archived, policy.MoneyOperations)
+	fmt.Fprintf(stdout, "cleanup: deleted %d expired idempotency records, %d of them archived first (money operations: %v); forgot %d webhook deliveries\n",
+		res.Deleted, res.Archived, policy.MoneyOperations, res.Forgot)
 	return err
 }
 
@@ -208,24 +209,6 @@ func (m *Main) start(ctx context.Context) error {
 	cfg := m.Config
 	m.lifetime, m.kill = context.WithCancel(context.WithoutCancel(ctx))
 	var err error
-	channelURL := cfg.PaymentChannelURL
-	if channelURL == "" {
-		// The channel's ledger is its own database, so a restart of the
-		// service forgets no charge, as a real acquirer would not.
-		m.Channel, err = channel.Open(ctx, cfg.ChannelDatabaseURL,
-			channel.Options{SlowDelay: cfg.ChannelSlowDelay, Logger: m.Logger.With("component", "paymentchannel")})
-		if err != nil {
-			return err
-		}
-		ln, err := net.Listen("tcp", cfg.ChannelAddr)
-		if err != nil {
-			return fmt.Errorf("listen for the embedded payment channel on %s: %w", cfg.ChannelAddr, err)
-		}
-		m.ChannelAddr = ln.Addr().String()
-		m.serve(ln, m.Channel.Handler())
-		channelURL = "http://" + m.ChannelAddr
-	}
-
 	// The API listens before the database is there: /healthz and /readyz
 	// answer (200, 503) while a failover or a booting database is awaited,
 	// and nothing touches a database that is not a writable primary.
@@ -234,6 +217,33 @@ func (m *Main) start(ctx context.Context) error {
 		return fmt.Errorf("listen on HTTP_ADDR %s: %w", cfg.HTTPAddr, err)
 	}
 	m.Addr = ln.Addr().String()
+
+	channelURL := cfg.PaymentChannelURL
+	if channelURL == "" {
+		// The channel's ledger is its own database, so a restart of the
+		// service forgets no charge, as a real acquirer would not. It
+		// delivers its webhooks to this service (the gate answers 503
+		// until the service is ready, and the channel delivers again).
+		m.Channel, err = channel.Open(ctx, cfg.ChannelDatabaseURL, channel.Options{
+			SlowDelay: cfg.ChannelSlowDelay, AsyncDelay: cfg.ChannelAsyncDelay,
+			WebhookURL: m.URL() + "/webhooks/payment-channel", WebhookSecret: cfg.WebhookSecrets[0],
+			WebhookRetryWindow: cfg.ChannelWebhookRetryWindow,
+			Logger:             m.Logger.With("component", "paymentchannel")})
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		channelLn, err := net.Listen("tcp", cfg.ChannelAddr)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("listen for the embedded payment channel on %s: %w", cfg.ChannelAddr, err)
+		}
+		m.ChannelAddr = channelLn.Addr().String()
+		m.serve(channelLn, m.Channel.Handler())
+		channelURL = "http://" + m.ChannelAddr
+	}
+	// Served last, so that it is the first to stop (Close): the channel
+	// outlives the requests that call it.
 	gate := &startingGate{}
 	m.serve(ln, gate)
 
@@ -257,6 +267,7 @@ func (m *Main) start(ctx context.Context) error {
 	}
 
 	records := &idempotency.Store{Lease: cfg.Lease, PhaseTimeout: cfg.ChannelTimeout, Policy: policy}
+	inbox := &idempotency.Inbox{Retention: policy.InboxRetention()}
 	m.Metrics = metrics.New(func(ctx context.Context) (idempotency.Gauges, error) { return records.Gauges(db.WithContext(ctx)) },
 		m.Logger, order.Operations, order.MoneyOperations)
 	waiter := &idempotency.Waiter{URL: cfg.DatabaseURL, Poll: time.Second, Logger: m.Logger, Observe: m.Metrics.Waited}
@@ -267,13 +278,15 @@ func (m *Main) start(ctx context.Context) error {
 		DB: db, Records: records, Logger: m.Logger, Observe: m.Metrics, Lifetime: m.lifetime,
 		Channel: slotFreeChannel{payment.NewClient(channelURL, &http.Client{Transport: &http.Transport{
 			MaxIdleConnsPerHost: cfg.ChannelMaxInFlight, IdleConnTimeout: 90 * time.Second}})},
-		Money: order.MoneyConfig{ChannelTimeout: cfg.ChannelTimeout, RetryAfter: cfg.RetryAfter, ChannelKeyWindow: cfg.ChannelKeyWindow, MaxChannelCalls: cfg.ChannelMaxInFlight},
+		Money: order.MoneyConfig{ChannelTimeout: cfg.ChannelTimeout, RetryAfter: cfg.RetryAfter, ChannelKeyWindow: cfg.ChannelKeyWindow,
+			MaxChannelCalls: cfg.ChannelMaxInFlight, PendingCheckEvery: cfg.PendingCheckEvery},
 	}
 	api := &httpapi.Server{Orders: m.Orders, Records: records, DB: db, Logger: m.Logger,
 		Tenants: httpapi.NewTenants(cfg.APIKeys), Policy: policy, Metrics: m.Metrics,
 		WindowSources: sources, OutboxRetention: outboxRetention(policy),
 		Waiter: waiter, MaxWait: cfg.MaxWait, Stopping: stopping,
-		Admission: httpapi.NewAdmission(cfg.HTTPMaxInFlight, cfg.HTTPMaxQueue, cfg.HTTPQueueTimeout), CORSOrigins: cfg.CORSAllowedOrigins}
+		Admission: httpapi.NewAdmission(cfg.HTTPMaxInFlight, cfg.HTTPMaxQueue, cfg.HTTPQueueTimeout), CORSOrigins: cfg.CORSAllowedOrigins,
+		WebhookSecrets: cfg.WebhookSecrets, Inbox: inbox}
 	if api.Admission != nil {
 		api.Admission.OnShed, api.Admission.Logger = m.Metrics.Shed, m.Logger
 	}
@@ -281,7 +294,7 @@ func (m *Main) start(ctx context.Context) error {
 
 	workCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	m.stop = stop
-	cleaner := &idempotency.Cleaner{DB: db, Store: records, Batch: cfg.CleanupBatch, Pause: cfg.CleanupPause,
+	cleaner := &idempotency.Cleaner{DB: db, Store: records, Inbox: inbox, Batch: cfg.CleanupBatch, Pause: cfg.CleanupPause,
 		Logger: m.Logger, Observe: func(r idempotency.CleanupResult) { m.Metrics.Cleaned(r.Deleted, r.Archived) }}
 	outbox := &order.Outbox{DB: db}
 	m.Metrics.WatchOutbox(outbox.Lag)

@@ -20,6 +20,7 @@ import (
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/messaging"
 	"github.com/orderservice/orderservice/internal/order"
+	"github.com/orderservice/orderservice/internal/webhook"
 )
 
 // Config is every setting of the service, read once from the environment.
@@ -49,6 +50,16 @@ type Config struct {
 	ChannelDatabaseURL string `env:"CHANNEL_DATABASE_URL"`
 	// ChannelSlowDelay is how long the in-process channel takes for `pm_slow`.
 	ChannelSlowDelay time.Duration `env:"PAYMENT_SLOW_DELAY" envDefault:"2s"`
+	// ChannelAsyncDelay is how long the in-process channel takes to settle a
+	// charge it took on as pending (`pm_async_ok`, `pm_async_declined`).
+	ChannelAsyncDelay time.Duration `env:"PAYMENT_ASYNC_DELAY" envDefault:"2s"`
+	// ChannelWebhookRetryWindow is how long the in-process channel retries
+	// a webhook delivery, with backoff.
+	ChannelWebhookRetryWindow time.Duration `env:"CHANNEL_WEBHOOK_RETRY_WINDOW" envDefault:"72h"`
+	// WebhookSecrets verify the payment channel's webhooks (Standard
+	// Webhooks: `whsec_` and base64, comma separated: two while one is
+	// rotated); the in-process channel signs with the first.
+	WebhookSecrets []string `env:"PAYMENT_WEBHOOK_SECRET" envDefault:"whsec_b3JkZXJzZXJ2aWNlLWRldi13ZWJob29rLXNlY3JldCE="`
 
 	// DBMaxConns is the connection pool's size.
 	DBMaxConns int `env:"DB_MAX_CONNS" envDefault:"20"`
@@ -100,6 +111,9 @@ type Config struct {
 	// idempotency key; a retry of an intent older than this asks the channel
 	// what it holds before sending the key again.
 	ChannelKeyWindow time.Duration `env:"PAYMENT_CHANNEL_KEY_WINDOW" envDefault:"24h"`
+	// PendingCheckEvery is how often the sweeper asks the channel about a
+	// payment it took on as pending, when no webhook told its outcome.
+	PendingCheckEvery time.Duration `env:"PAYMENT_PENDING_CHECK_EVERY" envDefault:"30s"`
 	// SweepInterval is how often the sweeper looks for expired leases and
 	// retryable intents.
 	SweepInterval time.Duration `env:"SWEEP_INTERVAL" envDefault:"5s"`
@@ -115,6 +129,11 @@ type Config struct {
 	// ManualCompensationWindow is how long operators may replay by hand;
 	// also the DLQ's max_age when the service creates it.
 	ManualCompensationWindow time.Duration `env:"REPLAY_WINDOW_MANUAL_COMPENSATION" envDefault:"720h"`
+	// WebhookReplayWindow is how long the payment channel may deliver a
+	// webhook again (the longest an acquirer is known to retry: 30 days);
+	// the webhook inbox remembers a delivery that long plus the margin. A
+	// window shorter than CHANNEL_WEBHOOK_RETRY_WINDOW is refused.
+	WebhookReplayWindow time.Duration `env:"REPLAY_WINDOW_WEBHOOK" envDefault:"720h"`
 	// RetentionMargin is added to the longest window; a negative margin (or
 	// window) is refused.
 	RetentionMargin time.Duration `env:"RETENTION_MARGIN" envDefault:"24h"`
@@ -257,8 +276,9 @@ func (c Config) validate() error {
 		"DB_STATEMENT_TIMEOUT": c.DBStatementTimeout, "DB_LOCK_TIMEOUT": c.DBLockTimeout,
 		"DB_CONN_MAX_LIFETIME": c.DBConnMaxLifetime, "DB_START_TIMEOUT": c.DBStartTimeout,
 		"IDEMPOTENCY_LEASE": c.Lease, "PAYMENT_CHANNEL_TIMEOUT": c.ChannelTimeout, "PAYMENT_RETRY_AFTER": c.RetryAfter,
-		"PAYMENT_CHANNEL_KEY_WINDOW": c.ChannelKeyWindow,
-		"SWEEP_INTERVAL":             c.SweepInterval, "SHUTDOWN_TIMEOUT": c.ShutdownTimeout, "CLEANUP_INTERVAL": c.CleanupInterval,
+		"PAYMENT_CHANNEL_KEY_WINDOW": c.ChannelKeyWindow, "PAYMENT_PENDING_CHECK_EVERY": c.PendingCheckEvery,
+		"PAYMENT_ASYNC_DELAY": c.ChannelAsyncDelay, "CHANNEL_WEBHOOK_RETRY_WINDOW": c.ChannelWebhookRetryWindow,
+		"SWEEP_INTERVAL": c.SweepInterval, "SHUTDOWN_TIMEOUT": c.ShutdownTimeout, "CLEANUP_INTERVAL": c.CleanupInterval,
 		"COMMAND_ACK_WAIT": c.CommandAckWait, "COMMAND_BACKOFF": c.CommandBackoff, "COMMAND_BACKOFF_MAX": c.CommandBackoffMax,
 		"OUTBOX_INTERVAL": c.OutboxInterval,
 	} {
@@ -315,6 +335,20 @@ func (c Config) validate() error {
 	if c.Lease < c.ChannelTimeout+time.Second {
 		return fmt.Errorf("IDEMPOTENCY_LEASE (%s) must exceed PAYMENT_CHANNEL_TIMEOUT (%s) by at least 1s", c.Lease, c.ChannelTimeout)
 	}
+	// The inbox must remember a delivery for as long as the channel may
+	// send it again, or a late redelivery would be applied as a first one.
+	if c.WebhookReplayWindow < c.ChannelWebhookRetryWindow {
+		return fmt.Errorf("REPLAY_WINDOW_WEBHOOK (%s) is unsafe: the payment channel retries a webhook for CHANNEL_WEBHOOK_RETRY_WINDOW (%s), so its deliveries must be remembered at least that long",
+			c.WebhookReplayWindow, c.ChannelWebhookRetryWindow)
+	}
+	if len(c.WebhookSecrets) == 0 {
+		return fmt.Errorf("PAYMENT_WEBHOOK_SECRET must name at least one secret")
+	}
+	for _, secret := range c.WebhookSecrets {
+		if _, err := webhook.ParseSecret(secret); err != nil {
+			return fmt.Errorf("PAYMENT_WEBHOOK_SECRET: %w", err)
+		}
+	}
 	return c.Policy().Check()
 }
 
@@ -338,6 +372,7 @@ func (c Config) Policy() idempotency.Policy {
 		Retention:       c.Retention,
 		MoneyOperations: order.MoneyOperations,
 		Operations:      order.Operations,
+		Webhook:         c.WebhookReplayWindow,
 	}
 }
 

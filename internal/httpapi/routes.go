@@ -11,6 +11,8 @@ func (s *Server) routes(e *echo.Echo) {
 	e.GET("/healthz", s.healthz)
 	e.GET("/readyz", s.readyz)
 	e.GET("/metrics", echo.WrapHandler(s.Metrics.Handler()))
+	// The channel's webhooks: no tenant key, the signature authenticates.
+	e.POST("/webhooks/payment-channel", s.paymentWebhook)
 
 	v1 := e.Group("/v1", s.authenticate, wellFormed)
 	v1.POST("/orders", idempotent(s, order.OpCreate, s.Orders.Create))

@@ -14,6 +14,7 @@ import (
 type CleanupResult struct {
 	Deleted  int // records removed, archived ones included
 	Archived int // of those, copied to idempotency_archive first
+	Forgot   int // webhook deliveries removed from the inbox
 }
 
 // CleanupBatch removes up to limit finished records whose retention has
@@ -63,6 +64,8 @@ func (s *Store) CleanupBatch(tx *gorm.DB, limit int) (CleanupResult, error) {
 type Cleaner struct {
 	DB    *gorm.DB
 	Store *Store
+	// Inbox, when set, is cleaned in the same pass, after the records.
+	Inbox *Inbox
 	Batch int
 	Pause time.Duration
 	// Observe, when set, is told what each batch did (for metrics).
@@ -90,13 +93,37 @@ func (c *Cleaner) Pass(ctx context.Context) (CleanupResult, error) {
 			c.Observe(res)
 		}
 		if res.Deleted < c.Batch {
-			return total, nil
+			break
 		}
-		select {
-		case <-ctx.Done():
-			return total, ctx.Err()
-		case <-time.After(c.Pause):
+		if err := c.pause(ctx); err != nil {
+			return total, err
 		}
+	}
+	for c.Inbox != nil {
+		var n int
+		err := database.Transact(ctx, c.DB, func(tx *gorm.DB) error {
+			var err error
+			n, err = c.Inbox.CleanupBatch(tx, c.Batch)
+			return err
+		})
+		total.Forgot += n
+		if err != nil || n < c.Batch {
+			return total, err
+		}
+		if err := c.pause(ctx); err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// pause waits between two batches, or returns ctx's error when it ends.
+func (c *Cleaner) pause(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(c.Pause):
+		return nil
 	}
 }
 
@@ -113,8 +140,8 @@ func (c *Cleaner) Run(ctx context.Context, interval time.Duration) {
 			switch {
 			case err != nil && ctx.Err() == nil:
 				c.Logger.WarnContext(ctx, "cleanup pass failed", "err", err)
-			case res.Deleted > 0:
-				c.Logger.InfoContext(ctx, "cleanup pass", "deleted", res.Deleted, "archived", res.Archived)
+			case res.Deleted > 0 || res.Forgot > 0:
+				c.Logger.InfoContext(ctx, "cleanup pass", "deleted", res.Deleted, "archived", res.Archived, "webhooks_forgotten", res.Forgot)
 			}
 		}
 	}

@@ -27,6 +27,8 @@ type Gauges struct {
 	TableBytes int64
 	// Archived estimates the archive's rows, as the statistics count them.
 	Archived int64
+	// Inbox estimates the webhook deliveries remembered (webhook_inbox).
+	Inbox int64
 }
 
 // RetriedAttempts is the attempt count from which Gauges.Retried counts
@@ -37,7 +39,7 @@ const RetriedAttempts = 5
 func (s *Store) Gauges(db *gorm.DB) (Gauges, error) {
 	var row struct {
 		Processing, Retryable, Expired, Retried int64
-		Live, Archived, Bytes                   int64
+		Live, Archived, Bytes, Inbox            int64
 		FinalShare                              float64
 	}
 	err := db.Raw(`
@@ -53,6 +55,7 @@ func (s *Store) Gauges(db *gorm.DB) (Gauges, error) {
 			(SELECT count(*) FROM unfinished WHERE attempts >= ?) AS retried,
 			COALESCE((SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = 'idempotency_records'::regclass), 0) AS live,
 			COALESCE((SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = 'idempotency_archive'::regclass), 0) AS archived,
+			COALESCE((SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = 'webhook_inbox'::regclass), 0) AS inbox,
 			pg_total_relation_size('idempotency_records') AS bytes,
 			COALESCE((SELECT m.f FROM pg_stats st, unnest(st.most_common_vals::text::text[], st.most_common_freqs) AS m(v, f)
 			          WHERE st.schemaname = current_schema() AND st.tablename = 'idempotency_records'
@@ -66,6 +69,6 @@ func (s *Store) Gauges(db *gorm.DB) (Gauges, error) {
 	return Gauges{
 		Records: map[State]int64{Processing: row.Processing, FailedRetryable: row.Retryable,
 			Succeeded: finished - final, FailedFinal: final},
-		ExpiredProcessing: row.Expired, Retried: row.Retried, TableBytes: row.Bytes, Archived: row.Archived,
+		ExpiredProcessing: row.Expired, Retried: row.Retried, TableBytes: row.Bytes, Archived: row.Archived, Inbox: row.Inbox,
 	}, nil
 }

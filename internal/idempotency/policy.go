@@ -32,6 +32,10 @@ type Policy struct {
 	MoneyOperations []string
 	// Operations lists every operation the policy covers, for Describe.
 	Operations []string
+	// Webhook is how long the payment channel may deliver a webhook again.
+	// A delivery is remembered in the webhook inbox (InboxRetention), not
+	// in a record, so this window does not lengthen the records' retention.
+	Webhook time.Duration
 }
 
 // Longest is the longest replay window, or the chain of windows when that
@@ -83,6 +87,10 @@ func (p Policy) Shortest() time.Duration {
 	return shortest
 }
 
+// InboxRetention is how long a webhook delivery is remembered: the
+// channel's replay window plus the margin.
+func (p Policy) InboxRetention() time.Duration { return p.Webhook + p.Margin }
+
 // IsMoney reports whether operation moves money, so its records are archived.
 func (p Policy) IsMoney(operation string) bool { return slices.Contains(p.MoneyOperations, operation) }
 
@@ -107,6 +115,9 @@ func (p Policy) Check() error {
 		if w.Duration < 0 {
 			return fmt.Errorf("the %s window (%s) must not be negative", w.Name, w.Duration)
 		}
+	}
+	if p.Webhook < 0 {
+		return fmt.Errorf("the webhook window (%s) must not be negative", p.Webhook)
 	}
 	if p.Margin < 0 {
 		return fmt.Errorf("retention margin %s is unsafe: it must not be negative, or records would expire inside the %s window", p.Margin, p.Longest().Name)
@@ -133,6 +144,8 @@ type PolicyView struct {
 	MoneyFloor    string               `json:"money_floor"`
 	Lease         string               `json:"lease"`
 	Operations    []OperationRetention `json:"operations"`
+	// WebhookInbox is how long a webhook delivery is remembered.
+	WebhookInbox string `json:"webhook_inbox_retention"`
 }
 
 // OperationRetention is how long one operation's records are kept.
@@ -149,6 +162,8 @@ func (p Policy) Describe(lease time.Duration) PolicyView {
 	for _, w := range p.Windows {
 		v.ReplayWindows[w.Name] = w.Duration.String()
 	}
+	v.ReplayWindows["webhook"] = p.Webhook.String()
+	v.WebhookInbox = p.InboxRetention().String()
 	for _, op := range p.Operations {
 		v.Operations = append(v.Operations, OperationRetention{Operation: op, Retention: p.RetentionFor(op).String(), Archived: p.IsMoney(op)})
 	}

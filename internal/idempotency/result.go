@@ -10,12 +10,17 @@ import (
 // Outcome says what came of an intent, in words no transport owns.
 type Outcome string
 
-// The three definitive outcomes.
+// The definitive outcomes.
 const (
 	// OutcomeCreated: the intent brought a new resource into being.
 	OutcomeCreated Outcome = "created"
 	// OutcomeDone: the intent acted on an existing resource.
 	OutcomeDone Outcome = "done"
+	// OutcomeAccepted: the intent was taken on and will finish later
+	// (a payment the channel settles asynchronously). That answer is the
+	// intent's, replayed to its retries; how it finishes is told by the
+	// resource (the order), not by the record.
+	OutcomeAccepted Outcome = "accepted"
 	// OutcomeFailed: the intent was refused for good (a domain error); the
 	// refusal is stored and replayed like a success.
 	OutcomeFailed Outcome = "failed"
@@ -48,6 +53,12 @@ func Done(id string, body []byte) Result {
 	return Result{Outcome: OutcomeDone, Resource: id, Body: body}
 }
 
+// Accepted is the result of an intent that was taken on for the resource
+// id, shown as body, and finishes later.
+func Accepted(id string, body []byte) Result {
+	return Result{Outcome: OutcomeAccepted, Resource: id, Body: body}
+}
+
 // Failed is the result of an intent refused for good with err, on resource
 // id ("" when it names none).
 func Failed(id string, err *problem.Error) Result {
@@ -67,7 +78,7 @@ func (r Result) state() State {
 // is its JSON form.
 func (r Result) stored() (outcome Outcome, code *string, body []byte, err error) {
 	switch r.Outcome {
-	case OutcomeCreated, OutcomeDone:
+	case OutcomeCreated, OutcomeDone, OutcomeAccepted:
 		return r.Outcome, nil, r.Body, nil
 	case OutcomeFailed:
 		if r.Failure == nil {

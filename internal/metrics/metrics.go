@@ -32,6 +32,7 @@ type Metrics struct {
 	http       *prometheus.HistogramVec
 	cleaned    *prometheus.CounterVec
 	waits      *prometheus.CounterVec
+	webhooks   *prometheus.CounterVec
 	messages   messages
 	logger     *slog.Logger
 	shed       prometheus.Counter
@@ -80,12 +81,16 @@ func New(gauges GaugeReader, logger *slog.Logger, operations, moneyOperations []
 			Name: waitsName,
 			Help: "Waits of duplicates for their first attempt's outcome (Prefer: wait), by how each ended: notified, relistened (the LISTEN connection came back), looked (no LISTEN connection: found by polling), not_in_flight (nothing to wait for), gave_up (409).",
 		}, []string{"ended"}),
+		webhooks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "orderservice_webhooks_received_total",
+			Help: "Payment channel webhooks received, by outcome: applied (a pending payment's outcome stored, its order moved), duplicate (a webhook-id delivered before: nothing done), ignored (nothing to move), refused (signature, timestamp or body did not verify: 401).",
+		}, []string{"outcome"}),
 		shed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "orderservice_http_requests_shed_total",
 			Help: "Requests refused with 503 by the admission limit (HTTP_MAX_IN_FLIGHT, HTTP_MAX_QUEUE, HTTP_QUEUE_TIMEOUT) before anything was recorded.",
 		}),
 	}
-	m.registry.MustRegister(m.requests, m.conflicts, m.takeovers, m.channel, m.duplicates, m.http, m.cleaned, m.waits, m.shed,
+	m.registry.MustRegister(m.requests, m.conflicts, m.takeovers, m.channel, m.duplicates, m.http, m.cleaned, m.waits, m.webhooks, m.shed,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&recordCollector{gauges: gauges, logger: logger})
 	m.registry.MustRegister(m.messages.collectors()...)
@@ -118,6 +123,20 @@ func (m *Metrics) zero(operations, moneyOperations []string) {
 	for _, w := range idempotency.Wakes {
 		m.waits.WithLabelValues(string(w))
 	}
+	for _, o := range WebhookOutcomes {
+		m.webhooks.WithLabelValues(o)
+	}
+}
+
+// WebhookOutcomes are the outcome labels of orderservice_webhooks_received_total.
+var WebhookOutcomes = []string{"applied", "duplicate", "ignored", "refused"}
+
+// Webhook counts one webhook delivery and what came of it.
+func (m *Metrics) Webhook(outcome string) {
+	if m == nil {
+		return
+	}
+	m.webhooks.WithLabelValues(outcome).Inc()
 }
 
 // Handler serves the metrics in the Prometheus text format.
@@ -217,6 +236,8 @@ var (
 		"Total size of the idempotency_records table with its indexes.", nil, nil)
 	archiveDesc = prometheus.NewDesc("orderservice_idempotency_archive_records",
 		"Records in the archive of money operations, estimated from PostgreSQL's statistics.", nil, nil)
+	inboxDesc = prometheus.NewDesc("orderservice_webhook_inbox_records",
+		"Webhook deliveries remembered in the inbox (kept for REPLAY_WINDOW_WEBHOOK plus the margin), estimated from PostgreSQL's statistics.", nil, nil)
 )
 
 func (c *recordCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -225,6 +246,7 @@ func (c *recordCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- retryingDesc
 	ch <- sizeDesc
 	ch <- archiveDesc
+	ch <- inboxDesc
 }
 
 func (c *recordCollector) Collect(ch chan<- prometheus.Metric) {
@@ -242,4 +264,5 @@ func (c *recordCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(retryingDesc, prometheus.GaugeValue, float64(g.Retried))
 	ch <- prometheus.MustNewConstMetric(sizeDesc, prometheus.GaugeValue, float64(g.TableBytes))
 	ch <- prometheus.MustNewConstMetric(archiveDesc, prometheus.GaugeValue, float64(g.Archived))
+	ch <- prometheus.MustNewConstMetric(inboxDesc, prometheus.GaugeValue, float64(g.Inbox))
 }

@@ -52,6 +52,11 @@ const (
 // PAID has no pay event (it cannot be charged again) and CANCELLED has no
 // ship event (it cannot ship).
 var lifecycle = fsm.Events{
+	// PAYMENT_PENDING lasts while the channel works, and, for a charge it
+	// took on to finish later, until its outcome arrives (webhook or
+	// sweeper): only that outcome leaves it. A cancel meanwhile is refused,
+	// for the money may be moving; cancel once the order is PAID (refund)
+	// or PAYMENT_FAILED.
 	{Name: string(EventPay), Src: []string{string(StatusCreated), string(StatusPaymentFailed)}, Dst: string(StatusPaymentPending)},
 	{Name: string(EventPaymentSucceeded), Src: []string{string(StatusPaymentPending)}, Dst: string(StatusPaid)},
 	{Name: string(EventPaymentFailed), Src: []string{string(StatusPaymentPending)}, Dst: string(StatusPaymentFailed)},

@@ -148,13 +148,16 @@ func (o *Order) Ship(carrier, trackingNumber string) error {
 // Deliver moves a shipped order to DELIVERED.
 func (o *Order) Deliver() error { return o.fire(EventDeliver) }
 
-// applyReply applies the channel's definitive reply on the pending payment p:
-// the order makes the reply's transition and its loaded payment (which the
-// representation shows) takes the reply's status.
+// applyReply applies the channel's reply on the pending payment p: the
+// order makes the reply's transition (none while the charge is still
+// pending) and its loaded payment (which the representation shows) takes
+// the reply's status.
 func (o *Order) applyReply(p Payment, reply channelReply, at time.Time) (Event, error) {
 	ev := reply.event(p.Kind)
-	if err := o.fire(ev); err != nil {
-		return ev, err
+	if ev != "" {
+		if err := o.fire(ev); err != nil {
+			return ev, err
+		}
 	}
 	for i := range o.payments {
 		if q := &o.payments[i]; q.ID == p.ID {
@@ -162,6 +165,16 @@ func (o *Order) applyReply(p Payment, reply channelReply, at time.Time) (Event, 
 		}
 	}
 	return ev, nil
+}
+
+// payment is the order's loaded payment id.
+func (o *Order) payment(id uuid.UUID) *Payment {
+	for i := range o.payments {
+		if o.payments[i].ID == id {
+			return &o.payments[i]
+		}
+	}
+	return nil
 }
 
 // paidCharge is the charge that made the order PAID.

@@ -77,6 +77,10 @@ type MoneyConfig struct {
 	// the key before sending anything: past it, the same key sent again
 	// could move money a second time. Zero: always ask first.
 	ChannelKeyWindow time.Duration
+	// PendingCheckEvery is how often the sweeper asks the channel about a
+	// charge it took on to finish later, if no webhook told its outcome
+	// first (payment_later.go). Zero: a minute.
+	PendingCheckEvery time.Duration
 	// MaxChannelCalls bounds the intents at the channel at once (0: no
 	// bound). One beyond it is refused in phase 1 with 503 and Retry-After,
 	// before anything is recorded; see channelPlace.

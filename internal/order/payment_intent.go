@@ -43,8 +43,9 @@ func (s *Service) Pay(ctx context.Context, c Caller, orderID string, req PayRequ
 	// A token the channel does not know would only be refused there, after
 	// the order had moved to PAYMENT_PENDING: refuse it before anything is
 	// recorded, so the same key may be sent again with a real one.
-	if !slices.Contains(payment.Methods, method) {
-		return idempotency.Result{}, invalid("payment_method", "must be one of the channel's test tokens: %s", strings.Join(payment.Methods, ", "))
+	tokens := slices.Concat(payment.Methods, payment.AsyncMethods)
+	if !slices.Contains(tokens, method) {
+		return idempotency.Result{}, invalid("payment_method", "must be one of the channel's test tokens: %s", strings.Join(tokens, ", "))
 	}
 	return s.runPaymentIntent(ctx, c, OpPay, orderID, PayRequest{PaymentMethod: method}, func(o *Order) (plan, error) {
 		charge, err := o.Pay(method)
@@ -105,14 +106,17 @@ func (s *Service) runPaymentIntent(ctx context.Context, c Caller, op, orderID st
 	// channel's answer, so its successor asks the channel first; an intent
 	// that failed retryably sends the same request under the same key
 	// again, which the channel absorbs for as long as it remembers the key.
-	lookupFirst := opened.claim.ResumedFrom == idempotency.Processing ||
-		opened.claim.Resumes() && s.pastKeyWindow(opened.claim.Record)
+	how := send
+	if opened.claim.ResumedFrom == idempotency.Processing ||
+		opened.claim.Resumes() && s.pastKeyWindow(opened.claim.Record) {
+		how = lookUpThenSend
+	}
 	// From here the intent waits for the channel, holding no connection.
 	// Its place at the channel, held until its reply is stored, bounds
 	// what it does from now on.
 	work, cancel := s.detach(ctx)
 	defer cancel()
-	return s.finishPayment(work, opened.claim.Record, opened.payment, lookupFirst)
+	return s.finishPayment(work, opened.claim.Record, opened.payment, how)
 }
 
 // opening is how phase 1 ended: either the intent is answered (result:
@@ -219,8 +223,8 @@ func channelKey(tenantID, op string, orderID uuid.UUID, key string) string {
 // finishPayment drives a pending payment to its outcome (phases 2 and 3). It is
 // used by the request that started the payment, by a client retry, and by
 // the sweeper after a takeover.
-func (s *Service) finishPayment(ctx context.Context, rec idempotency.Record, p Payment, lookupFirst bool) (idempotency.Result, error) {
-	reply, err := s.askChannel(ctx, p, lookupFirst)
+func (s *Service) finishPayment(ctx context.Context, rec idempotency.Record, p Payment, how asking) (idempotency.Result, error) {
+	reply, err := s.askChannel(ctx, p, how)
 	if err == nil {
 		err = s.Hooks.run(s.Hooks.AfterChannelCall)
 	}
@@ -271,31 +275,47 @@ func (s *Service) storeReplyPatiently(ctx context.Context, rec idempotency.Recor
 	}
 }
 
-// askChannel is phase 2. With lookupFirst (a takeover from an owner that
-// died) it first asks the channel what happened under the key, and only when
-// the channel has nothing sends the request, with the same key. An error is
-// one the channel's reply cannot be classified past (a hook's); the
+// asking is how phase 2 asks the channel about a payment.
+type asking int
+
+const (
+	// send sends the request under the payment's key.
+	send asking = iota
+	// lookUpThenSend first asks what the channel holds under the key, and
+	// sends the request (same key) only when it holds nothing: a takeover
+	// from an owner that died, or a key the channel may have forgotten.
+	lookUpThenSend
+	// lookUpOnly asks what the channel holds under the key and never sends
+	// anything: a late outcome (payment_later.go).
+	lookUpOnly
+)
+
+// askChannel is phase 2: it asks the channel about p as how says. An error
+// is one the channel's reply cannot be classified past (a hook's); the
 // channel's own failures are an unknown reply.
-func (s *Service) askChannel(ctx context.Context, p Payment, lookupFirst bool) (res channelReply, err error) {
+func (s *Service) askChannel(ctx context.Context, p Payment, how asking) (res channelReply, err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.Money.ChannelTimeout)
 	defer cancel()
 	start := time.Now()
 	switch p.Kind {
 	case KindCharge:
 		var ch payment.Charge
-		ch, res.replayed, err = lookupOrSend(lookupFirst,
+		ch, res.replayed, err = lookupOrSend(how,
 			func() (payment.Charge, error) { return s.Channel.LookupCharge(ctx, p.ChannelKey) },
 			func() (payment.Result[payment.Charge], error) {
 				return s.Channel.Charge(ctx, p.ChannelKey, payment.ChargeRequest{Amount: p.Amount, Currency: p.Currency,
 					Reference: p.OrderID.String(), PaymentMethod: deref(p.PaymentMethod)})
 			})
 		res.verdict, res.ref = declined, ch.ID
-		if ch.Status == payment.StatusSucceeded {
+		switch ch.Status {
+		case payment.StatusSucceeded:
 			res.verdict = moved
+		case payment.StatusPending:
+			res.verdict = pending
 		}
 	case KindRefund:
 		var rf payment.Refund
-		rf, res.replayed, err = lookupOrSend(lookupFirst,
+		rf, res.replayed, err = lookupOrSend(how,
 			func() (payment.Refund, error) { return s.Channel.LookupRefund(ctx, p.ChannelKey) },
 			func() (payment.Result[payment.Refund], error) {
 				return s.Channel.Refund(ctx, p.ChannelKey, payment.RefundRequest{ChargeID: deref(p.RefundOf), Amount: p.Amount})
@@ -304,6 +324,10 @@ func (s *Service) askChannel(ctx context.Context, p Payment, lookupFirst bool) (
 	}
 	s.observe().ChannelCall(string(p.Kind), time.Since(start), err, res.replayed)
 	switch {
+	case how == lookUpOnly && p.Kind == KindRefund && errors.Is(err, payment.ErrNotFound):
+		// Asked about a refund it was sent, the channel holds none under
+		// its key: it refused to make it (it keeps no refund it refused).
+		return channelReply{verdict: refused, reason: "refused"}, nil
 	case errors.Is(err, payment.ErrRejected):
 		s.logger().WarnContext(ctx, "payment channel refused the request", "kind", p.Kind, "channel_key", p.ChannelKey, "err", err)
 		return channelReply{verdict: refused, reason: refusalReason(err)}, nil
@@ -324,23 +348,25 @@ func (s *Service) pastKeyWindow(rec idempotency.Record) bool {
 	return time.Since(rec.CreatedAt)+s.Money.ChannelTimeout >= s.Money.ChannelKeyWindow
 }
 
-// lookupOrSend asks the channel for what it holds under the key when
-// lookupFirst, and sends the request (same key) when it holds nothing or
-// when there is nothing to look up.
-func lookupOrSend[T any](lookupFirst bool, lookup func() (T, error), send func() (payment.Result[T], error)) (v T, replayed bool, err error) {
-	if lookupFirst {
+// lookupOrSend asks the channel for what it holds under the key unless how
+// is send, and sends the request (same key) when how allows and the
+// channel holds nothing.
+func lookupOrSend[T any](how asking, lookup func() (T, error), post func() (payment.Result[T], error)) (v T, replayed bool, err error) {
+	if how != send {
 		v, err := lookup()
-		if !errors.Is(err, payment.ErrNotFound) {
+		if how == lookUpOnly || !errors.Is(err, payment.ErrNotFound) {
 			return v, false, err
 		}
 	}
-	r, err := send()
+	r, err := post()
 	return r.Value, r.Replayed, err
 }
 
-// storeReply is phase 3: one transaction that stores the channel's definitive
-// answer on the payment, moves the order and completes the intent, fenced
-// by the lease token. A decline or refusal is the intent's failed result.
+// storeReply is phase 3: one transaction that stores the channel's reply
+// on the payment, moves the order and completes the intent, fenced by the
+// lease token. A decline or refusal is the intent's failed result; a charge
+// the channel took on to finish later is its accepted result (202), the
+// order waiting in PAYMENT_PENDING.
 func (s *Service) storeReply(ctx context.Context, rec idempotency.Record, p Payment, reply channelReply) (result idempotency.Result, err error) {
 	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
 		// The fence first: a superseded owner must not even try the
@@ -348,25 +374,11 @@ func (s *Service) storeReply(ctx context.Context, rec idempotency.Record, p Paym
 		if err := s.Records.Hold(tx, rec.Scope(), rec.LeaseToken); err != nil {
 			return err
 		}
-		o, err := lockOrder(tx, p.TenantID, p.OrderID)
+		o, stored, err := moveOnReply(tx, p, reply)
 		if err != nil {
 			return err
 		}
-		from := o.Status
-		at, err := storePaymentReply(tx, p.ID, reply.paymentStatus(), reply.channelRef())
-		if err != nil {
-			return err
-		}
-		ev, err := o.applyReply(p, reply, at)
-		if err != nil {
-			return err
-		}
-		if err := saveTransition(tx, o, from, ev, p.Operation, p.IdempotencyKey); err != nil {
-			return err
-		}
-		if fail := reply.failure(p.Kind, o.ID.String()); fail != nil {
-			result = idempotency.Failed(o.ID.String(), fail)
-		} else if result, err = done(o); err != nil {
+		if result, err = intentResult(o, p, reply, stored); err != nil {
 			return err
 		}
 		if err := s.Hooks.run(s.Hooks.BeforeReplyCommit); err != nil {
@@ -375,6 +387,47 @@ func (s *Service) storeReply(ctx context.Context, rec idempotency.Record, p Paym
 		return s.Records.Complete(tx, rec.Scope(), rec.LeaseToken, result)
 	})
 	return result, err
+}
+
+// moveOnReply stores reply on the pending payment p and makes the order's
+// transition for it, in tx; o is the order as it then is. A reply that is
+// still pending only notes the channel's id of the charge. stored is false
+// when the payment was no longer pending: its outcome came in another way
+// first (a webhook, the sweeper's lookup: payment_later.go), and o shows it.
+func moveOnReply(tx *gorm.DB, p Payment, reply channelReply) (o *Order, stored bool, err error) {
+	if o, err = lockOrder(tx, p.TenantID, p.OrderID); err != nil {
+		return nil, false, err
+	}
+	from := o.Status
+	at, err := storePaymentReply(tx, p.ID, reply.paymentStatus(), reply.channelRef())
+	if errors.Is(err, errNotPending) {
+		return o, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	ev, err := o.applyReply(p, reply, at)
+	if err != nil || ev == "" {
+		return o, err == nil, err
+	}
+	return o, true, saveTransition(tx, o, from, ev, p.Operation, p.IdempotencyKey)
+}
+
+// intentResult is what a payment intent answers once its reply is stored:
+// the order (200), the order still waiting for the outcome (202), or the
+// refusal. When the outcome came in another way first, the intent answers
+// with that outcome, as the order shows it.
+func intentResult(o *Order, p Payment, reply channelReply, stored bool) (idempotency.Result, error) {
+	if !stored {
+		reply = storedReply(o.payment(p.ID))
+	}
+	if fail := reply.failure(p.Kind, o.ID.String()); fail != nil {
+		return idempotency.Failed(o.ID.String(), fail), nil
+	}
+	if reply.verdict == pending {
+		return accepted(o)
+	}
+	return done(o)
 }
 
 // postpone records that the outcome is unknown: FAILED_RETRYABLE with the
@@ -471,12 +524,14 @@ func (s *Service) resume(ctx context.Context, rec idempotency.Record) {
 		s.logger().ErrorContext(ctx, "unfinished money intent has no payment", "operation", rec.Operation, "key", rec.IdempotencyKey)
 		return
 	}
-	if _, err := s.finishPayment(ctx, rec, p, true); err != nil {
+	if _, err := s.finishPayment(ctx, rec, p, lookUpThenSend); err != nil {
 		s.logger().DebugContext(ctx, "sweep left intent unfinished", "operation", rec.Operation, "key", rec.IdempotencyKey, "err", err)
 	}
 }
 
-// RunSweeper sweeps every interval until ctx is done.
+// RunSweeper sweeps every interval until ctx is done: the intents nobody
+// finishes (Sweep), then the payments whose outcome no webhook brought
+// (SweepPending).
 func (s *Service) RunSweeper(ctx context.Context, interval time.Duration, batch int) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -493,6 +548,9 @@ func (s *Service) RunSweeper(ctx context.Context, interval time.Duration, batch 
 				if err != nil || n < batch {
 					break
 				}
+			}
+			if _, err := s.SweepPending(ctx, batch); err != nil && ctx.Err() == nil {
+				s.logger().WarnContext(ctx, "sweep of pending payments failed", "err", err)
 			}
 		}
 	}

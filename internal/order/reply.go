@@ -26,6 +26,10 @@ const (
 	// refused: the channel refused the request and will not act on it
 	// (any other 4xx): as final as a decline.
 	refused
+	// pending: the channel took the charge on and tells its outcome later
+	// (a webhook, or a lookup by the key): the intent's answer is 202 and
+	// the order waits in PAYMENT_PENDING (payment_later.go).
+	pending
 )
 
 // channelReply is what the channel said of one payment.
@@ -36,10 +40,13 @@ type channelReply struct {
 	replayed bool
 }
 
-// paymentStatus is what the payment row records of a definitive reply.
+// paymentStatus is what the payment row records of a reply.
 func (r channelReply) paymentStatus() PaymentStatus {
-	if r.verdict == moved {
+	switch r.verdict {
+	case moved:
 		return PaymentSucceeded
+	case pending:
+		return PaymentPending
 	}
 	return PaymentFailed
 }
@@ -53,10 +60,13 @@ func (r channelReply) channelRef() *string {
 	return &ref
 }
 
-// event is the order's transition for a definitive reply on a payment of
-// kind: the table in fsm.go decides whether the order may make it.
+// event is the order's transition for a reply on a payment of kind (none
+// while it is pending): the table in fsm.go decides whether the order may
+// make it.
 func (r channelReply) event(kind PaymentKind) Event {
 	switch {
+	case r.verdict == pending:
+		return ""
 	case kind == KindRefund && r.verdict == moved:
 		return EventRefundSucceeded
 	case kind == KindRefund:
@@ -71,7 +81,7 @@ func (r channelReply) event(kind PaymentKind) Event {
 // nil when the money moved.
 func (r channelReply) failure(kind PaymentKind, orderID string) *problem.Error {
 	switch {
-	case r.verdict == moved:
+	case r.verdict == moved, r.verdict == pending:
 		return nil
 	case kind == KindRefund:
 		return problem.Errorf(CodeRefundRefused, "The payment channel refused the refund (%s); the order stays PAID.", r.reason).
@@ -98,3 +108,15 @@ func refusalReason(err error) string {
 // the channel's words reach the client only as a short snake_case code, so
 // the detail stays within api/openapi.yaml's bound whatever the channel sends.
 const maxRefusalReason = 64
+
+// storedReply is the reply a payment's stored outcome stands for: how an
+// intent answers when the outcome came in by another way first.
+func storedReply(p *Payment) channelReply {
+	switch {
+	case p == nil || p.Status == PaymentPending:
+		return channelReply{verdict: pending}
+	case p.Status == PaymentSucceeded:
+		return channelReply{verdict: moved, ref: deref(p.ChannelRef)}
+	}
+	return channelReply{verdict: declined, reason: "declined"}
+}

@@ -113,7 +113,8 @@ func pendingPayment(db *gorm.DB, scope idempotency.Scope) (p Payment, found bool
 }
 
 // storePaymentReply records the channel's reply on the pending payment id and
-// returns when it did.
+// returns when it did; errNotPending when the payment's outcome is stored
+// already.
 func storePaymentReply(tx *gorm.DB, id uuid.UUID, status PaymentStatus, channelRef *string) (time.Time, error) {
 	now := tx.NowFunc()
 	res := tx.Model(&Payment{}).Where("id = ? AND status = ?", id, PaymentPending).
@@ -122,9 +123,47 @@ func storePaymentReply(tx *gorm.DB, id uuid.UUID, status PaymentStatus, channelR
 		return now, res.Error
 	}
 	if res.RowsAffected != 1 {
-		return now, fmt.Errorf("payment %s is not pending", id)
+		return now, errNotPending
 	}
 	return now, nil
+}
+
+// errNotPending: the payment's outcome was stored before this reply's.
+var errNotPending = errors.New("the payment is not pending")
+
+// paymentByChannelKey finds the payment an intent asked the channel for
+// under key, in any tenant (the channel's events name the key, not the
+// tenant).
+func paymentByChannelKey(db *gorm.DB, key string) (p Payment, found bool, err error) {
+	err = db.Where("channel_key = ?", key).Take(&p).Error
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return Payment{}, false, nil
+	}
+	return p, err == nil, err
+}
+
+// pendingAfterTheirIntent lists up to limit payments still pending whose
+// intent has ended (its record is definitive, or gone) and that nobody
+// asked the channel about since before: the charges the channel took on
+// and whose outcome no webhook has brought yet.
+func pendingAfterTheirIntent(db *gorm.DB, before time.Time, limit int) ([]Payment, error) {
+	var ps []Payment
+	err := db.Raw(`
+		SELECT p.* FROM payments p
+		WHERE p.status = 'pending' AND p.updated_at < ?
+		  AND NOT EXISTS (SELECT 1 FROM idempotency_records r
+		                  WHERE r.tenant_id = p.tenant_id AND r.operation = p.operation
+		                    AND r.idempotency_key = p.idempotency_key
+		                    AND r.state IN ('PROCESSING', 'FAILED_RETRYABLE'))
+		ORDER BY p.updated_at
+		LIMIT ?`, before, limit).Find(&ps).Error
+	return ps, err
+}
+
+// touchPending notes that the channel was asked about a payment that is
+// still pending, so the next sweeps ask about the others first.
+func touchPending(db *gorm.DB, id uuid.UUID) error {
+	return db.Exec("UPDATE payments SET updated_at = now() WHERE id = ? AND status = 'pending'", id).Error
 }
 
 // PageRequest is one page of a keyset-paginated list: at most Limit rows

@@ -115,6 +115,12 @@ func done(o *Order) (idempotency.Result, error) {
 	return idempotency.Done(o.ID.String(), body), err
 }
 
+// accepted is the result of an intent that took o on and finishes later.
+func accepted(o *Order) (idempotency.Result, error) {
+	body, err := json.Marshal(o)
+	return idempotency.Accepted(o.ID.String(), body), err
+}
+
 func deref(s *string) string {
 	if s == nil {
 		return ""

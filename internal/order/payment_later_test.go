@@ -1,0 +1,262 @@
+package order_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"gorm.io/gorm"
+
+	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/order"
+	"github.com/orderservice/orderservice/internal/payment"
+)
+
+// asyncAcquirer is a channel that takes charges on as pending and settles
+// them when told: what an acquirer does with 3-D Secure or a bank
+// transfer. It counts the charges it made.
+type asyncAcquirer struct {
+	mu      sync.Mutex
+	charges map[string]payment.Charge // by key
+	made    atomic.Int32
+}
+
+func newAsyncAcquirer() *asyncAcquirer { return &asyncAcquirer{charges: map[string]payment.Charge{}} }
+
+func (a *asyncAcquirer) channel() *funcChannel {
+	return &funcChannel{
+		charge: func(_ context.Context, key string, req payment.ChargeRequest) (payment.Result[payment.Charge], error) {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			if c, ok := a.charges[key]; ok {
+				return payment.Result[payment.Charge]{Value: c, Replayed: true}, nil
+			}
+			a.made.Add(1)
+			c := payment.Charge{ID: "ch_" + key[:12], Status: payment.StatusPending, Amount: req.Amount, Currency: req.Currency, IdempotencyKey: key}
+			a.charges[key] = c
+			return payment.Result[payment.Charge]{Value: c}, nil
+		},
+		lookupCharge: func(_ context.Context, key string) (payment.Charge, error) {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			if c, ok := a.charges[key]; ok {
+				return c, nil
+			}
+			return payment.Charge{}, payment.ErrNotFound
+		},
+	}
+}
+
+// settle makes every pending charge end with status.
+func (a *asyncAcquirer) settle(status string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for k, c := range a.charges {
+		c.Status = status
+		a.charges[k] = c
+	}
+}
+
+// pendingPay creates an order and pays it with a charge the acquirer takes
+// on: it returns the order, the pay's caller and the charge's key.
+func pendingPay(t *testing.T, s *order.Service) (orderID string, pay order.Caller, channelKey string) {
+	t.Helper()
+	ctx := context.Background()
+	run := uuid.NewString()[:8]
+	created, err := s.Create(ctx, order.Caller{TenantID: "acme", Key: "later-create-" + run}, order.CreateRequest{
+		CustomerID: "cus_later", Currency: "EUR", Items: []order.ItemRequest{{SKU: "S", Quantity: 1, UnitPrice: 1200}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pay = order.Caller{TenantID: "acme", Key: "later-pay-" + run}
+	res, err := s.Pay(ctx, pay, created.Resource, order.PayRequest{PaymentMethod: payment.MethodAsyncOK})
+	if err != nil || res.Outcome != idempotency.OutcomeAccepted {
+		t.Fatalf("pay = %+v, %v; want it accepted (202)", res, err)
+	}
+	if got := orderStatus(t, s.DB, created.Resource); got != string(order.StatusPaymentPending) {
+		t.Fatalf("after the accepted pay the order is %s, want PAYMENT_PENDING", got)
+	}
+	s.DB.Raw("SELECT channel_key FROM payments WHERE idempotency_key = ?", pay.Key).Scan(&channelKey)
+	return created.Resource, pay, channelKey
+}
+
+func orderStatus(t *testing.T, db *gorm.DB, id string) string {
+	t.Helper()
+	var status string
+	if err := db.Raw("SELECT status FROM orders WHERE id = ?", id).Scan(&status).Error; err != nil {
+		t.Fatal(err)
+	}
+	return status
+}
+
+// transitionsTo counts the order's history entries and outbox events that
+// moved it to status.
+func transitionsTo(t *testing.T, db *gorm.DB, id, status string) (history, outbox int64) {
+	t.Helper()
+	db.Raw("SELECT count(*) FROM order_events WHERE order_id = ? AND to_status = ?", id, status).Scan(&history)
+	db.Raw("SELECT count(*) FROM order_outbox WHERE order_id = ? AND convert_from(payload, 'UTF8')::jsonb ->> 'to_status' = ?", id, status).Scan(&outbox)
+	return history, outbox
+}
+
+func TestAChargeTakenOnIsAcceptedAndItsRetryReplaysTheAcceptance(t *testing.T) {
+	acq := newAsyncAcquirer()
+	s := useCases(t, acq.channel(), 5*time.Second)
+	id, pay, _ := pendingPay(t, s)
+	again, err := s.Pay(context.Background(), pay, id, order.PayRequest{PaymentMethod: payment.MethodAsyncOK})
+	if err != nil || again.Outcome != idempotency.OutcomeAccepted || !again.Replayed {
+		t.Fatalf("the retry = %+v, %v; want the acceptance replayed", again, err)
+	}
+	if n := acq.made.Load(); n != 1 {
+		t.Errorf("the acquirer made %d charges, want 1", n)
+	}
+	// A cancel while the outcome is unknown is refused: the money may move.
+	cancel, err := s.Cancel(context.Background(), order.Caller{TenantID: "acme", Key: "later-cancel-" + pay.Key}, id, order.CancelRequest{})
+	if err != nil || cancel.Failure == nil || cancel.Failure.Code != order.CodeInvalidTransition {
+		t.Errorf("cancel of a pending payment = %+v, %v; want it refused with invalid_transition", cancel, err)
+	}
+}
+
+// The same outcome arrives many times at once (a webhook delivered twice,
+// the sweeper asking meanwhile, on two instances): the order moves once,
+// with one history entry and one outbox event.
+func TestALateOutcomeMovesTheOrderOnceHoweverOftenItArrives(t *testing.T) {
+	for _, tc := range []struct{ settled, want string }{
+		{payment.StatusSucceeded, string(order.StatusPaid)},
+		{payment.StatusDeclined, string(order.StatusPaymentFailed)},
+	} {
+		t.Run(tc.settled, func(t *testing.T) {
+			acq := newAsyncAcquirer()
+			s := useCases(t, acq.channel(), 5*time.Second)
+			id, _, key := pendingPay(t, s)
+
+			// Before the outcome: every arrival is ignored, nothing moves.
+			if late, err := s.ResolvePending(context.Background(), key, nil); err != nil || late != order.LateIgnored {
+				t.Fatalf("while still pending: %s, %v; want ignored", late, err)
+			}
+			acq.settle(tc.settled)
+			const n = 20
+			var applied atomic.Int32
+			var wg sync.WaitGroup
+			for range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					late, err := s.ResolvePending(context.Background(), key, nil)
+					if err != nil {
+						t.Errorf("resolve: %v", err)
+					}
+					if late == order.LateApplied {
+						applied.Add(1)
+					}
+				}()
+			}
+			wg.Wait()
+			if applied.Load() != 1 {
+				t.Errorf("%d arrivals applied the outcome, want 1", applied.Load())
+			}
+			if got := orderStatus(t, s.DB, id); got != tc.want {
+				t.Errorf("order = %s, want %s", got, tc.want)
+			}
+			if h, o := transitionsTo(t, s.DB, id, tc.want); h != 1 || o != 1 {
+				t.Errorf("%d history entries and %d outbox events to %s, want 1 and 1", h, o, tc.want)
+			}
+		})
+	}
+}
+
+// A note that fails (the webhook inbox's insert, say) rolls the outcome
+// back with it: the delivery and its effect commit together or not at all.
+func TestALateOutcomeAndItsNoteCommitTogether(t *testing.T) {
+	acq := newAsyncAcquirer()
+	s := useCases(t, acq.channel(), 5*time.Second)
+	id, _, key := pendingPay(t, s)
+	acq.settle(payment.StatusSucceeded)
+	_, err := s.ResolvePending(context.Background(), key, func(*gorm.DB, order.Late) error { return fmt.Errorf("the note failed") })
+	if err == nil {
+		t.Fatal("a failed note was not reported")
+	}
+	if got := orderStatus(t, s.DB, id); got != string(order.StatusPaymentPending) {
+		t.Errorf("after a failed note the order is %s, want PAYMENT_PENDING still", got)
+	}
+	var noted order.Late
+	late, err := s.ResolvePending(context.Background(), key, func(_ *gorm.DB, l order.Late) error { noted = l; return nil })
+	if err != nil || late != order.LateApplied || noted != order.LateApplied {
+		t.Errorf("the next arrival: %s (noted %s), %v; want applied", late, noted, err)
+	}
+}
+
+// No webhook ever comes: the sweeper asks the channel, a while after the
+// pay, and stores the outcome; an outcome that arrives after that changes
+// nothing.
+func TestTheSweeperResolvesAPaymentNoWebhookTold(t *testing.T) {
+	acq := newAsyncAcquirer()
+	s := useCases(t, acq.channel(), 5*time.Second)
+	s.Money.PendingCheckEvery = 50 * time.Millisecond
+	id, _, key := pendingPay(t, s)
+	ctx := context.Background()
+
+	time.Sleep(100 * time.Millisecond)
+	if n, err := s.SweepPending(ctx, 100); err != nil || n != 0 {
+		t.Fatalf("sweep while the charge is pending: %d resolved, %v; want 0", n, err)
+	}
+	acq.settle(payment.StatusSucceeded)
+	if n, err := s.SweepPending(ctx, 100); err != nil || n != 0 {
+		t.Errorf("a sweep right after the last ask resolved %d (%v): the charge was asked about again too soon", n, err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n, err := s.SweepPending(ctx, 100); err != nil || n < 1 {
+		t.Fatalf("sweep after the charge succeeded: %d resolved, %v; want ours", n, err)
+	}
+	if got := orderStatus(t, s.DB, id); got != string(order.StatusPaid) {
+		t.Errorf("order = %s, want PAID", got)
+	}
+	if late, err := s.ResolvePending(ctx, key, nil); err != nil || late != order.LateIgnored {
+		t.Errorf("the late webhook after the sweep: %s, %v; want ignored", late, err)
+	}
+	if h, o := transitionsTo(t, s.DB, id, string(order.StatusPaid)); h != 1 || o != 1 {
+		t.Errorf("%d history entries and %d outbox events to PAID, want 1 and 1", h, o)
+	}
+}
+
+// The channel's outcome arrives (by webhook) while the pay that started
+// it has not stored the channel's reply yet: it is left to the pay, which
+// stores it once; the two never race for the order.
+func TestAnOutcomeThatArrivesWhileThePayRunsIsLeftToIt(t *testing.T) {
+	acq := newAsyncAcquirer()
+	ch := acq.channel()
+	charge := ch.charge
+	ch.charge = func(ctx context.Context, key string, req payment.ChargeRequest) (payment.Result[payment.Charge], error) {
+		r, err := charge(ctx, key, req)
+		r.Value.Status = payment.StatusSucceeded // a charge made at once …
+		acq.settle(payment.StatusSucceeded)
+		return r, err
+	}
+	s := useCases(t, ch, 5*time.Second)
+	ctx := context.Background()
+	var key string
+	s.Hooks.AfterChannelCall = func() error { // … whose webhook is quicker than phase 3
+		s.DB.Raw("SELECT channel_key FROM payments WHERE status = 'pending' ORDER BY created_at DESC LIMIT 1").Scan(&key)
+		late, err := s.ResolvePending(ctx, key, nil)
+		if err == nil && late != order.LateIgnored {
+			err = fmt.Errorf("the early webhook was %s, want ignored", late)
+		}
+		return err
+	}
+	run := uuid.NewString()[:8]
+	created, err := s.Create(ctx, order.Caller{TenantID: "acme", Key: "early-create-" + run}, order.CreateRequest{
+		CustomerID: "cus_early", Currency: "EUR", Items: []order.ItemRequest{{SKU: "S", Quantity: 1, UnitPrice: 800}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Pay(ctx, order.Caller{TenantID: "acme", Key: "early-pay-" + run}, created.Resource, order.PayRequest{PaymentMethod: payment.MethodOK})
+	if err != nil || res.Outcome != idempotency.OutcomeDone {
+		t.Fatalf("pay = %+v, %v; want done (200)", res, err)
+	}
+	if h, o := transitionsTo(t, s.DB, created.Resource, string(order.StatusPaid)); h != 1 || o != 1 {
+		t.Errorf("%d history entries and %d outbox events to PAID, want 1 and 1", h, o)
+	}
+}
