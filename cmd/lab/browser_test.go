@@ -265,7 +265,7 @@ func TestLabInABrowser(t *testing.T) {
 		13: func(t *testing.T, p page) {
 			count(t, "tables", p.Tables, 2)
 		},
-		14: func(t *testing.T, p page) {
+		15: func(t *testing.T, p page) {
 			count(t, "charts", p.Charts, 6)
 		},
 	}

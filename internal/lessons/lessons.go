@@ -138,6 +138,16 @@ func All() []Lesson {
 			run: retention,
 		},
 		{
+			Title: "A payment that finishes later: its webhook comes three times and moves the order once; a forged one is refused",
+			Why: "Many payments are decided later (3-D Secure, bank transfers): the channel answers \"taken on\" and tells the " +
+				"outcome by webhook, at least once, in no order, for days. The webhook is another replay source, and the rules " +
+				"are the same: the event id names one intent of the sender, the service records it in an inbox in the " +
+				"transaction of its effect, a unique key (not a cache of minutes) decides that a second delivery does nothing, " +
+				"and the record outlives the sender's longest retry. The event is only a hint: the service asks the channel for " +
+				"the payment before it moves the order, and a signature it cannot verify is refused.",
+			run: finishesLater,
+		},
+		{
 			Title: "What the metrics saw during this demo",
 			Why: "Watch idempotency hits (replays), same-key parameter conflicts, PROCESSING timeouts, record growth and the " +
 				"duplicates the downstream channel rejected: each lesson above moved one of them, and an operator sees them the " +

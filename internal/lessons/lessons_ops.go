@@ -21,10 +21,15 @@ func retention(ctx context.Context, s *Session) error {
 		dur  time.Duration
 	}
 	var windows []window
+	var webhook window // the channel's webhooks: remembered in the inbox, not in records
 	for name, s := range p.ReplayWindows {
 		dur, err := time.ParseDuration(s)
 		if err != nil {
 			return fmt.Errorf("replay window %s: %w", name, err)
+		}
+		if name == "webhook" {
+			webhook = window{name, dur}
+			continue
 		}
 		windows = append(windows, window{name, dur})
 	}
@@ -63,7 +68,15 @@ func retention(ctx context.Context, s *Session) error {
 		}
 	}
 	s.table(rows)
+	inbox, err := time.ParseDuration(p.WebhookInbox)
+	if err != nil {
+		return fmt.Errorf("webhook inbox retention: %w", err)
+	}
+	s.got("the payment channel's webhooks replay for %s; each delivery's id is kept in the webhook inbox for %s",
+		days(webhook.dur), days(inbox))
 
+	s.check(inbox > webhook.dur && webhook.dur > oneDay,
+		"the webhook inbox outlives the channel's retries too (%s > %s): a late redelivery finds its id", days(inbox), days(webhook.dur))
 	s.check(len(windows) == 3, "the policy names the three replay sources (client retries, broker redelivery, manual compensation)")
 	s.check(longest.dur > oneDay, "one day is unsafe here: %s replays for %s", longest.name, days(longest.dur))
 	s.check(len(p.Operations) > 0 && allCover, "every operation's records outlive the longest window (%s)", days(longest.dur))
@@ -128,6 +141,7 @@ func metricsMoved(ctx context.Context, s *Session) error {
 		{11, "command redeliveries", "orderservice_messages_redelivered_total", nil},
 		{11, "commands dead-lettered", "orderservice_messages_dead_lettered_total", nil},
 		{12, "outbox events the relay published", "orderservice_outbox_relay_publishes_total", []string{`result="published"`}},
+		{14, "webhook deliveries the inbox absorbed", "orderservice_webhooks_received_total", []string{`outcome="duplicate"`}},
 	}
 	checked := false
 	for _, e := range expected {

@@ -273,6 +273,7 @@ type policy struct {
 		Retention string `json:"retention"`
 		Archived  bool   `json:"archived"`
 	} `json:"operations"`
+	WebhookInbox string `json:"webhook_inbox_retention"`
 }
 
 func (s *Session) policy(ctx context.Context) (policy, error) {
