@@ -121,6 +121,13 @@ func TestEveryLessonTellsAWellFormedStory(t *testing.T) {
 					if len(e.Signals) != len(signalSeries) {
 						t.Errorf("metrics carry %d signals, want %d", len(e.Signals), len(signalSeries))
 					}
+					// A card counts what the lesson did: lesson 2 executes
+					// exactly its two creates.
+					for _, sig := range e.Signals {
+						if l.Number == 2 && strings.HasPrefix(sig.Name, "intents executed") && sig.After-sig.Before != 2 {
+							t.Errorf("lesson 2's %q card moved %v, want 2", sig.Name, sig.After-sig.Before)
+						}
+					}
 				}
 			}
 			for id := range requests {

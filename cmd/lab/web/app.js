@@ -132,6 +132,7 @@ function onEvent(e) {
       $("outcome").hidden = true;
       $("checks").replaceChildren();
       $("why").textContent = "";
+      $("metrics-section").hidden = true; // the cards are the lesson's own, shown at its end
       return;
     case "waiting":
       state.waiting++;
