@@ -148,7 +148,7 @@ func All() []Lesson {
 			run: finishesLater,
 		},
 		{
-			Title: "What the metrics saw during this demo",
+			Title: "What the metrics saw during these lessons",
 			Why: "Watch idempotency hits (replays), same-key parameter conflicts, PROCESSING timeouts, record growth and the " +
 				"duplicates the downstream channel rejected: each lesson above moved one of them, and an operator sees them the " +
 				"same way. Behind them, the database's unique index is the last line of defence against races, never " +

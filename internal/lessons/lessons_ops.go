@@ -103,7 +103,7 @@ func dayString(s string) string {
 
 // 10. The metrics that moved.
 func metricsMoved(ctx context.Context, s *Session) error {
-	s.send("GET /metrics  (scraped before scenario 1, and now)")
+	s.send("GET /metrics  (scraped before lesson 1, and now)")
 	now, err := s.scrapeMetrics(ctx)
 	if err != nil {
 		return err
@@ -124,12 +124,12 @@ func metricsMoved(ctx context.Context, s *Session) error {
 		}
 	}
 
-	// Each signal, and the scenario that moved it.
+	// Each signal, and the lesson that moved it.
 	expected := []struct {
-		scenario int
-		what     string
-		name     string
-		labels   []string
+		lesson int
+		what   string
+		name   string
+		labels []string
 	}{
 		{1, "replays (outcome=replayed)", "orderservice_idempotent_requests_total", []string{`outcome="replayed"`}},
 		{3, "parameter conflicts (422)", "orderservice_idempotency_key_conflicts_total", nil},
@@ -145,15 +145,15 @@ func metricsMoved(ctx context.Context, s *Session) error {
 	}
 	checked := false
 	for _, e := range expected {
-		if !s.ran(e.scenario) {
+		if !s.ran(e.lesson) {
 			continue
 		}
 		checked = true
 		n := increase(deltas, e.name, e.labels...)
-		s.check(n > 0, "%s: +%s (first caused by scenario %d)", e.what, number(n), e.scenario)
+		s.check(n > 0, "%s: +%s (first caused by lesson %d)", e.what, number(n), e.lesson)
 	}
 	if !checked {
-		s.check(instances > 0, "metrics were scraped (run the other scenarios to see them move)")
+		s.check(instances > 0, "metrics were scraped (run the other lessons to see them move)")
 	}
 	return nil
 }

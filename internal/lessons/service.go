@@ -15,7 +15,7 @@ import (
 	"github.com/orderservice/orderservice/internal/metrics"
 )
 
-// rawAnswer is one HTTP answer read whole, for scenarios that show headers
+// rawAnswer is one HTTP answer read whole, for lessons that show headers
 // the Go client keeps to itself.
 type rawAnswer struct {
 	status int

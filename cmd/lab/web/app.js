@@ -280,7 +280,7 @@ async function main() {
   state.stepping = !!info.stepping;
   renderLessons();
   showIntro(state.selected);
-  timeline.empty("No lesson yet: pick one on the left and press r.");
+  timeline.empty("No lesson yet: click one on the left to run it, or pick one with its number and Step through it (s).");
   wireForms();
   wireKeys();
   renderState();
