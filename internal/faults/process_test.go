@@ -25,8 +25,10 @@ const (
 	channelTimeout = 2 * time.Second
 	sweepInterval  = 500 * time.Millisecond
 	retryAfter     = time.Second
-	apiKey         = "faults-key-acme"
-	tenant         = "acme"
+	// asyncDelay is how long the channel takes to settle pm_async_* charges.
+	asyncDelay = 300 * time.Millisecond
+	apiKey     = "faults-key-acme"
+	tenant     = "acme"
 )
 
 // startProcess runs a binary of the suite, or fails the test.
@@ -56,11 +58,12 @@ type channelProc struct {
 
 // startChannel runs the paymentchannel binary on a fresh database of its
 // own; slowDelay is how long pm_slow takes.
-func startChannel(t *testing.T, slowDelay time.Duration) *channelProc {
+func startChannel(t *testing.T, slowDelay time.Duration, extra ...string) *channelProc {
 	t.Helper()
 	addr := testproc.FreeAddr(t)
-	env := []string{"HTTP_ADDR=" + addr, "LOG_LEVEL=warn", "PAYMENT_SLOW_DELAY=" + slowDelay.String(),
-		"CHANNEL_DATABASE_URL=" + testdb.Fresh(t, "faults_channel")} // a ledger of its own, empty
+	env := append([]string{"HTTP_ADDR=" + addr, "LOG_LEVEL=warn", "PAYMENT_SLOW_DELAY=" + slowDelay.String(),
+		"PAYMENT_ASYNC_DELAY=" + asyncDelay.String(),
+		"CHANNEL_DATABASE_URL=" + testdb.Fresh(t, "faults_channel")}, extra...) // a ledger of its own, empty
 	ch := &channelProc{Process: startProcess(t, "paymentchannel", bins.paymentchannel, env), url: "http://" + addr, env: env}
 	waitOK(t, ch.url+"/healthz", 20*time.Second)
 	return ch
@@ -209,12 +212,19 @@ type cluster struct {
 }
 
 // startCluster creates the database and starts the processes; extra is
-// added to every instance's environment.
+// added to every instance's environment. The channel delivers its
+// webhooks to the first instance, as it would to one address in
+// production; while that instance is down, it delivers them again later.
 func startCluster(t *testing.T, n int, slowDelay time.Duration, extra ...string) *cluster {
 	t.Helper()
-	c := &cluster{dbURL: freshDB(t), channel: startChannel(t, slowDelay)}
-	for i := range n {
-		env := serviceEnv(c.dbURL, testproc.FreeAddr(t), c.channel.url, extra...)
+	addrs := make([]string, n)
+	for i := range addrs {
+		addrs[i] = testproc.FreeAddr(t)
+	}
+	c := &cluster{dbURL: freshDB(t),
+		channel: startChannel(t, slowDelay, "CHANNEL_WEBHOOK_URL=http://"+addrs[0]+"/webhooks/payment-channel")}
+	for i, addr := range addrs {
+		env := serviceEnv(c.dbURL, addr, c.channel.url, extra...)
 		c.instances = append(c.instances, startService(t, fmt.Sprintf("orderservice-%d", i+1), env))
 	}
 	return c
