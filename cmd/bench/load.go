@@ -31,6 +31,9 @@ type shot struct {
 	keepBody bool
 	// keepSamples keeps every request's time, latency and status.
 	keepSamples bool
+	// outcome, when set, names what each answer says (its body is read);
+	// the point counts them in Outcomes.
+	outcome func(*vegeta.Result) string
 	// backends lists the PostgreSQL backends whose CPU time is measured.
 	backends func() []int
 	// service is the pid of the service's own process, when it runs in
@@ -55,6 +58,7 @@ type point struct {
 	Errors     []string
 	Replayed   int              // answers carrying Idempotent-Replayed: true
 	Bodies     map[[32]byte]int // SHA-256 of each distinct 2xx body (keepBody only)
+	Outcomes   map[string]int   // answers by what the shot's outcome names them (outcome only)
 	CPU        cpuUse
 	Samples    []sample // keepSamples only, in the order the answers came
 }
@@ -75,8 +79,8 @@ func (p point) ok(code int) int { return p.Statuses[strconv.Itoa(code)] }
 
 // fire runs the attack to its end (or until ctx ends) and summarises it.
 func (s shot) fire(ctx context.Context) point {
-	maxBody := int64(0) // read and discarded unless kept
-	if s.keepBody {
+	maxBody := int64(0) // read and discarded unless kept or looked at
+	if s.keepBody || s.outcome != nil {
 		maxBody = 1 << 20
 	}
 	opts := []func(*vegeta.Attacker){vegeta.Client(s.client), vegeta.MaxBody(maxBody)}
@@ -104,6 +108,9 @@ func (s shot) fire(ctx context.Context) point {
 	if s.keepBody {
 		p.Bodies = map[[32]byte]int{}
 	}
+	if s.outcome != nil {
+		p.Outcomes = map[string]int{}
+	}
 	var backends []int
 	if s.backends != nil {
 		backends = s.backends()
@@ -121,6 +128,9 @@ func (s shot) fire(ctx context.Context) point {
 		}
 		if s.keepBody && r.Code >= 200 && r.Code < 300 {
 			p.Bodies[sha256.Sum256(r.Body)]++
+		}
+		if s.outcome != nil {
+			p.Outcomes[s.outcome(r)]++
 		}
 		if s.keepSamples {
 			p.Samples = append(p.Samples, sample{At: r.Timestamp, Latency: r.Latency, Code: r.Code,

@@ -66,9 +66,13 @@ type options struct {
 	// WaitDuplicates is how many copies of one slow pay wait at once in
 	// scenario 10.
 	WaitDuplicates int
-	BigRecords     int
-	BigOrders      int
-	OverloadFor    time.Duration
+	// Webhooks is how many pending pays scenario 11 resolves by a webhook,
+	// each delivered twice; WebhookConc is its closed loop's concurrency.
+	Webhooks    int
+	WebhookConc int
+	BigRecords  int
+	BigOrders   int
+	OverloadFor time.Duration
 	// OverloadLimits are the other HTTP_MAX_IN_FLIGHT the overload is run
 	// at again, besides the default: what the limit trades.
 	OverloadLimits intList
@@ -114,20 +118,22 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs.DurationVar(&o.RateDuration, "rate-duration", 10*time.Second, "length of the constant-rate latency scenario")
 	fs.IntVar(&o.Commands, "commands", 10000, "create commands sent through JetStream in scenario 9")
 	fs.IntVar(&o.WaitDuplicates, "wait-duplicates", 1000, "copies of one slow pay that wait for it at once in scenario 10")
+	fs.IntVar(&o.Webhooks, "webhooks", 2000, "pending pays whose webhook scenario 11 delivers, each twice")
+	fs.IntVar(&o.WebhookConc, "webhook-c", 16, "concurrency of scenario 11's deliveries")
 	fs.IntVar(&o.BigRecords, "records", 10_000_000, "idempotency records generated for the big-table scenario")
 	fs.IntVar(&o.BigOrders, "orders", 2_000_000, "orders (two items and an event each) generated for the big-table scenario")
 	fs.DurationVar(&o.OverloadFor, "overload-duration", 20*time.Second, "length of the overload at three times capacity")
 	fs.Var(&o.OverloadLimits, "overload-limits", "HTTP_MAX_IN_FLIGHT values the overload is also run at, comma-separated")
 	fs.Var(&o.OverloadPools, "overload-pools", "DB_MAX_CONNS values the overload is also run at, comma-separated")
-	fs.BoolVar(&o.Quick, "quick", false, "a smoke-test run: short points, concurrencies 1 and 4, a storm of 50, 16 pays in flight, 20 000 records")
+	fs.BoolVar(&o.Quick, "quick", false, "a smoke-test run: short points, concurrencies 1 and 4, a storm of 50, 16 pays in flight, 20 000 records, 200 webhooks")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run (service and load) to this file")
 	var only intList
-	fs.Var(&only, "only", "run only these scenarios, comma-separated (1-10; 1 and 2 run together)")
+	fs.Var(&only, "only", "run only these scenarios, comma-separated (1-11; 1 and 2 run together)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	for _, n := range only {
-		if n < 1 || n > 10 {
+		if n < 1 || n > 11 {
 			return o, fmt.Errorf("-only: there is no scenario %d", n)
 		}
 		if o.Only == nil {
@@ -156,6 +162,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 			"overload-limits":   func() { o.OverloadLimits = []int{16} },
 			"commands":          func() { o.Commands = 200 },
 			"wait-duplicates":   func() { o.WaitDuplicates = 100 },
+			"webhooks":          func() { o.Webhooks = 200 },
 			// Smoke figures never overwrite the committed results.
 			"out": func() { o.Out = filepath.Join(os.TempDir(), "orderservice-bench-quick") },
 		}
@@ -174,8 +181,9 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 		return o, errors.New("-records must be at least 10, -orders at least 1")
 	case len(o.Concurrency) == 0:
 		return o, errors.New("-c needs at least one concurrency")
-	case o.Pool < 1 || o.PayPool < 1 || o.ReplayConc < 1 || o.PayConc < 1 || o.Storm < 1 || o.Rate < 1 || o.Commands < 1 || o.WaitDuplicates < 1:
-		return o, errors.New("-pool, -pay-pool, -replay-c, -pay-c, -storm, -rate, -commands and -wait-duplicates must be at least 1")
+	case o.Pool < 1 || o.PayPool < 1 || o.ReplayConc < 1 || o.PayConc < 1 || o.Storm < 1 || o.Rate < 1 || o.Commands < 1 || o.WaitDuplicates < 1 ||
+		o.Webhooks < 1 || o.WebhookConc < 1:
+		return o, errors.New("-pool, -pay-pool, -replay-c, -pay-c, -storm, -rate, -commands, -wait-duplicates, -webhooks and -webhook-c must be at least 1")
 	case o.PayLatency <= 0:
 		return o, errors.New("-pay-latency must be positive")
 	}

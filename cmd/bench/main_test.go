@@ -44,7 +44,8 @@ func TestQuickRun(t *testing.T) {
 		}
 		rows := []string{"\n| first execution | ", "\n| replay | ", fmt.Sprintf("\n| %d | ", quick.Storm),
 			fmt.Sprintf("\n| %d | %d | %s | ", quick.PayConc, quick.PayPool, quick.PayLatency), fmt.Sprintf("\n| %d/s | ", quick.Rate),
-			"\n| JetStream | "}
+			"\n| JetStream | ", fmt.Sprintf("\n| first (`applied` wanted) | %d | applied ×%d | ", quick.Webhooks, quick.Webhooks),
+			fmt.Sprintf("\n| duplicate (`duplicate` wanted) | %d | duplicate ×%d | ", quick.Webhooks, quick.Webhooks)}
 		for _, c := range quick.Concurrency {
 			rows = append(rows, fmt.Sprintf("\n| %d | ", c))
 		}
@@ -136,6 +137,7 @@ var scenarioHeadings = []string{
 	"## 8. Overload at three times capacity",
 	"## 9. Creates as JetStream commands vs HTTP, and the outbox's lag",
 	"## 10. Duplicates waiting for the first result (Prefer: wait)",
+	"## 11. Webhooks: a first delivery against a duplicate",
 }
 
 // The overload table counts client timeouts apart, so what it lists as a

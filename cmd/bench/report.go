@@ -24,7 +24,7 @@ var reportTemplate = template.Must(template.New("results.md").Option("missingkey
 	"percent": percent, "countPercent": countPercent, "percentage": percentage, "percentage1": percentage1, "change": change,
 	"loss": loss, "ratio": ratio, "latencyRatio": latencyRatio, "times": times,
 	"percentSpread": percentSpread, "timesSpread": timesSpread, "bytesSpread": bytesSpread, "bytesPer": bytesPer,
-	"statuses": statuses, "unexpected": unexpected, "others": others, "cpuPer": cpuPer, "pgPerRequest": pgPerRequest,
+	"statuses": statuses, "outcomes": outcomes, "unexpected": unexpected, "others": others, "cpuPer": cpuPer, "pgPerRequest": pgPerRequest,
 	"yes": yes, "orNA": orNA,
 }).Parse(reportText))
 
@@ -261,6 +261,16 @@ func statuses(p point) string {
 			name = "no answer"
 		}
 		parts[i] = fmt.Sprintf("%s ×%d", name, p.Statuses[c])
+	}
+	return strings.Join(parts, ", ")
+}
+
+// outcomes lists the answers by what the shot's outcome named them.
+func outcomes(p point) string {
+	names := slices.Sorted(maps.Keys(p.Outcomes))
+	parts := make([]string, len(names))
+	for i, name := range names {
+		parts[i] = fmt.Sprintf("%s ×%d", name, p.Outcomes[name])
 	}
 	return strings.Join(parts, ", ")
 }

@@ -61,10 +61,10 @@ func sampleRun(full bool) *results {
 	ok := func(n int) map[string]int { return map[string]int{"201": n} }
 	o := options{Duration: 10 * time.Second, Warmup: 2 * time.Second, Concurrency: []int{1, 4, 16, 64}, Rounds: 7, Slice: 1500 * ms, Pool: 20,
 		ReplayConc: 16, Storm: 1000, PayConc: 64, PayPool: 10, PayLatency: 50 * ms, Rate: 100, RateDuration: 10 * time.Second, Commands: 10000,
-		WaitDuplicates: 1000, OverloadFor: 20 * time.Second, OverloadLimits: []int{16, 64}, OverloadPools: []int{8}}
+		WaitDuplicates: 1000, Webhooks: 2000, WebhookConc: 16, OverloadFor: 20 * time.Second, OverloadLimits: []int{16, 64}, OverloadPools: []int{8}}
 	if !full {
 		o.Quick = true
-		o.Only = map[int]bool{2: true, 3: true, 5: true, 7: true, 8: true, 9: true, 10: true}
+		o.Only = map[int]bool{2: true, 3: true, 5: true, 7: true, 8: true, 9: true, 10: true, 11: true}
 	}
 	res := &results{Opts: o, Machine: machine{CPUs: 2, CPUModel: "AMD EPYC", GoVersion: "go1.26.8", PGVersion: "PostgreSQL 15", PGSettings: "fsync=on",
 		Date: time.Date(2026, 12, 2, 8, 54, 0, 0, time.UTC), Command: "`make bench`", LoadBefore: "0.53", LoadAfter: "7.23"}, Took: 19*time.Minute + 20*time.Second}
@@ -147,6 +147,18 @@ func sampleRun(full bool) *results {
 	if !full {
 		res.Wait.Other = map[string]int{"409": 3, "error": 1}
 		res.Wait.Ended = nil
+	}
+	phase := func(want string, throughput float64, p50, p99 time.Duration, lookups, wal int64) webhookPhase {
+		p := samplePoint(throughput, p50, p99, 2000, map[string]int{"200": 2000})
+		p.Outcomes, p.Drain = map[string]int{want: 2000}, time.Duration(2000/throughput*float64(time.Second))
+		return webhookPhase{Want: want, Point: p, Lookups: lookups, WAL: wal}
+	}
+	res.Webhooks = webhookResult{Deliveries: 2000, Concurrency: 16, AsyncDelay: 50 * ms, Paid: 2000,
+		First: phase("applied", 310, 48*ms, 120*ms, 2000, 9_400_000), Duplicate: phase("duplicate", 2900, 5*ms, 14*ms, 0, 40_000)}
+	if !full {
+		res.Webhooks.Duplicate.Point.Outcomes = map[string]int{"duplicate": 1998, "applied": 2}
+		res.Webhooks.Duplicate.Lookups = 2
+		res.Webhooks.Paid = 1999
 	}
 	return res
 }

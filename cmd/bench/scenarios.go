@@ -23,6 +23,7 @@ import (
 	"github.com/orderservice/orderservice/internal/app"
 	"github.com/orderservice/orderservice/internal/httpapi"
 	"github.com/orderservice/orderservice/internal/order"
+	"github.com/orderservice/orderservice/internal/payment"
 	"github.com/orderservice/orderservice/internal/payment/channel"
 	"github.com/orderservice/orderservice/internal/testdb"
 )
@@ -135,9 +136,15 @@ func (b *bench) progress(format string, args ...any) {
 // table sizes, and checkpoints, so no checkpoint left over from the last
 // measurement lands in the next one.
 func (b *bench) reset(ctx context.Context) error {
-	if _, err := b.admin.Exec(ctx, `TRUNCATE idempotency_records, idempotency_archive, orders, order_items, order_events, order_outbox, payments`); err != nil {
+	if _, err := b.admin.Exec(ctx, `TRUNCATE idempotency_records, idempotency_archive, orders, order_items, order_events, order_outbox, payments, webhook_inbox`); err != nil {
 		return fmt.Errorf("reset tables: %w", err)
 	}
+	return b.checkpoint(ctx)
+}
+
+// checkpoint writes out what the last measurement left dirty, so that its
+// checkpoint does not land in the next one.
+func (b *bench) checkpoint(ctx context.Context) error {
 	if b.opts.Quick { // a smoke test has no figures worth a checkpoint's wait
 		return nil
 	}
@@ -215,6 +222,7 @@ type results struct {
 	Overload                         overloadResult
 	Messages                         messageResult
 	Wait                             waitResult
+	Webhooks                         webhookResult
 	Took                             time.Duration
 	// Problems are failed assertions: the run reports them and fails.
 	Problems []string
@@ -356,6 +364,7 @@ func (b *bench) runAll(ctx context.Context) (*results, error) {
 		{7, "7 big tables", b.growth},
 		{9, "9 creates as JetStream commands vs HTTP, and the outbox's lag", b.messages},
 		{10, "10 duplicates waiting for one slow pay", b.waitScenario},
+		{11, "11 webhooks: a first delivery against a duplicate", b.webhooks},
 		{5, "5 pay with a slow channel", b.pay},
 	}
 	for _, s := range steps {
@@ -776,7 +785,7 @@ func (b *bench) pay(ctx context.Context, res *results) error {
 	if err != nil {
 		return err
 	}
-	s := shot{name: "pay", client: b.client, workers: o.PayConc, targeter: pays(svc.URL(), ids, &b.keys)}
+	s := shot{name: "pay", client: b.client, workers: o.PayConc, targeter: pays(svc.URL(), ids, payment.MethodOK, &b.keys)}
 	warm := 0
 	if o.Warmup > 0 {
 		s.duration = o.Warmup

@@ -81,12 +81,12 @@ func sameRequest(url, key string, body []byte) vegeta.Targeter {
 	}
 }
 
-var errOutOfOrders = errors.New("the pay scenario ran out of prepared orders")
+var errOutOfOrders = errors.New("no prepared order is left to pay")
 
-// pays pays each prepared order once, with its own key and pm_ok.
-func pays(baseURL string, orderIDs []string, k *keys) vegeta.Targeter {
+// pays pays each prepared order once, with its own key and method.
+func pays(baseURL string, orderIDs []string, method string, k *keys) vegeta.Targeter {
 	var next atomic.Int64
-	body := []byte(`{"payment_method":"pm_ok"}`)
+	body := []byte(`{"payment_method":"` + method + `"}`)
 	return func(t *vegeta.Target) error {
 		i := next.Add(1) - 1
 		if i >= int64(len(orderIDs)) {
@@ -94,6 +94,19 @@ func pays(baseURL string, orderIDs []string, k *keys) vegeta.Targeter {
 		}
 		key, _ := k.next()
 		t.Method, t.URL, t.Body, t.Header = http.MethodPost, baseURL+"/v1/orders/"+orderIDs[i]+"/pay", body, header(key)
+		return nil
+	}
+}
+
+// inTurn sends each of targets once, in order.
+func inTurn(targets []vegeta.Target) vegeta.Targeter {
+	var next atomic.Int64
+	return func(t *vegeta.Target) error {
+		i := next.Add(1) - 1
+		if i >= int64(len(targets)) {
+			return vegeta.ErrNoTargets
+		}
+		*t = targets[i]
 		return nil
 	}
 }
