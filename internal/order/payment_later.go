@@ -64,7 +64,17 @@ func (s *Service) ResolvePending(ctx context.Context, channelKey string, note No
 		if err != nil {
 			return "", err
 		}
-		found = !running
+		// Read again once the intent is known to have ended: its last
+		// transaction stored the payment's reply with the record, so what
+		// is still pending now is pending at the channel too, not a reply
+		// that was being stored as the payment was first read.
+		if !running {
+			p, found, err = paymentByChannelKey(db, channelKey)
+		}
+		if err != nil {
+			return "", err
+		}
+		found = found && !running
 	}
 	reply := channelReply{verdict: pending}
 	if found && p.Status == PaymentPending {
