@@ -29,8 +29,12 @@ func TestBurstsAreServedNotShed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, c := start(t, map[string]string{"HTTP_QUEUE_TIMEOUT": defaults.HTTPQueueTimeout.String(),
+	// The whole program, booted as apptest does for internal/app's tests:
+	// this is the one whole-program test left in this package, for
+	// `make test-bursts` runs it here.
+	m := apptest.Start(t, dbURL, map[string]string{"HTTP_QUEUE_TIMEOUT": defaults.HTTPQueueTimeout.String(),
 		"HTTP_MAX_IN_FLIGHT": fmt.Sprint(defaults.HTTPMaxInFlight), "HTTP_MAX_QUEUE": fmt.Sprint(defaults.HTTPMaxQueue)})
+	c := apptest.NewClient(m, apptest.KeyAcme)
 	c.HTTP = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxConnsPerHost: 0}}
 
 	burst := func(t *testing.T, n int, send func(i int) (apptest.Response, error)) map[int]int {
@@ -76,7 +80,10 @@ func TestBurstsAreServedNotShed(t *testing.T) {
 			}
 		}
 	}
-	body := func(customer string) map[string]any { return createBody(customer) }
+	body := func(customer string) map[string]any {
+		return map[string]any{"customer_id": customer, "currency": "EUR",
+			"items": []map[string]any{{"sku": "SKU-1", "quantity": 2, "unit_price": 1250}}}
+	}
 
 	t.Run("200 identical creates: one order, 201 or 409 for everyone", func(t *testing.T) {
 		key := "burst-" + uuid.NewString()[:8]
@@ -99,7 +106,11 @@ func TestBurstsAreServedNotShed(t *testing.T) {
 		}
 	})
 	t.Run("50 pays of one order, each with its own key: one 200, 409 for the rest, one charge", func(t *testing.T) {
-		id := createOrder(t, c, "burst-pay-order-"+uuid.NewString()[:8])
+		order := c.Do(t, http.MethodPost, "/v1/orders", "burst-pay-order-"+uuid.NewString()[:8], body("cus_burst_pay"))
+		if order.Status != http.StatusCreated {
+			t.Fatalf("create: status %d: %s", order.Status, order.Body)
+		}
+		id := order.JSON(t)["id"].(string)
 		run := uuid.NewString()[:8]
 		got := burst(t, 50, func(i int) (apptest.Response, error) {
 			return c.Send(http.MethodPost, "/v1/orders/"+id+"/pay", fmt.Sprintf("burst-pay-%s-%d", run, i), map[string]any{"payment_method": "pm_ok"}, nil)

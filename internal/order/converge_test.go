@@ -5,192 +5,134 @@ package order_test
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/orderservice/orderservice/internal/app"
-	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/payment"
+	"github.com/orderservice/orderservice/internal/problem"
 )
 
-// fakeChannel is a payment channel that refuses what its refuse functions
-// say, and otherwise charges and refunds like an acquirer that honours its
-// idempotency keys (a POST repeated under a key gets the first answer).
-type fakeChannel struct {
-	refuseCharge func() bool
-	refuseRefund func() bool
-
-	mu      sync.Mutex
-	answers map[string]fakeAnswer // by method+key
-	charges atomic.Int64          // charge POSTs received
-	refunds atomic.Int64          // refund POSTs received
-}
-
-type fakeAnswer struct {
-	status int
-	body   []byte
-}
-
-func startFakeChannel(t *testing.T, f *fakeChannel) string {
-	t.Helper()
-	f.answers = map[string]fakeAnswer{}
-	ts := httptest.NewServer(http.HandlerFunc(f.serve))
-	t.Cleanup(ts.Close)
-	return ts.URL
-}
-
-func (f *fakeChannel) serve(w http.ResponseWriter, r *http.Request) {
-	if r.Method == http.MethodGet { // lookups: nothing is ever lost here
-		f.mu.Lock()
-		a, ok := f.answers["POST "+r.URL.Path+" "+r.URL.Query().Get("idempotency_key")]
-		f.mu.Unlock()
-		if !ok || a.status >= 400 {
-			a = fakeAnswer{http.StatusNotFound, []byte(`{"code":"charge_not_found","detail":"no such key"}`)}
-		}
-		w.WriteHeader(a.status)
-		_, _ = w.Write(a.body)
-		return
-	}
-	var req map[string]any
-	_ = json.NewDecoder(r.Body).Decode(&req)
-	key := r.Method + " " + r.URL.Path + " " + r.Header.Get("Idempotency-Key")
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	a, replay := f.answers[key]
-	if !replay {
-		switch r.URL.Path {
-		case "/v1/charges":
-			f.charges.Add(1)
-			a = fakeAnswer{http.StatusCreated, fmt.Appendf(nil, `{"id":"ch_%d","status":"succeeded","amount":%v,"currency":%q}`,
-				f.charges.Load(), req["amount"], req["currency"])}
-			if f.refuseCharge != nil && f.refuseCharge() {
-				a = fakeAnswer{http.StatusUnprocessableEntity, []byte(`{"code":"currency_not_supported","detail":"this acquirer does not take the currency"}`)}
-			}
-		case "/v1/refunds":
-			f.refunds.Add(1)
-			a = fakeAnswer{http.StatusCreated, fmt.Appendf(nil, `{"id":"re_%d","status":"succeeded","charge_id":%q,"amount":%v}`,
-				f.refunds.Load(), req["charge_id"], req["amount"])}
-			if f.refuseRefund != nil && f.refuseRefund() {
-				a = fakeAnswer{http.StatusUnprocessableEntity, []byte(`{"code":"refund_refused","detail":"refunds of this charge are refused"}`)}
-			}
-		}
-		f.answers[key] = a
-	}
-	w.Header().Set("Content-Type", "application/json")
-	if replay {
-		w.Header().Set("Idempotent-Replayed", "true")
-	}
-	w.WriteHeader(a.status)
-	_, _ = w.Write(a.body)
-}
-
 func TestARefusedChargeEndsTheIntentAndLeavesTheOrderPayable(t *testing.T) {
+	// The channel refuses the charge (a 4xx that is no decline) while
+	// refuse holds; asked counts the charges it was asked for.
 	var refuse atomic.Bool
+	var asked atomic.Int64
 	refuse.Store(true)
-	ch := &fakeChannel{refuseCharge: refuse.Load}
-	m, c := startMoney(t, map[string]string{"PAYMENT_CHANNEL_URL": startFakeChannel(t, ch)})
-	id := createOrder(t, c, moneyKey("create"))
-	key := moneyKey("R2-refused")
+	ch := newAcquirer().channel()
+	charge := ch.charge
+	ch.charge = func(ctx context.Context, key string, req payment.ChargeRequest) (payment.Result[payment.Charge], error) {
+		asked.Add(1)
+		if refuse.Load() {
+			return payment.Result[payment.Charge]{}, &payment.StatusError{StatusCode: 422, Code: "currency_not_supported",
+				Detail: "this acquirer does not take the currency"}
+		}
+		return charge(ctx, key, req)
+	}
+	s := useCases(t, ch, 5*time.Second)
+	ctx := t.Context()
+	id, key := placeOrder(t, s), newKey("R2-refused")
 
-	first := moneyPay(t, c, id, key, "pm_ok")
-	t.Run("the refusal is 402 payment_refused, not 503", func(t *testing.T) {
-		moneyWantAnswer(t, "refused pay", first, http.StatusPaymentRequired, "payment_refused")
-		if !strings.Contains(string(first.Body), "currency_not_supported") || !strings.Contains(string(first.Body), id) {
-			t.Errorf("the problem names neither the channel's reason nor the order: %s", first.Body)
+	first, err := s.Pay(ctx, acme(key), id, payWith(payment.MethodOK))
+	t.Run("the refusal is payment_refused, not a retry later", func(t *testing.T) {
+		p := wantFailed(t, "refused pay", first, err, order.CodePaymentRefused)
+		if !strings.Contains(p.Detail, "currency_not_supported") || p.Extensions["order_id"] != id {
+			t.Errorf("the refusal names neither the channel's reason nor the order: %s", refusalText(p))
 		}
 	})
 	t.Run("the intent is FAILED_FINAL and the order PAYMENT_FAILED", func(t *testing.T) {
-		if rec := moneyRecord(t, m, order.OpPay, key); rec.State != idempotency.FailedFinal || rec.Attempts != 1 {
+		if rec := recordOf(t, s, order.OpPay, key); rec.State != idempotency.FailedFinal || rec.Attempts != 1 {
 			t.Errorf("record = %s after %d attempts, want FAILED_FINAL after 1", rec.State, rec.Attempts)
 		}
-		if got, want := moneyEventNames(moneyEvents(t, c, id)), "create,pay,payment_failed"; got != want {
+		if got, want := eventsOf(t, s, id), "create,pay,payment_failed"; got != want {
 			t.Errorf("history = %s, want %s", got, want)
 		}
 	})
 	t.Run("the sweeper leaves it alone and the same key replays the refusal", func(t *testing.T) {
-		time.Sleep(3 * 200 * time.Millisecond) // three sweep intervals of the test config
-		apptest.WantReplay(t, first, moneyPay(t, c, id, key, "pm_ok"))
-		if rec := moneyRecord(t, m, order.OpPay, key); rec.Attempts != 1 {
+		if n, err := s.Sweep(ctx, 100); err != nil || n != 0 {
+			t.Errorf("the sweeper took %d intents (%v), want none", n, err)
+		}
+		again, err := s.Pay(ctx, acme(key), id, payWith(payment.MethodOK))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantReplay(t, first, again)
+		if rec := recordOf(t, s, order.OpPay, key); rec.Attempts != 1 {
 			t.Errorf("attempts = %d, want 1: something kept retrying a refusal", rec.Attempts)
 		}
-		if n := ch.charges.Load(); n != 1 {
+		if n := asked.Load(); n != 1 {
 			t.Errorf("the channel was asked to charge %d times, want 1", n)
 		}
 	})
 	t.Run("a new key pays the order once the channel accepts", func(t *testing.T) {
 		refuse.Store(false)
-		r := moneyPay(t, c, id, moneyKey("R3"), "pm_ok")
-		if r.Status != http.StatusOK || moneyDecodeOrder(t, r.Body).Status != "PAID" {
-			t.Fatalf("pay with a new key = %d %s", r.Status, r.Body)
+		res, err := s.Pay(ctx, acme(newKey("R3")), id, payWith(payment.MethodOK))
+		wantOutcome(t, "pay with a new key", res, err, idempotency.OutcomeDone)
+		if got := shownBy(t, res).Status; got != "PAID" {
+			t.Fatalf("pay with a new key shows %s, want PAID", got)
 		}
 	})
 }
 
 func TestAnUnknownPaymentMethodIsRefusedBeforeAnythingIsRecorded(t *testing.T) {
-	m, c := startMoney(t, nil)
-	id := createOrder(t, c, moneyKey("create"))
-	key := moneyKey("R2-bogus")
+	a := newAcquirer()
+	s := useCases(t, a.channel(), 5*time.Second)
+	id, key := placeOrder(t, s), newKey("R2-bogus")
 
-	r := moneyPay(t, c, id, key, "pm_bogus")
-	moneyWantAnswer(t, "pay with pm_bogus", r, http.StatusBadRequest, "invalid_request")
-	if n := apptest.Count(t, m.DB, "SELECT count(*) FROM idempotency_records WHERE idempotency_key = ?", key); n != 0 {
-		t.Errorf("%d records written for a refused body", n)
+	_, err := s.Pay(t.Context(), acme(key), id, payWith("pm_bogus"))
+	wantError(t, "pay with pm_bogus", err, problem.InvalidRequest)
+	if n := count(t, s.DB, "SELECT count(*) FROM idempotency_records WHERE idempotency_key = ?", key); n != 0 {
+		t.Errorf("%d records written for a refused request", n)
 	}
-	if got := moneyReadOrder(t, c, id).Status; got != "CREATED" {
+	if got := orderNow(t, s, id).Status; got != "CREATED" {
 		t.Errorf("order = %s, want CREATED", got)
 	}
-	moneyCheckStats(t, m.Channel.Stats(), moneyStats{charges: 0, declined: 0, refunds: 0, requests: 0, lookups: 0, duplicates: 0})
-	if r := moneyPay(t, c, id, key, "pm_ok"); r.Status != http.StatusOK {
-		t.Errorf("the same key with a real token = %d %s, want 200", r.Status, r.Body)
-	}
+	wantCounted(t, a, ledger{charges: 0, declined: 0, refunds: 0, requests: 0, lookups: 0, duplicates: 0})
+	res, err := s.Pay(t.Context(), acme(key), id, payWith(payment.MethodOK))
+	wantOutcome(t, "the same key with a real token", res, err, idempotency.OutcomeDone)
 }
 
 func TestARefusedRefundPutsTheOrderBackToPaid(t *testing.T) {
-	ch := &fakeChannel{refuseRefund: func() bool { return true }}
-	m, c := startMoney(t, map[string]string{"PAYMENT_CHANNEL_URL": startFakeChannel(t, ch)})
-	id := createOrder(t, c, moneyKey("create"))
-	if r := moneyPay(t, c, id, moneyKey("R2"), "pm_ok"); r.Status != http.StatusOK {
-		t.Fatalf("pay = %d %s", r.Status, r.Body)
-	}
-	key := moneyKey("R3-cancel")
+	a := newAcquirer()
+	s := useCases(t, a.channel(), 5*time.Second)
+	ctx := t.Context()
+	id := placeOrder(t, s)
+	// The charge of pm_refund_refused succeeds; every refund of it is refused.
+	res, err := s.Pay(ctx, acme(newKey("R2")), id, payWith(payment.MethodRefundRefused))
+	wantOutcome(t, "pay", res, err, idempotency.OutcomeDone)
+	key := newKey("R3-cancel")
 
-	first := moneyCancel(t, c, id, key)
-	moneyWantAnswer(t, "cancel whose refund is refused", first, http.StatusConflict, "refund_refused")
-	if rec := moneyRecord(t, m, order.OpCancel, key); rec.State != idempotency.FailedFinal {
+	first, err := s.Cancel(ctx, acme(key), id, order.CancelRequest{})
+	wantFailed(t, "cancel whose refund is refused", first, err, order.CodeRefundRefused)
+	if rec := recordOf(t, s, order.OpCancel, key); rec.State != idempotency.FailedFinal {
 		t.Errorf("record = %s, want FAILED_FINAL", rec.State)
 	}
-	o := moneyReadOrder(t, c, id)
-	if o.Status != "PAID" || o.Payment == nil || o.Payment.Status != "succeeded" {
+	if o := orderNow(t, s, id); o.Status != "PAID" || o.Payment == nil || o.Payment.Status != "succeeded" {
 		t.Errorf("order = %+v, want PAID with its charge succeeded", o)
 	}
-	if got, want := moneyEventNames(moneyEvents(t, c, id)), "create,pay,payment_succeeded,refund,refund_failed"; got != want {
+	if got, want := eventsOf(t, s, id), "create,pay,payment_succeeded,refund,refund_failed"; got != want {
 		t.Errorf("history = %s, want %s", got, want)
 	}
-	apptest.WantReplay(t, first, moneyCancel(t, c, id, key))
-	if n := ch.refunds.Load(); n != 1 {
-		t.Errorf("refund POSTs = %d, want 1", n)
+	again, err := s.Cancel(ctx, acme(key), id, order.CancelRequest{})
+	if err != nil {
+		t.Fatal(err)
 	}
-	r := c.Do(t, http.MethodPost, "/v1/orders/"+id+"/ship", moneyKey("ship"), map[string]any{"carrier": "DHL", "tracking_number": "T1"})
-	if r.Status != http.StatusOK {
-		t.Errorf("the PAID order could not ship after the refused refund: %d %s", r.Status, r.Body)
-	}
+	wantReplay(t, first, again)
+	// One POST for the charge, one for the refund: the replay asked nothing.
+	wantCounted(t, a, ledger{charges: 1, declined: 0, refunds: 0, requests: 2, lookups: 0, duplicates: 0})
+	shipped, err := s.Ship(ctx, acme(newKey("ship")), id, order.ShipRequest{Carrier: "DHL", TrackingNumber: "T1"})
+	wantOutcome(t, "ship after the refused refund", shipped, err, idempotency.OutcomeDone)
 }
 
 // cutPhase3 makes the database drop phase 3's connection before it commits,
 // as a failover or a restart would, for as long as cut holds.
-func cutPhase3(t *testing.T, m *app.Main, cut *atomic.Bool) {
-	m.Orders.Hooks.BeforeReplyCommit = func() error {
+func cutPhase3(t *testing.T, s *order.Service, cut *atomic.Bool) {
+	s.Hooks.BeforeReplyCommit = func() error {
 		if cut.Load() {
-			if err := moneyDB(t).Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			if err := s.DB.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 				WHERE datname = current_database() AND state = 'idle in transaction' AND application_name = 'orderservice'`).Error; err != nil {
 				t.Errorf("terminate phase 3's backend: %v", err)
 			}
@@ -200,196 +142,165 @@ func cutPhase3(t *testing.T, m *app.Main, cut *atomic.Bool) {
 }
 
 func TestADatabaseBlipAfterTheChannelAnsweredIsRidenOutByPhase3(t *testing.T) {
-	m, c := startMoney(t, map[string]string{"SWEEP_INTERVAL": "1h", "IDEMPOTENCY_LEASE": "30s"})
-	id := createOrder(t, c, moneyKey("create"))
+	a := newAcquirer()
+	s := useCases(t, a.channel(), 30*time.Second)
+	id := placeOrder(t, s)
 	var cut atomic.Bool
 	cut.Store(true)
-	cutPhase3(t, m, &cut)
-	m.Orders.Hooks.AfterChannelCall = func() error { return nil }
+	cutPhase3(t, s, &cut)
 	var attempts atomic.Int32
-	m.Orders.Hooks.BeforeReplyCommit = func(next func() error) func() error {
+	s.Hooks.BeforeReplyCommit = func(next func() error) func() error {
 		return func() error {
 			if attempts.Add(1) > 1 {
 				cut.Store(false) // the new primary is up: the next try commits
 			}
 			return next()
 		}
-	}(m.Orders.Hooks.BeforeReplyCommit)
+	}(s.Hooks.BeforeReplyCommit)
 
-	r := moneyPay(t, c, id, moneyKey("R2-blip"), "pm_ok")
-	if r.Status != http.StatusOK || moneyDecodeOrder(t, r.Body).Status != "PAID" {
-		t.Fatalf("pay through a dropped phase-3 connection = %d %s, want 200 PAID without a client retry", r.Status, r.Body)
+	res, err := s.Pay(t.Context(), acme(newKey("R2-blip")), id, payWith(payment.MethodOK))
+	wantOutcome(t, "pay through a dropped phase-3 connection, without a client retry", res, err, idempotency.OutcomeDone)
+	if got := shownBy(t, res).Status; got != "PAID" {
+		t.Fatalf("the pay shows %s, want PAID", got)
 	}
 	if n := attempts.Load(); n < 2 {
 		t.Errorf("phase 3 ran %d times, want a second try after the dropped connection", n)
 	}
-	moneyCheckStats(t, m.Channel.Stats(), moneyStats{charges: 1, declined: 0, refunds: 0, requests: 1, lookups: 0, duplicates: 0})
+	wantCounted(t, a, ledger{charges: 1, declined: 0, refunds: 0, requests: 1, lookups: 0, duplicates: 0})
 }
 
 func TestADatabaseFailureAfterTheChannelAnsweredLeavesTheIntentRetryableAtOnce(t *testing.T) {
-	m, c := startMoney(t, map[string]string{"SWEEP_INTERVAL": "1h", "IDEMPOTENCY_LEASE": "30s"})
-	id := createOrder(t, c, moneyKey("create"))
-	key := moneyKey("R2-phase3")
+	a := newAcquirer()
+	s := useCases(t, a.channel(), 30*time.Second)
+	// Phase 3 tries again for up to a channel timeout: a short one keeps
+	// the test short.
+	s.Money.ChannelTimeout = 500 * time.Millisecond
+	id, key := placeOrder(t, s), newKey("R2-phase3")
 	var cut atomic.Bool
-	cut.Store(true) // for longer than phase 3's patience (a channel timeout)
-	cutPhase3(t, m, &cut)
+	cut.Store(true) // for longer than phase 3's patience
+	cutPhase3(t, s, &cut)
 
-	first := moneyPay(t, c, id, key, "pm_ok")
-	moneyWantAnswer(t, "pay whose phase 3 kept losing its connection", first, http.StatusServiceUnavailable, "service_unavailable")
-	if first.Header.Get("Retry-After") == "" {
-		t.Error("503 without Retry-After")
-	}
-	if rec := moneyRecord(t, m, order.OpPay, key); rec.State != idempotency.FailedRetryable {
+	_, err := s.Pay(t.Context(), acme(key), id, payWith(payment.MethodOK))
+	wantError(t, "pay whose phase 3 kept losing its connection", err, problem.ServiceUnavailable)
+	wantRetryAfter(t, "service_unavailable", err)
+	if rec := recordOf(t, s, order.OpPay, key); rec.State != idempotency.FailedRetryable {
 		t.Fatalf("record = %s, want FAILED_RETRYABLE (not PROCESSING under a 30s lease)", rec.State)
 	}
 	cut.Store(false)
-	again := moneyPay(t, c, id, key, "pm_ok")
-	if again.Status != http.StatusOK || moneyDecodeOrder(t, again.Body).Status != "PAID" {
-		t.Fatalf("the retry = %d %s, want 200 PAID at once", again.Status, again.Body)
+	again, err := s.Pay(t.Context(), acme(key), id, payWith(payment.MethodOK))
+	wantOutcome(t, "the retry, at once", again, err, idempotency.OutcomeDone)
+	if got := shownBy(t, again).Status; got != "PAID" {
+		t.Fatalf("the retry shows %s, want PAID", got)
 	}
-	moneyCheckStats(t, m.Channel.Stats(), moneyStats{charges: 1, declined: 0, refunds: 0, requests: 2, lookups: 0, duplicates: 1})
+	wantCounted(t, a, ledger{charges: 1, declined: 0, refunds: 0, requests: 2, lookups: 0, duplicates: 1})
 }
 
-func TestRetryAfterIsAlwaysAWholeSecondAtLeastOne(t *testing.T) {
-	_, c := startMoney(t, map[string]string{"PAYMENT_RETRY_AFTER": "500ms", "SWEEP_INTERVAL": "1h"})
-	id := createOrder(t, c, moneyKey("create"))
-	key := moneyKey("R2-unavailable")
-	r := moneyPay(t, c, id, key, "pm_unavailable_once")
-	moneyWantAnswer(t, "pay answered 503 by the channel", r, http.StatusServiceUnavailable, "service_unavailable")
-	if got := r.Header.Get("Retry-After"); got != "1" {
-		t.Errorf("Retry-After = %q with PAYMENT_RETRY_AFTER=500ms, want \"1\"", got)
+// expireAndClean makes the records under keys expire and runs one pass of
+// the retention job: money records are archived, then removed.
+func expireAndClean(t *testing.T, s *order.Service, archived int, keys ...string) {
+	t.Helper()
+	if err := s.DB.Exec("UPDATE idempotency_records SET expires_at = now() - interval '1 second' WHERE idempotency_key IN ?", keys).Error; err != nil {
+		t.Fatal(err)
 	}
-	if r := moneyPay(t, c, id, key, "pm_unavailable_once"); r.Status != http.StatusOK {
-		t.Errorf("retry = %d %s", r.Status, r.Body)
+	cleaner := &idempotency.Cleaner{DB: s.DB, Store: s.Records, Batch: 100}
+	if res, err := cleaner.Pass(context.Background()); err != nil || res.Archived < archived {
+		t.Fatalf("cleanup = %+v, %v; want at least %d archived", res, err, archived)
 	}
+}
+
+// wantRefusedTwiceAlike sends a money intent whose key ran before and whose
+// record is gone, twice: the first is refused for good (a new record holds
+// the refusal), the second replays that refusal.
+func wantRefusedTwiceAlike(t *testing.T, what string, send func() (idempotency.Result, error)) {
+	t.Helper()
+	first, err := send()
+	wantFailed(t, what, first, err, problem.KeyReused)
+	wantExecuted(t, first)
+	again, err := send()
+	if err != nil {
+		t.Fatalf("%s again: %v", what, err)
+	}
+	wantReplay(t, first, again)
 }
 
 func TestAPayKeyWhoseRecordWasArchivedGetsAStableAnswer(t *testing.T) {
-	m, c := startMoney(t, nil)
-	id := createOrder(t, c, moneyKey("create"))
-	key := moneyKey("R2-archived")
-	moneyWantAnswer(t, "declined pay", moneyPay(t, c, id, key, "pm_declined"), http.StatusPaymentRequired, "payment_declined")
+	a := newAcquirer()
+	s := useCases(t, a.channel(), 5*time.Second)
+	id, key := placeOrder(t, s), newKey("R2-archived")
+	res, err := s.Pay(t.Context(), acme(key), id, payWith(payment.MethodDeclined))
+	wantFailed(t, "declined pay", res, err, order.CodePaymentDeclined)
 
 	// Its retention passes: the cleanup archives and removes the record.
-	if err := m.DB.Exec("UPDATE idempotency_records SET expires_at = now() - interval '1 second' WHERE idempotency_key = ?", key).Error; err != nil {
-		t.Fatal(err)
-	}
-	cleaner := &idempotency.Cleaner{DB: m.DB, Store: m.Orders.Records, Batch: 100}
-	if res, err := cleaner.Pass(context.Background()); err != nil || res.Archived < 1 {
-		t.Fatalf("cleanup = %+v, %v", res, err)
-	}
+	expireAndClean(t, s, 1, key)
 
-	for i := range 2 {
-		r := moneyPay(t, c, id, key, "pm_declined")
-		moneyWantAnswer(t, fmt.Sprintf("the archived key sent again (%d)", i+1), r, http.StatusUnprocessableEntity, "idempotency_key_reused")
-	}
-	if got := moneyReadOrder(t, c, id).Status; got != "PAYMENT_FAILED" {
+	wantRefusedTwiceAlike(t, "the archived key sent again", func() (idempotency.Result, error) {
+		return s.Pay(t.Context(), acme(key), id, payWith(payment.MethodDeclined))
+	})
+	if got := orderNow(t, s, id).Status; got != "PAYMENT_FAILED" {
 		t.Errorf("order = %s, want PAYMENT_FAILED", got)
 	}
-	moneyCheckStats(t, m.Channel.Stats(), moneyStats{charges: 0, declined: 1, refunds: 0, requests: 1, lookups: 0, duplicates: 0})
+	wantCounted(t, a, ledger{charges: 0, declined: 1, refunds: 0, requests: 1, lookups: 0, duplicates: 0})
 }
 
 // A money key whose record was archived and removed, sent again on another
-// order of the tenant, is a definitive 422: the payments' unique scope
-// (tenant, operation, key) would refuse a second payment under it, and that
-// refusal must not surface as a 500, over and over. Pay and cancel (refund)
-// alike; the other order is unchanged and the channel is asked nothing.
+// order of the tenant, is a definitive idempotency_key_reused: the
+// payments' unique scope (tenant, operation, key) would refuse a second
+// payment under it, and that refusal must not surface as an internal error,
+// over and over. Pay and cancel (refund) alike; the other order is
+// unchanged and the channel is asked nothing.
 func TestAMoneyKeyWhoseRecordWasRemovedIsRefusedOnAnotherOrder(t *testing.T) {
-	m, c := startMoney(t, nil)
-	a := createOrder(t, c, moneyKey("create-a"))
-	b := createOrder(t, c, moneyKey("create-b"))
-	payKey, cancelKey := moneyKey("R2-pay"), moneyKey("R2-cancel")
-	if r := moneyPay(t, c, a, payKey, payment.MethodOK); r.Status != http.StatusOK {
-		t.Fatalf("pay A = %d %s", r.Status, r.Body)
-	}
-	if r := moneyCancel(t, c, a, cancelKey); r.Status != http.StatusOK {
-		t.Fatalf("cancel A = %d %s", r.Status, r.Body)
-	}
-	if err := m.DB.Exec("UPDATE idempotency_records SET expires_at = now() - interval '1 second' WHERE idempotency_key IN (?, ?)", payKey, cancelKey).Error; err != nil {
-		t.Fatal(err)
-	}
-	cleaner := &idempotency.Cleaner{DB: m.DB, Store: m.Orders.Records, Batch: 100}
-	if res, err := cleaner.Pass(context.Background()); err != nil || res.Archived < 2 {
-		t.Fatalf("cleanup = %+v, %v", res, err)
-	}
+	a := newAcquirer()
+	s := useCases(t, a.channel(), 5*time.Second)
+	ctx := t.Context()
+	orderA, orderB := placeOrder(t, s), placeOrder(t, s)
+	payKey, cancelKey := newKey("R2-pay"), newKey("R2-cancel")
+	res, err := s.Pay(ctx, acme(payKey), orderA, payWith(payment.MethodOK))
+	wantOutcome(t, "pay A", res, err, idempotency.OutcomeDone)
+	res, err = s.Cancel(ctx, acme(cancelKey), orderA, order.CancelRequest{})
+	wantOutcome(t, "cancel A", res, err, idempotency.OutcomeDone)
+	expireAndClean(t, s, 2, payKey, cancelKey)
 
-	for i := range 2 {
-		r := moneyPay(t, c, b, payKey, payment.MethodOK)
-		moneyWantAnswer(t, fmt.Sprintf("A's removed pay key on B (%d)", i+1), r, http.StatusUnprocessableEntity, "idempotency_key_reused")
-	}
-	if got := moneyReadOrder(t, c, b).Status; got != "CREATED" {
+	wantRefusedTwiceAlike(t, "A's removed pay key on B", func() (idempotency.Result, error) {
+		return s.Pay(ctx, acme(payKey), orderB, payWith(payment.MethodOK))
+	})
+	if got := orderNow(t, s, orderB).Status; got != "CREATED" {
 		t.Fatalf("B = %s after the refused pay, want CREATED", got)
 	}
-	if r := moneyPay(t, c, b, moneyKey("pay-b"), payment.MethodOK); r.Status != http.StatusOK {
-		t.Fatalf("pay B with a new key = %d %s", r.Status, r.Body)
-	}
-	for i := range 2 {
-		r := moneyCancel(t, c, b, cancelKey)
-		moneyWantAnswer(t, fmt.Sprintf("A's removed cancel key on B (%d)", i+1), r, http.StatusUnprocessableEntity, "idempotency_key_reused")
-	}
-	if got := moneyReadOrder(t, c, b).Status; got != "PAID" {
+	res, err = s.Pay(ctx, acme(newKey("pay-b")), orderB, payWith(payment.MethodOK))
+	wantOutcome(t, "pay B with a new key", res, err, idempotency.OutcomeDone)
+	wantRefusedTwiceAlike(t, "A's removed cancel key on B", func() (idempotency.Result, error) {
+		return s.Cancel(ctx, acme(cancelKey), orderB, order.CancelRequest{})
+	})
+	if got := orderNow(t, s, orderB).Status; got != "PAID" {
 		t.Errorf("B = %s after the refused cancel, want PAID", got)
 	}
-	moneyCheckStats(t, m.Channel.Stats(), moneyStats{charges: 2, declined: 0, refunds: 1, requests: 3, lookups: 0, duplicates: 0})
-}
-
-func TestAnIdempotencyKeySentTwiceIsRefused(t *testing.T) {
-	m, _ := startMoney(t, nil)
-	req, _ := http.NewRequest(http.MethodPost, m.URL()+"/v1/orders", strings.NewReader(`{"customer_id":"c","currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":1}]}`))
-	req.Header.Set("Authorization", "Bearer "+apptest.KeyAcme)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Add("Idempotency-Key", "first-of-two")
-	req.Header.Add("Idempotency-Key", "second-of-two")
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var p struct{ Code string }
-	_ = json.NewDecoder(res.Body).Decode(&p)
-	res.Body.Close()
-	if res.StatusCode != http.StatusBadRequest || p.Code != "idempotency_key_invalid" {
-		t.Errorf("two Idempotency-Key lines = %d %s, want 400 idempotency_key_invalid", res.StatusCode, p.Code)
-	}
-	if n := apptest.Count(t, m.DB, "SELECT count(*) FROM idempotency_records WHERE idempotency_key LIKE '%-of-two'"); n != 0 {
-		t.Errorf("%d records written", n)
-	}
+	wantCounted(t, a, ledger{charges: 2, declined: 0, refunds: 1, requests: 3, lookups: 0, duplicates: 0})
 }
 
 func TestOrderEventsArePaginated(t *testing.T) {
-	_, c := startMoney(t, nil)
-	id := createOrder(t, c, moneyKey("create"))
-	for _, step := range []string{"pay", "ship", "deliver"} {
-		body := map[string]any{}
-		switch step {
-		case "pay":
-			body = moneyPayBody("pm_ok")
-		case "ship":
-			body = map[string]any{"carrier": "DHL", "tracking_number": "T1"}
-		}
-		if r := c.Do(t, http.MethodPost, "/v1/orders/"+id+"/"+step, moneyKey(step), body); r.Status != http.StatusOK {
-			t.Fatalf("%s = %d %s", step, r.Status, r.Body)
-		}
-	}
+	s := useCases(t, newAcquirer().channel(), 5*time.Second)
+	ctx := t.Context()
+	id := placeOrder(t, s)
+	res, err := s.Pay(ctx, acme(newKey("pay")), id, payWith(payment.MethodOK))
+	wantOutcome(t, "pay", res, err, idempotency.OutcomeDone)
+	res, err = s.Ship(ctx, acme(newKey("ship")), id, order.ShipRequest{Carrier: "DHL", TrackingNumber: "T1"})
+	wantOutcome(t, "ship", res, err, idempotency.OutcomeDone)
+	res, err = s.Deliver(ctx, acme(newKey("deliver")), id, order.DeliverRequest{})
+	wantOutcome(t, "deliver", res, err, idempotency.OutcomeDone)
+
 	var names []string
 	cursor, pages := "", 0
 	for {
-		r := c.Do(t, http.MethodGet, "/v1/orders/"+id+"/events?limit=2&cursor="+cursor, "", nil)
-		if r.Status != http.StatusOK {
-			t.Fatalf("events page = %d %s", r.Status, r.Body)
-		}
-		var page struct {
-			Events     []moneyEvent `json:"events"`
-			NextCursor string       `json:"next_cursor"`
-		}
-		if err := json.Unmarshal(r.Body, &page); err != nil {
-			t.Fatal(err)
+		page, err := s.History(ctx, "acme", id, order.PageRequest{Limit: 2, Cursor: cursor})
+		if err != nil {
+			t.Fatalf("history page: %v", err)
 		}
 		if len(page.Events) > 2 {
 			t.Fatalf("a page of limit 2 has %d events", len(page.Events))
 		}
 		pages++
 		for _, e := range page.Events {
-			names = append(names, e.Event)
+			names = append(names, string(e.Event))
 		}
 		if cursor = page.NextCursor; cursor == "" || pages > 5 {
 			break
@@ -398,26 +309,8 @@ func TestOrderEventsArePaginated(t *testing.T) {
 	if got, want := strings.Join(names, ","), "create,pay,payment_succeeded,ship,deliver"; got != want || pages != 3 {
 		t.Errorf("paged history = %s over %d pages, want %s over 3", got, pages, want)
 	}
-	for _, q := range []string{"limit=0", "limit=101", "cursor=not-a-cursor"} {
-		moneyWantAnswer(t, "events?"+q, c.Do(t, http.MethodGet, "/v1/orders/"+id+"/events?"+q, "", nil), http.StatusBadRequest, "invalid_request")
-	}
-}
-
-func TestLabelledMetricsAreExportedAtZeroFromTheStart(t *testing.T) {
-	_, c := startMoney(t, nil)
-	r := c.Do(t, http.MethodGet, "/metrics", "", nil)
-	for _, series := range []string{
-		`orderservice_payment_channel_duplicates_absorbed_total{kind="charge"} 0`,
-		`orderservice_payment_channel_duplicates_absorbed_total{kind="refund"} 0`,
-		`orderservice_payment_channel_call_duration_seconds_count{kind="charge",outcome="rejected"} 0`,
-		`orderservice_idempotency_key_conflicts_total{operation="order.create"} 0`,
-		`orderservice_idempotency_takeovers_total{by="sweeper",operation="order.pay"} 0`,
-		`orderservice_idempotent_requests_total{operation="order.cancel",outcome="replayed"} 0`,
-		`orderservice_idempotency_records_cleaned_total{action="archived"} 0`,
-		`orderservice_idempotency_waits_total{ended="looked"} 0`,
-	} {
-		if !strings.Contains(string(r.Body), series) {
-			t.Errorf("/metrics lacks %s", series)
-		}
+	for name, pg := range map[string]order.PageRequest{"a limit of 101": {Limit: 101}, "a cursor this service never returned": {Cursor: "not-a-cursor"}} {
+		_, err := s.History(ctx, "acme", id, pg)
+		wantError(t, "history with "+name, err, problem.InvalidRequest)
 	}
 }

@@ -1,9 +1,8 @@
 package order_test
 
 import (
-	"bytes"
+	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -11,34 +10,39 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/orderservice/orderservice/internal/app"
-	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
+	"github.com/orderservice/orderservice/internal/payment"
+	"github.com/orderservice/orderservice/internal/problem"
 )
 
-// The order lifecycle through the HTTP API: one order, many intents, each
+// The order lifecycle through its use cases: one order, many intents, each
 // with its own key. Idempotency stops identical requests; the state machine
 // stops different but illegal ones.
 
-var (
-	shipDetails = map[string]any{"carrier": "DHL", "tracking_number": "JD014600003812345678"}
-	payWithPmOK = map[string]any{"payment_method": "pm_ok"}
-)
+var shipDetails = order.ShipRequest{Carrier: "DHL", TrackingNumber: "JD014600003812345678"}
 
-// lifecycleEvents are the events a client sends, each with its request.
-var lifecycleEvents = []struct {
+// clientEvents are the events a client sends, each through its use case.
+var clientEvents = []struct {
 	event order.Event
-	path  string // after /v1/orders/{id}/
-	body  any
+	op    string
+	send  func(ctx context.Context, s *order.Service, c order.Caller, id string) (idempotency.Result, error)
 }{
-	{order.EventPay, "pay", payWithPmOK},
-	{order.EventShip, "ship", shipDetails},
-	{order.EventDeliver, "deliver", nil},
-	{order.EventCancel, "cancel", nil},
+	{order.EventPay, order.OpPay, func(ctx context.Context, s *order.Service, c order.Caller, id string) (idempotency.Result, error) {
+		return s.Pay(ctx, c, id, payWith(payment.MethodOK))
+	}},
+	{order.EventShip, order.OpShip, func(ctx context.Context, s *order.Service, c order.Caller, id string) (idempotency.Result, error) {
+		return s.Ship(ctx, c, id, shipDetails)
+	}},
+	{order.EventDeliver, order.OpDeliver, func(ctx context.Context, s *order.Service, c order.Caller, id string) (idempotency.Result, error) {
+		return s.Deliver(ctx, c, id, order.DeliverRequest{})
+	}},
+	{order.EventCancel, order.OpCancel, func(ctx context.Context, s *order.Service, c order.Caller, id string) (idempotency.Result, error) {
+		return s.Cancel(ctx, c, id, order.CancelRequest{})
+	}},
 }
 
-// orderSnapshot is what a refused request or a replay must leave as it was.
+// orderSnapshot is what a refused intent or a replay must leave as it was.
 type orderSnapshot struct {
 	Status   string
 	Version  int64
@@ -46,78 +50,49 @@ type orderSnapshot struct {
 	Payments int64
 }
 
-// rig is one booted service and the acme tenant's client. Its methods are
-// the helpers of the lifecycle tests (methods, so they cannot collide with
-// the helpers of other test files of this package).
-type rig struct {
-	m *app.Main
-	c *apptest.Client
-}
-
-func startRig(t *testing.T) rig {
-	m, c := start(t, nil)
-	return rig{m, c}
-}
-
-// key returns a fresh Idempotency-Key: a new intent.
-func (rig) key(name string) string { return name + "-" + uuid.NewString() }
-
-// post sends POST /v1/orders/{id}/{action} as the acme tenant.
-func (r rig) post(t *testing.T, id, action, key string, body any) apptest.Response {
+func snap(t *testing.T, s *order.Service, id string) orderSnapshot {
 	t.Helper()
-	return r.postAs(t, r.c, id, action, key, body)
-}
-
-// postAs sends POST /v1/orders/{id}/{action} as c's tenant.
-func (rig) postAs(t *testing.T, c *apptest.Client, id, action, key string, body any) apptest.Response {
-	t.Helper()
-	return c.Do(t, http.MethodPost, "/v1/orders/"+id+"/"+action, key, body)
-}
-
-func (r rig) snap(t *testing.T, id string) orderSnapshot {
-	t.Helper()
-	var s orderSnapshot
-	if err := r.m.DB.Raw("SELECT status, version FROM orders WHERE id = ?", id).Row().Scan(&s.Status, &s.Version); err != nil {
+	var o orderSnapshot
+	if err := s.DB.Raw("SELECT status, version FROM orders WHERE id = ?", id).Row().Scan(&o.Status, &o.Version); err != nil {
 		t.Fatalf("read order %s: %v", id, err)
 	}
-	s.Events = apptest.Count(t, r.m.DB, "SELECT count(*) FROM order_events WHERE order_id = ?", id)
-	s.Payments = apptest.Count(t, r.m.DB, "SELECT count(*) FROM payments WHERE order_id = ?", id)
-	return s
+	o.Events = count(t, s.DB, "SELECT count(*) FROM order_events WHERE order_id = ?", id)
+	o.Payments = count(t, s.DB, "SELECT count(*) FROM payments WHERE order_id = ?", id)
+	return o
 }
 
 // orderIn returns a new acme order in status. PAID is reached through a
 // real pm_ok charge, so that a cancel has a settled charge to refund; the
 // statuses that follow payment are set in the store.
-func (r rig) orderIn(t *testing.T, status order.Status) string {
+func orderIn(t *testing.T, s *order.Service, status order.Status) string {
 	t.Helper()
-	id := createOrder(t, r.c, r.key("create"))
+	id := placeOrder(t, s)
 	switch status {
 	case order.StatusCreated:
 	case order.StatusPaid:
-		if res := r.post(t, id, "pay", r.key("pay"), payWithPmOK); res.Status != http.StatusOK {
-			t.Fatalf("pay with pm_ok: status %d: %s", res.Status, res.Body)
-		}
+		res, err := s.Pay(t.Context(), acme(newKey("pay")), id, payWith(payment.MethodOK))
+		wantOutcome(t, "pay with pm_ok", res, err, idempotency.OutcomeDone)
 	default:
-		setStatus(t, r.m, id, string(status))
+		setStatus(t, s, id, status)
 	}
-	if got := r.snap(t, id).Status; got != string(status) {
+	if got := snap(t, s, id).Status; got != string(status) {
 		t.Fatalf("set-up: order is %s, want %s", got, status)
 	}
 	return id
 }
 
-// invalidTransition checks a 409 that names the current status and the
-// refused event.
-func (r rig) invalidTransition(t *testing.T, res apptest.Response, current order.Status, ev order.Event) {
+// wantInvalidTransition checks a refusal that names the current status and
+// the refused event.
+func wantInvalidTransition(t *testing.T, res idempotency.Result, err error, current order.Status, ev order.Event) {
 	t.Helper()
-	doc := apptest.WantProblem(t, res, http.StatusConflict, "invalid_transition")
-	if doc["current_status"] != string(current) || doc["event"] != string(ev) {
-		t.Errorf("current_status=%v event=%v, want %s %s", doc["current_status"], doc["event"], current, ev)
+	p := wantFailed(t, string(ev), res, err, order.CodeInvalidTransition)
+	if fmt.Sprint(p.Extensions["current_status"]) != string(current) || fmt.Sprint(p.Extensions["event"]) != string(ev) {
+		t.Errorf("current_status=%v event=%v, want %s %s", p.Extensions["current_status"], p.Extensions["event"], current, ev)
 	}
 }
 
-func TestEveryStatusAndClientEventThroughTheAPI(t *testing.T) {
-	svc := startRig(t)
+func TestEveryStatusAndClientEventThroughTheUseCases(t *testing.T) {
+	s := useCases(t, newAcquirer().channel(), 5*time.Second)
 
 	// The allowed moves, written out: everything else must be refused.
 	// steps is how many history rows the move writes (pay and the refund
@@ -135,52 +110,50 @@ func TestEveryStatusAndClientEventThroughTheAPI(t *testing.T) {
 
 	pairs, refused := 0, 0
 	for _, from := range order.Statuses {
-		for _, ce := range lifecycleEvents {
+		for _, ce := range clientEvents {
 			pairs++
 			mv, ok := allowed[from][ce.event]
 			if !ok {
 				refused++
-				t.Run(fmt.Sprintf("%s on a %s order is 409 and changes nothing", ce.event, from), func(t *testing.T) {
-					id := svc.orderIn(t, from)
-					before := svc.snap(t, id)
-					key := svc.key(ce.path)
-					r := svc.post(t, id, ce.path, key, ce.body)
-					svc.invalidTransition(t, r, from, ce.event)
-					if after := svc.snap(t, id); after != before {
+				t.Run(fmt.Sprintf("%s on a %s order is refused and changes nothing", ce.event, from), func(t *testing.T) {
+					id := orderIn(t, s, from)
+					before := snap(t, s, id)
+					key := newKey(string(ce.event))
+					res, err := ce.send(t.Context(), s, acme(key), id)
+					wantInvalidTransition(t, res, err, from, ce.event)
+					if after := snap(t, s, id); after != before {
 						t.Errorf("a refused %s changed the order: before %+v, after %+v", ce.event, before, after)
 					}
-					if s := apptest.RecordState(t, svc.m.DB, idempotency.Scope{TenantID: "acme", Operation: "order." + ce.path, Key: key}); s != idempotency.FailedFinal {
-						t.Errorf("record state %s, want FAILED_FINAL", s)
+					if st := recordOf(t, s, ce.op, key).State; st != idempotency.FailedFinal {
+						t.Errorf("record state %s, want FAILED_FINAL", st)
 					}
 				})
 				continue
 			}
 			t.Run(fmt.Sprintf("%s on a %s order moves it to %s", ce.event, from, mv.to), func(t *testing.T) {
-				id := svc.orderIn(t, from)
-				before := svc.snap(t, id)
-				r := svc.post(t, id, ce.path, svc.key(ce.path), ce.body)
-				if r.Status != http.StatusOK {
-					t.Fatalf("status %d, want 200: %s", r.Status, r.Body)
+				id := orderIn(t, s, from)
+				before := snap(t, s, id)
+				res, err := ce.send(t.Context(), s, acme(newKey(string(ce.event))), id)
+				wantOutcome(t, string(ce.event), res, err, idempotency.OutcomeDone)
+				if got := shownBy(t, res).Status; got != string(mv.to) {
+					t.Errorf("the result shows status %s, want %s", got, mv.to)
 				}
-				if got := r.JSON(t)["status"]; got != string(mv.to) {
-					t.Errorf("response status %v, want %s", got, mv.to)
-				}
-				after := svc.snap(t, id)
+				after := snap(t, s, id)
 				if after.Status != string(mv.to) || after.Version != before.Version+mv.steps || after.Events != before.Events+mv.steps {
 					t.Errorf("order after %s: %+v, want status %s and %d more versions and events than %+v",
 						ce.event, after, mv.to, mv.steps, before)
 				}
 				switch {
 				case ce.event == order.EventPay:
-					if n := apptest.Count(t, svc.m.DB, "SELECT count(*) FROM payments WHERE order_id = ? AND kind = 'charge' AND status = 'succeeded'", id); n != 1 {
+					if n := count(t, s.DB, "SELECT count(*) FROM payments WHERE order_id = ? AND kind = 'charge' AND status = 'succeeded'", id); n != 1 {
 						t.Errorf("%d succeeded charges, want 1", n)
 					}
 				case ce.event == order.EventCancel && from == order.StatusPaid:
-					if n := apptest.Count(t, svc.m.DB, "SELECT count(*) FROM payments WHERE order_id = ? AND kind = 'refund' AND status = 'succeeded'", id); n != 1 {
+					if n := count(t, s.DB, "SELECT count(*) FROM payments WHERE order_id = ? AND kind = 'refund' AND status = 'succeeded'", id); n != 1 {
 						t.Errorf("%d succeeded refunds, want 1", n)
 					}
-					if p, _ := r.JSON(t)["payment"].(map[string]any); p["status"] != "refunded" {
-						t.Errorf("payment summary %v, want status refunded", p)
+					if p := shownBy(t, res).Payment; p == nil || p.Status != "refunded" {
+						t.Errorf("payment summary %+v, want status refunded", p)
 					}
 				default:
 					if after.Payments != before.Payments {
@@ -196,57 +169,62 @@ func TestEveryStatusAndClientEventThroughTheAPI(t *testing.T) {
 }
 
 func TestConcurrentTransitionsOnOneOrderLetExactlyOneWin(t *testing.T) {
-	svc := startRig(t)
+	s := useCases(t, newAcquirer().channel(), 5*time.Second)
 	const senders = 50
 	cases := []struct {
-		name   string
-		action string
-		event  order.Event
-		from   order.Status
-		to     order.Status
-		body   any
+		name  string
+		op    string
+		event order.Event
+		from  order.Status
+		to    order.Status
+		send  func(ctx context.Context, c order.Caller, id string) (idempotency.Result, error)
 	}{
-		{"50 ships with their own keys on one PAID order: one ships, 49 get 409", "ship", order.EventShip, order.StatusPaid, order.StatusShipped, shipDetails},
-		{"50 cancels with their own keys on one CREATED order: one cancels, 49 get 409", "cancel", order.EventCancel, order.StatusCreated, order.StatusCancelled, nil},
+		{"50 ships with their own keys on one PAID order: one ships, 49 are refused", order.OpShip, order.EventShip, order.StatusPaid, order.StatusShipped,
+			func(ctx context.Context, c order.Caller, id string) (idempotency.Result, error) {
+				return s.Ship(ctx, c, id, shipDetails)
+			}},
+		{"50 cancels with their own keys on one CREATED order: one cancels, 49 are refused", order.OpCancel, order.EventCancel, order.StatusCreated, order.StatusCancelled,
+			func(ctx context.Context, c order.Caller, id string) (idempotency.Result, error) {
+				return s.Cancel(ctx, c, id, order.CancelRequest{})
+			}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			id := createOrder(t, svc.c, svc.key("create"))
-			setStatus(t, svc.m, id, string(tc.from))
-			before := svc.snap(t, id)
-			prefix := svc.key("race-" + tc.action)
+			id := placeOrder(t, s)
+			setStatus(t, s, id, tc.from)
+			before := snap(t, s, id)
+			prefix := newKey("race-" + string(tc.event))
 
-			responses := atOnce(t, senders, func(i int) (apptest.Response, error) {
-				return svc.c.Send(http.MethodPost, "/v1/orders/"+id+"/"+tc.action, fmt.Sprintf("%s-%02d", prefix, i), tc.body, nil)
+			results, errs := make([]idempotency.Result, senders), make([]error, senders)
+			atOnce(senders, func(i int) {
+				results[i], errs[i] = tc.send(t.Context(), acme(fmt.Sprintf("%s-%02d", prefix, i)), id)
 			})
 
 			wins, losses := 0, 0
-			for i, r := range responses {
+			for i, res := range results {
 				switch {
-				case r.Status == http.StatusOK:
+				case errs[i] == nil && res.Outcome == idempotency.OutcomeDone:
 					wins++
-				case r.Status == http.StatusConflict:
+				default:
 					losses++
 					// A loser waited on the row lock and then saw the winner's status.
-					svc.invalidTransition(t, r, tc.to, tc.event)
-				default:
-					t.Errorf("request %d: status %d, want 200 or 409: %s", i, r.Status, r.Body)
+					wantInvalidTransition(t, res, errs[i], tc.to, tc.event)
 				}
 			}
 			if wins != 1 || losses != senders-1 {
-				t.Errorf("%d won and %d got 409, want 1 and %d", wins, losses, senders-1)
+				t.Errorf("%d won and %d were refused, want 1 and %d", wins, losses, senders-1)
 			}
-			if n := apptest.Count(t, svc.m.DB, "SELECT count(*) FROM order_events WHERE order_id = ? AND event = ?", id, tc.event); n != 1 {
+			if n := count(t, s.DB, "SELECT count(*) FROM order_events WHERE order_id = ? AND event = ?", id, tc.event); n != 1 {
 				t.Errorf("%d %s events, want 1", n, tc.event)
 			}
-			after := svc.snap(t, id)
+			after := snap(t, s, id)
 			want := orderSnapshot{Status: string(tc.to), Version: before.Version + 1, Events: before.Events + 1, Payments: before.Payments}
 			if after != want {
 				t.Errorf("order after the race: %+v, want %+v", after, want)
 			}
-			for state, want := range map[string]int64{string(idempotency.Succeeded): 1, string(idempotency.FailedFinal): senders - 1} {
-				if n := apptest.Count(t, svc.m.DB, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'acme' AND operation = ? AND idempotency_key LIKE ? AND state = ?",
-					"order."+tc.action, prefix+"-%", state); n != want {
+			for state, want := range map[idempotency.State]int64{idempotency.Succeeded: 1, idempotency.FailedFinal: senders - 1} {
+				if n := count(t, s.DB, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'acme' AND operation = ? AND idempotency_key LIKE ? AND state = ?",
+					tc.op, prefix+"-%", state); n != want {
 					t.Errorf("%d %s records, want %d", n, state, want)
 				}
 			}
@@ -257,168 +235,175 @@ func TestConcurrentTransitionsOnOneOrderLetExactlyOneWin(t *testing.T) {
 // Identical ships (one key) at once: a transition reads the order it
 // changes, so it records last. The duplicates queue on the order's row lock,
 // find it SHIPPED (a refusal they would record), lose the record's insert to
-// the winner's committed key, roll back and replay the winner's 200.
+// the winner's committed key, roll back and replay the winner's result.
 func TestConcurrentIdenticalTransitionsReplayTheWinner(t *testing.T) {
-	svc := startRig(t)
+	s := useCases(t, newAcquirer().channel(), 5*time.Second)
 	const senders = 20
-	id := createOrder(t, svc.c, svc.key("create"))
-	setStatus(t, svc.m, id, string(order.StatusPaid))
-	key := svc.key("same-ship")
-	responses := atOnce(t, senders, func(int) (apptest.Response, error) {
-		return svc.c.Send(http.MethodPost, "/v1/orders/"+id+"/ship", key, shipDetails, nil)
-	})
-	var first []byte
+	id := placeOrder(t, s)
+	setStatus(t, s, id, order.StatusPaid)
+	key := newKey("same-ship")
+	results, errs := make([]idempotency.Result, senders), make([]error, senders)
+	atOnce(senders, func(i int) { results[i], errs[i] = s.Ship(t.Context(), acme(key), id, shipDetails) })
+
 	replayed := 0
-	for i, r := range responses {
-		if r.Status != http.StatusOK {
-			t.Fatalf("request %d: status %d: %s", i, r.Status, r.Body)
+	for i, res := range results {
+		wantOutcome(t, fmt.Sprintf("ship %d", i), res, errs[i], idempotency.OutcomeDone)
+		if string(res.Body) != string(results[0].Body) {
+			t.Errorf("two different results:\n%s\n%s", results[0].Body, res.Body)
 		}
-		if first == nil {
-			first = r.Body
-		} else if !bytes.Equal(r.Body, first) {
-			t.Errorf("two different 200 bodies:\n%s\n%s", first, r.Body)
-		}
-		if r.Header.Get("Idempotent-Replayed") == "true" {
+		if res.Replayed {
 			replayed++
 		}
 	}
 	if replayed != senders-1 {
-		t.Errorf("%d answers replayed, want %d", replayed, senders-1)
+		t.Errorf("%d results replayed, want %d", replayed, senders-1)
 	}
-	if n := apptest.Count(t, svc.m.DB, "SELECT count(*) FROM order_events WHERE order_id = ? AND event = ?", id, order.EventShip); n != 1 {
+	if n := count(t, s.DB, "SELECT count(*) FROM order_events WHERE order_id = ? AND event = ?", id, order.EventShip); n != 1 {
 		t.Errorf("%d ship events, want 1", n)
 	}
-	if n := apptest.Count(t, svc.m.DB, "SELECT count(*) FROM idempotency_records WHERE operation = 'order.ship' AND idempotency_key = ? AND state = 'SUCCEEDED'", key); n != 1 {
+	if n := count(t, s.DB, "SELECT count(*) FROM idempotency_records WHERE operation = 'order.ship' AND idempotency_key = ? AND state = 'SUCCEEDED'", key); n != 1 {
 		t.Errorf("%d SUCCEEDED ship records, want 1", n)
 	}
 }
 
 func TestKeyReusedOnAnotherOrder(t *testing.T) {
-	svc := startRig(t)
-	a := createOrder(t, svc.c, svc.key("create"))
-	b := createOrder(t, svc.c, svc.key("create"))
-	key := svc.key("cancel")
+	s := useCases(t, newAcquirer().channel(), 5*time.Second)
+	ctx := t.Context()
+	a, b := placeOrder(t, s), placeOrder(t, s)
+	key := newKey("cancel")
 
-	first := svc.post(t, a, "cancel", key, nil)
-	if first.Status != http.StatusOK {
-		t.Fatalf("cancel A: status %d: %s", first.Status, first.Body)
-	}
-	bBefore := svc.snap(t, b)
+	first, err := s.Cancel(ctx, acme(key), a, order.CancelRequest{})
+	wantOutcome(t, "cancel A", first, err, idempotency.OutcomeDone)
+	bBefore := snap(t, s, b)
 
-	t.Run("the same key on order B is 422 idempotency_key_reused and B is unchanged", func(t *testing.T) {
-		r := svc.post(t, b, "cancel", key, nil)
-		apptest.WantProblem(t, r, http.StatusUnprocessableEntity, "idempotency_key_reused")
-		if after := svc.snap(t, b); after != bBefore || after.Status != string(order.StatusCreated) {
+	t.Run("the same key on order B is idempotency_key_reused and B is unchanged", func(t *testing.T) {
+		_, err := s.Cancel(ctx, acme(key), b, order.CancelRequest{})
+		wantError(t, "A's cancel key on B", err, problem.KeyReused)
+		if after := snap(t, s, b); after != bBefore || after.Status != string(order.StatusCreated) {
 			t.Errorf("order B changed: before %+v, after %+v", bBefore, after)
 		}
 	})
 	t.Run("the key still replays A's first result", func(t *testing.T) {
-		apptest.WantReplay(t, first, svc.post(t, a, "cancel", key, nil))
-		if n := apptest.Count(t, svc.m.DB, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'acme' AND idempotency_key = ? AND resource_id = ? AND state = 'SUCCEEDED'", key, a); n != 1 {
+		again, err := s.Cancel(ctx, acme(key), a, order.CancelRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantReplay(t, first, again)
+		if n := count(t, s.DB, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'acme' AND idempotency_key = ? AND resource_id = ? AND state = 'SUCCEEDED'", key, a); n != 1 {
 			t.Errorf("%d SUCCEEDED records of A under the key, want 1", n)
 		}
-		if n := apptest.Count(t, svc.m.DB, "SELECT count(*) FROM idempotency_records WHERE idempotency_key = ?", key); n != 1 {
+		if n := count(t, s.DB, "SELECT count(*) FROM idempotency_records WHERE idempotency_key = ?", key); n != 1 {
 			t.Errorf("%d records under the key, want 1", n)
 		}
 	})
 }
 
 func TestRefusedTransitionReplaysAfterTheOrderMovedOn(t *testing.T) {
-	svc := startRig(t)
-	id := createOrder(t, svc.c, svc.key("create"))
-	shipKey := svc.key("ship")
+	s := useCases(t, newAcquirer().channel(), 5*time.Second)
+	ctx := t.Context()
+	id := placeOrder(t, s)
+	shipKey := newKey("ship")
 
-	first := svc.post(t, id, "ship", shipKey, shipDetails)
-	svc.invalidTransition(t, first, order.StatusCreated, order.EventShip)
-	apptest.WantExecuted(t, first)
+	first, err := s.Ship(ctx, acme(shipKey), id, shipDetails)
+	wantInvalidTransition(t, first, err, order.StatusCreated, order.EventShip)
+	wantExecuted(t, first)
 
-	if r := svc.post(t, id, "pay", svc.key("pay"), payWithPmOK); r.Status != http.StatusOK {
-		t.Fatalf("pay: status %d: %s", r.Status, r.Body)
-	}
-	paid := svc.snap(t, id)
+	res, err := s.Pay(ctx, acme(newKey("pay")), id, payWith(payment.MethodOK))
+	wantOutcome(t, "pay", res, err, idempotency.OutcomeDone)
+	paid := snap(t, s, id)
 
-	t.Run("the same ship key on the now PAID order replays the first 409 byte for byte", func(t *testing.T) {
-		apptest.WantReplay(t, first, svc.post(t, id, "ship", shipKey, shipDetails))
-		if after := svc.snap(t, id); after != paid {
+	t.Run("the same ship key on the now PAID order replays the first refusal", func(t *testing.T) {
+		again, err := s.Ship(ctx, acme(shipKey), id, shipDetails)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantReplay(t, first, again)
+		if after := snap(t, s, id); after != paid {
 			t.Errorf("the replay changed the order: before %+v, after %+v", paid, after)
 		}
-		if n := apptest.Count(t, svc.m.DB, "SELECT count(*) FROM order_events WHERE order_id = ? AND event = 'ship'", id); n != 0 {
+		if n := count(t, s.DB, "SELECT count(*) FROM order_events WHERE order_id = ? AND event = 'ship'", id); n != 0 {
 			t.Errorf("%d ship events, want 0", n)
 		}
 	})
 	t.Run("a new ship key is a new intent and ships the PAID order", func(t *testing.T) {
-		r := svc.post(t, id, "ship", svc.key("ship"), shipDetails)
-		if r.Status != http.StatusOK || r.JSON(t)["status"] != string(order.StatusShipped) {
-			t.Fatalf("status %d, want 200 SHIPPED: %s", r.Status, r.Body)
+		res, err := s.Ship(ctx, acme(newKey("ship")), id, shipDetails)
+		wantOutcome(t, "ship with a new key", res, err, idempotency.OutcomeDone)
+		if got := shownBy(t, res).Status; got != string(order.StatusShipped) {
+			t.Errorf("status %s, want SHIPPED", got)
 		}
 	})
 }
 
 func TestUnknownAndForeignOrdersAreNotFound(t *testing.T) {
-	svc := startRig(t)
-	globex := apptest.NewClient(svc.m, apptest.KeyGlobex)
+	s := useCases(t, newAcquirer().channel(), 5*time.Second)
+	ctx := t.Context()
 
-	// Each acme order is in the status its action allows, so a 404 can only
-	// come from the tenant check.
-	for _, ce := range lifecycleEvents {
+	// Each acme order is in the status its event allows, so an
+	// order_not_found can only come from the tenant check.
+	for _, ce := range clientEvents {
 		from := map[order.Event]order.Status{
 			order.EventPay: order.StatusCreated, order.EventShip: order.StatusPaid,
 			order.EventDeliver: order.StatusShipped, order.EventCancel: order.StatusCreated,
 		}[ce.event]
-		t.Run(ce.path+" of an unknown or another tenant's order is 404, replayed, and looks the same", func(t *testing.T) {
-			foreign := svc.orderIn(t, from)
-			before := svc.snap(t, foreign)
-			unknown := uuid.NewString()
+		t.Run(string(ce.event)+" of an unknown or another tenant's order is order_not_found, replayed, and looks the same", func(t *testing.T) {
+			foreign := orderIn(t, s, from)
+			before := snap(t, s, foreign)
 			shapes := map[string]string{}
-			key := svc.key(ce.path)
-			for name, id := range map[string]string{"unknown": unknown, "foreign": foreign} {
+			key := newKey(string(ce.event))
+			for name, id := range map[string]string{"unknown": uuid.NewString(), "foreign": foreign, "malformed": "not-a-uuid"} {
+				// An id of another shape names no order either: the same
+				// definitive refusal, recorded and replayed.
 				k := key + "-" + name
-				first := svc.postAs(t, globex, id, ce.path, k, ce.body)
-				apptest.WantProblem(t, first, http.StatusNotFound, "order_not_found")
-				apptest.WantExecuted(t, first)
-				apptest.WantReplay(t, first, svc.postAs(t, globex, id, ce.path, k, ce.body))
-				shapes[name] = strings.ReplaceAll(string(first.Body), id, "{id}")
+				first, err := ce.send(ctx, s, globex(k), id)
+				wantFailed(t, name+" order", first, err, order.CodeNotFound)
+				wantExecuted(t, first)
+				again, err := ce.send(ctx, s, globex(k), id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				wantReplay(t, first, again)
+				shapes[name] = strings.ReplaceAll(refusalText(first.Failure), id, "{id}")
 			}
-			// An id of another shape names no order either: the same
-			// definitive 404, recorded and replayed.
-			malformed := svc.postAs(t, globex, "not-a-uuid", ce.path, key+"-malformed", ce.body)
-			apptest.WantProblem(t, malformed, http.StatusNotFound, "order_not_found")
-			apptest.WantExecuted(t, malformed)
-			apptest.WantReplay(t, malformed, svc.postAs(t, globex, "not-a-uuid", ce.path, key+"-malformed", ce.body))
 			if shapes["unknown"] != shapes["foreign"] {
-				t.Errorf("404 bodies differ beyond the id:\nunknown %s\nforeign %s", shapes["unknown"], shapes["foreign"])
+				t.Errorf("refusals differ beyond the id:\nunknown %s\nforeign %s", shapes["unknown"], shapes["foreign"])
 			}
-			if after := svc.snap(t, foreign); after != before {
-				t.Errorf("another tenant's request changed the order: before %+v, after %+v", before, after)
+			if after := snap(t, s, foreign); after != before {
+				t.Errorf("another tenant's intent changed the order: before %+v, after %+v", before, after)
 			}
 			// The same key is another intent for the order's own tenant.
-			if r := svc.post(t, foreign, ce.path, key+"-foreign", ce.body); r.Status != http.StatusOK {
-				t.Errorf("acme with globex's key: status %d, want 200: %s", r.Status, r.Body)
-			}
+			res, err := ce.send(ctx, s, acme(key+"-foreign"), foreign)
+			wantOutcome(t, "acme with globex's key", res, err, idempotency.OutcomeDone)
 		})
 	}
 }
 
 func TestOrderEventsListEveryIntentOldestFirst(t *testing.T) {
-	svc := startRig(t)
-	run := uuid.NewString()
-	r1, r2, r3, r4, r5 := "R1-"+run, "R2-"+run, "R3-"+run, "R4-"+run, "R5-"+run
+	s := useCases(t, newAcquirer().channel(), 5*time.Second)
+	ctx := t.Context()
+	r1, r2, r3, r4, r5 := newKey("R1"), newKey("R2"), newKey("R3"), newKey("R4"), newKey("R5")
 
-	id := createOrder(t, svc.c, r1)
+	created, err := s.Create(ctx, acme(r1), purchase("cus_history"))
+	wantOutcome(t, "create", created, err, idempotency.OutcomeCreated)
+	id := created.Resource
 	for _, step := range []struct {
-		action, key string
-		body        any
-		status      int
+		name    string
+		run     func() (idempotency.Result, error)
+		refused problem.Code // "" for a step that is done
 	}{
-		{"pay", r2, payWithPmOK, http.StatusOK},
-		{"ship", r4, shipDetails, http.StatusOK},
-		{"cancel", r3, nil, http.StatusConflict}, // a SHIPPED order cannot be cancelled
-		{"deliver", r5, nil, http.StatusOK},
-		{"ship", r4, shipDetails, http.StatusOK}, // a replay adds nothing
+		{"pay", func() (idempotency.Result, error) { return s.Pay(ctx, acme(r2), id, payWith(payment.MethodOK)) }, ""},
+		{"ship", func() (idempotency.Result, error) { return s.Ship(ctx, acme(r4), id, shipDetails) }, ""},
+		// A SHIPPED order cannot be cancelled.
+		{"cancel", func() (idempotency.Result, error) { return s.Cancel(ctx, acme(r3), id, order.CancelRequest{}) }, order.CodeInvalidTransition},
+		{"deliver", func() (idempotency.Result, error) { return s.Deliver(ctx, acme(r5), id, order.DeliverRequest{}) }, ""},
+		// A replay adds nothing.
+		{"ship again", func() (idempotency.Result, error) { return s.Ship(ctx, acme(r4), id, shipDetails) }, ""},
 	} {
-		if r := svc.post(t, id, step.action, step.key, step.body); r.Status != step.status {
-			t.Fatalf("%s %s: status %d, want %d: %s", step.action, step.key, r.Status, step.status, r.Body)
+		res, err := step.run()
+		if step.refused != "" {
+			wantFailed(t, step.name, res, err, step.refused)
+			continue
 		}
+		wantOutcome(t, step.name, res, err, idempotency.OutcomeDone)
 	}
 
 	want := []struct {
@@ -432,77 +417,86 @@ func TestOrderEventsListEveryIntentOldestFirst(t *testing.T) {
 	}
 
 	t.Run("each transition, oldest first, with the key that caused it", func(t *testing.T) {
-		r := svc.c.Do(t, http.MethodGet, "/v1/orders/"+id+"/events", "", nil)
-		if r.Status != http.StatusOK {
-			t.Fatalf("status %d: %s", r.Status, r.Body)
+		page, err := s.History(ctx, "acme", id, order.PageRequest{})
+		if err != nil {
+			t.Fatal(err)
 		}
-		events, _ := r.JSON(t)["events"].([]any)
-		if len(events) != len(want) {
-			t.Fatalf("%d events, want %d: %s", len(events), len(want), r.Body)
+		if len(page.Events) != len(want) {
+			t.Fatalf("%d events, want %d: %+v", len(page.Events), len(want), page.Events)
 		}
-		var lastID float64
-		var lastAt time.Time
-		for i, raw := range events {
-			e := raw.(map[string]any)
+		var last order.HistoryEntry
+		for i, e := range page.Events {
 			w := want[i]
-			if e["event"] != w.event || e["operation"] != w.operation || e["idempotency_key"] != w.key ||
-				e["from_status"] != w.from || e["to_status"] != w.to || e["order_id"] != id {
-				t.Errorf("event %d = %v, want %+v", i, e, w)
+			if string(e.Event) != w.event || e.Operation != w.operation || e.IdempotencyKey != w.key ||
+				string(e.FromStatus) != w.from || string(e.ToStatus) != w.to || e.OrderID.String() != id {
+				t.Errorf("event %d = %+v, want %+v", i, e, w)
 			}
-			at, err := time.Parse(time.RFC3339Nano, fmt.Sprint(e["created_at"]))
-			if err != nil {
-				t.Errorf("event %d created_at %v: %v", i, e["created_at"], err)
+			if i > 0 && (e.ID <= last.ID || e.CreatedAt.Before(last.CreatedAt)) {
+				t.Errorf("event %d (id %d at %v) is not after event %d (id %d at %v)", i, e.ID, e.CreatedAt, i-1, last.ID, last.CreatedAt)
 			}
-			id, _ := e["id"].(float64)
-			if i > 0 && (id <= lastID || at.Before(lastAt)) {
-				t.Errorf("event %d (id %v at %v) is not after event %d (id %v at %v)", i, id, at, i-1, lastID, lastAt)
-			}
-			lastID, lastAt = id, at
+			last = e
 		}
 	})
-	t.Run("another tenant gets 404 order_not_found", func(t *testing.T) {
-		r := apptest.NewClient(svc.m, apptest.KeyGlobex).Do(t, http.MethodGet, "/v1/orders/"+id+"/events", "", nil)
-		apptest.WantProblem(t, r, http.StatusNotFound, "order_not_found")
+	t.Run("another tenant is told order_not_found", func(t *testing.T) {
+		_, err := s.History(ctx, "globex", id, order.PageRequest{})
+		wantError(t, "globex reads acme's history", err, order.CodeNotFound)
 	})
 }
 
 func TestTransitionsReplayTheirFirstResult(t *testing.T) {
-	svc := startRig(t)
+	s := useCases(t, newAcquirer().channel(), 5*time.Second)
 	cases := []struct {
 		name   string
-		action string
+		op     string
 		from   order.Status
 		to     order.Status
-		body   any
-		events int64 // history rows the first request wrote
+		send   func(ctx context.Context, c order.Caller, id string) (idempotency.Result, error)
+		events int64 // history rows the first intent wrote
 	}{
-		{"ship replays its first 200 exactly", "ship", order.StatusPaid, order.StatusShipped, shipDetails, 1},
-		{"deliver replays its first 200 exactly", "deliver", order.StatusShipped, order.StatusDelivered, nil, 1},
-		{"cancel of a CREATED order replays its first 200 exactly", "cancel", order.StatusCreated, order.StatusCancelled, map[string]any{"reason": "customer changed their mind"}, 1},
-		{"cancel of a PAID order replays its first 200 and refunds once", "cancel", order.StatusPaid, order.StatusCancelled, nil, 2},
+		{"ship replays its first result exactly", order.OpShip, order.StatusPaid, order.StatusShipped,
+			func(ctx context.Context, c order.Caller, id string) (idempotency.Result, error) {
+				return s.Ship(ctx, c, id, shipDetails)
+			}, 1},
+		{"deliver replays its first result exactly", order.OpDeliver, order.StatusShipped, order.StatusDelivered,
+			func(ctx context.Context, c order.Caller, id string) (idempotency.Result, error) {
+				return s.Deliver(ctx, c, id, order.DeliverRequest{})
+			}, 1},
+		{"cancel of a CREATED order replays its first result exactly", order.OpCancel, order.StatusCreated, order.StatusCancelled,
+			func(ctx context.Context, c order.Caller, id string) (idempotency.Result, error) {
+				return s.Cancel(ctx, c, id, order.CancelRequest{Reason: "customer changed their mind"})
+			}, 1},
+		{"cancel of a PAID order replays its first result and refunds once", order.OpCancel, order.StatusPaid, order.StatusCancelled,
+			func(ctx context.Context, c order.Caller, id string) (idempotency.Result, error) {
+				return s.Cancel(ctx, c, id, order.CancelRequest{})
+			}, 2},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			id := svc.orderIn(t, tc.from)
-			key := svc.key(tc.action)
-			first := svc.post(t, id, tc.action, key, tc.body)
-			if first.Status != http.StatusOK || first.JSON(t)["status"] != string(tc.to) {
-				t.Fatalf("first %s: status %d, want 200 %s: %s", tc.action, first.Status, tc.to, first.Body)
+			id := orderIn(t, s, tc.from)
+			key := newKey(tc.op)
+			first, err := tc.send(t.Context(), acme(key), id)
+			wantOutcome(t, "first "+tc.op, first, err, idempotency.OutcomeDone)
+			if got := shownBy(t, first).Status; got != string(tc.to) {
+				t.Fatalf("first %s shows %s, want %s", tc.op, got, tc.to)
 			}
-			apptest.WantExecuted(t, first)
-			done := svc.snap(t, id)
+			wantExecuted(t, first)
+			done := snap(t, s, id)
 
 			for range 2 {
-				apptest.WantReplay(t, first, svc.post(t, id, tc.action, key, tc.body))
+				again, err := tc.send(t.Context(), acme(key), id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				wantReplay(t, first, again)
 			}
-			if after := svc.snap(t, id); after != done {
+			if after := snap(t, s, id); after != done {
 				t.Errorf("replays changed the order: before %+v, after %+v", done, after)
 			}
-			if n := apptest.Count(t, svc.m.DB, "SELECT count(*) FROM order_events WHERE order_id = ? AND idempotency_key = ?", id, key); n != tc.events {
+			if n := count(t, s.DB, "SELECT count(*) FROM order_events WHERE order_id = ? AND idempotency_key = ?", id, key); n != tc.events {
 				t.Errorf("%d events under the key, want %d", n, tc.events)
 			}
-			if tc.from == order.StatusPaid && tc.action == "cancel" {
-				if n := apptest.Count(t, svc.m.DB, "SELECT count(*) FROM payments WHERE order_id = ? AND kind = 'refund'", id); n != 1 {
+			if tc.from == order.StatusPaid && tc.op == order.OpCancel {
+				if n := count(t, s.DB, "SELECT count(*) FROM payments WHERE order_id = ? AND kind = 'refund'", id); n != 1 {
 					t.Errorf("%d refunds, want 1", n)
 				}
 			}

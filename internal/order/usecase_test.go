@@ -1,9 +1,18 @@
 package order_test
 
+// The use-case tests' kit. They drive order.Service directly, against the
+// package's real PostgreSQL and a payment channel made of functions: no
+// HTTP, no broker, no process, so a failure points at the use case, and a
+// lease runs out when a test says so rather than after seconds. What a use
+// case answers is an idempotency.Result or an error with a problem code;
+// how HTTP renders either is internal/httpapi's business, and its tests'.
+
 import (
+	"bytes"
 	"context"
-	"errors"
+	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,11 +24,8 @@ import (
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/payment"
+	"github.com/orderservice/orderservice/internal/problem"
 )
-
-// Use-case tests drive order.Service directly, against the package's real
-// PostgreSQL and a payment channel made of functions: no HTTP, no broker,
-// no process, so a failure points at the use case.
 
 // funcChannel is an order.Channel whose every method is a function field.
 type funcChannel struct {
@@ -45,213 +51,423 @@ func (f *funcChannel) LookupRefund(ctx context.Context, key string) (payment.Ref
 	return f.lookupRefund(ctx, key)
 }
 
+// acquirer is a payment channel in memory that honours its idempotency keys
+// as a real acquirer does (a POST repeated under a key gets the first
+// answer, marked replayed) and plays the mock channel's test tokens
+// (payment.Methods): pm_declined is declined, pm_lost_response loses the
+// answer of the one request that acted, pm_unavailable_once is unavailable
+// on the first attempt of each key before it acts, pm_refund_refused
+// charges but refuses every refund; a refund plays its charge's token. It
+// counts what it did, as the mock channel's Stats do, so that a test can
+// assert exact numbers. channel() is the acquirer as an order.Channel: a
+// test wraps one of its functions to inject what no token plays.
+type acquirer struct {
+	mu      sync.Mutex
+	charges map[string]payment.Charge // by idempotency key, kept for ever
+	refunds map[string]payment.Refund
+	methods map[string]string // the token of each charge, by charge id
+	posts   map[string]int    // POSTs under each key
+	failed  map[string]bool   // the keys pm_unavailable_once has failed
+	stats   ledger
+}
+
+// ledger is what an acquirer counts.
+type ledger struct {
+	charges, declined, refunds    int64 // money movements made (declined: charges the acquirer refused)
+	requests, lookups, duplicates int64 // POSTs, lookups by key, POSTs answered from the key's first answer
+	unavailable                   int64 // POSTs refused by pm_unavailable_once, before any effect
+	charged, refunded             int64 // the amounts of the charges and refunds made
+}
+
+func newAcquirer() *acquirer {
+	return &acquirer{charges: map[string]payment.Charge{}, refunds: map[string]payment.Refund{},
+		methods: map[string]string{}, posts: map[string]int{}, failed: map[string]bool{}}
+}
+
+func (a *acquirer) channel() *funcChannel {
+	return &funcChannel{charge: a.charge, lookupCharge: a.lookupCharge, refund: a.refund, lookupRefund: a.lookupRefund}
+}
+
+// errLost is an answer that never came back: the outcome is unknown.
+var errLost = fmt.Errorf("%w: the connection was lost before the answer", payment.ErrUnavailable)
+
+func (a *acquirer) charge(_ context.Context, key string, req payment.ChargeRequest) (payment.Result[payment.Charge], error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.stats.requests++
+	a.posts[key]++
+	if c, ok := a.charges[key]; ok {
+		a.stats.duplicates++
+		return payment.Result[payment.Charge]{Value: c, Replayed: true}, nil
+	}
+	if req.PaymentMethod == payment.MethodUnavailableOnce && !a.failed[key] {
+		a.failed[key] = true
+		a.stats.unavailable++
+		return payment.Result[payment.Charge]{}, fmt.Errorf("%w: 503 on the first attempt of this key", payment.ErrUnavailable)
+	}
+	c := payment.Charge{ID: "ch_" + uuid.NewString(), Status: payment.StatusSucceeded, Amount: req.Amount, Currency: req.Currency,
+		Reference: req.Reference, PaymentMethod: req.PaymentMethod, IdempotencyKey: key}
+	if req.PaymentMethod == payment.MethodDeclined {
+		c.Status = payment.StatusDeclined
+		a.stats.declined++
+	} else {
+		a.stats.charges++
+		a.stats.charged += c.Amount
+	}
+	a.charges[key], a.methods[c.ID] = c, req.PaymentMethod
+	if req.PaymentMethod == payment.MethodLostResponse {
+		return payment.Result[payment.Charge]{}, errLost
+	}
+	return payment.Result[payment.Charge]{Value: c}, nil
+}
+
+func (a *acquirer) lookupCharge(_ context.Context, key string) (payment.Charge, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.stats.lookups++
+	if c, ok := a.charges[key]; ok {
+		return c, nil
+	}
+	return payment.Charge{}, payment.ErrNotFound
+}
+
+func (a *acquirer) refund(_ context.Context, key string, req payment.RefundRequest) (payment.Result[payment.Refund], error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.stats.requests++
+	a.posts[key]++
+	if r, ok := a.refunds[key]; ok {
+		a.stats.duplicates++
+		return payment.Result[payment.Refund]{Value: r, Replayed: true}, nil
+	}
+	method, ok := a.methods[req.ChargeID]
+	switch {
+	case !ok:
+		return payment.Result[payment.Refund]{}, &payment.StatusError{StatusCode: 404, Code: "charge_not_found"}
+	case method == payment.MethodUnavailableOnce && !a.failed[key]:
+		a.failed[key] = true
+		a.stats.unavailable++
+		return payment.Result[payment.Refund]{}, fmt.Errorf("%w: 503 on the first attempt of this key", payment.ErrUnavailable)
+	case method == payment.MethodRefundRefused:
+		return payment.Result[payment.Refund]{}, &payment.StatusError{StatusCode: 422, Code: "refund_refused"}
+	}
+	r := payment.Refund{ID: "re_" + uuid.NewString(), ChargeID: req.ChargeID, Status: payment.StatusSucceeded, Amount: req.Amount, IdempotencyKey: key}
+	a.refunds[key] = r
+	a.stats.refunds++
+	a.stats.refunded += r.Amount
+	if method == payment.MethodLostResponse {
+		return payment.Result[payment.Refund]{}, errLost
+	}
+	return payment.Result[payment.Refund]{Value: r}, nil
+}
+
+func (a *acquirer) lookupRefund(_ context.Context, key string) (payment.Refund, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.stats.lookups++
+	if r, ok := a.refunds[key]; ok {
+		return r, nil
+	}
+	return payment.Refund{}, payment.ErrNotFound
+}
+
+// counted is what the acquirer has counted so far.
+func (a *acquirer) counted() ledger {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.stats
+}
+
+// postsUnder is how many POSTs the acquirer received under key.
+func (a *acquirer) postsUnder(key string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.posts[key]
+}
+
+// chargeKeys are the keys the acquirer made charges under.
+func (a *acquirer) chargeKeys() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var keys []string
+	for k := range a.charges {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// wantCounted fails the test unless the acquirer counted the movements and
+// calls of want; -1 stands for any number.
+func wantCounted(t *testing.T, a *acquirer, want ledger) {
+	t.Helper()
+	got := a.counted()
+	for _, c := range []struct {
+		name      string
+		got, want int64
+	}{
+		{"charges", got.charges, want.charges},
+		{"declined charges", got.declined, want.declined},
+		{"refunds", got.refunds, want.refunds},
+		{"requests (POSTs)", got.requests, want.requests},
+		{"lookups", got.lookups, want.lookups},
+		{"duplicates absorbed", got.duplicates, want.duplicates},
+	} {
+		if c.want >= 0 && c.got != c.want {
+			t.Errorf("channel %s = %d, want %d (counted %+v)", c.name, c.got, c.want, got)
+		}
+	}
+}
+
 // useCases is an order.Service on the package's database with ch as its
-// channel and lease as its records' lease.
+// channel and lease as its records' lease, wired as internal/app wires it:
+// a channel call is bounded by half the lease, which is also when a
+// duplicate is told to come back, and the channel is trusted to remember a
+// key for a day (PAYMENT_CHANNEL_KEY_WINDOW's default).
 func useCases(t *testing.T, ch order.Channel, lease time.Duration) *order.Service {
 	t.Helper()
-	db, err := database.Open(context.Background(), dbURL, database.Options{MaxConns: 10, StatementTimeout: 5 * time.Second, LockTimeout: 3 * time.Second})
+	return useCasesOn(t, openDB(t, 3*time.Second), ch, lease)
+}
+
+// openDB is a pool of the service's own on the package's database, closed
+// when the test ends; lockTimeout bounds how long a duplicate waits at a
+// record's key (DB_LOCK_TIMEOUT).
+func openDB(t *testing.T, lockTimeout time.Duration) *gorm.DB {
+	t.Helper()
+	db, err := database.Open(context.Background(), dbURL, database.Options{MaxConns: 10, StatementTimeout: 5 * time.Second, LockTimeout: lockTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = database.Close(db) })
+	return db
+}
+
+// useCasesOn is useCases on the pool db. Every money intent the test
+// started must be finished when it ends: a later test's Sweep would take
+// it over against that test's channel and spoil its exact counts.
+func useCasesOn(t *testing.T, db *gorm.DB, ch order.Channel, lease time.Duration) *order.Service {
+	t.Helper()
 	policy := idempotency.Policy{Windows: []idempotency.Window{{Name: "client_retry", Duration: time.Hour}}, Margin: time.Hour,
 		MoneyOperations: order.MoneyOperations, Operations: order.Operations}
-	return &order.Service{DB: db, Channel: ch, Records: &idempotency.Store{Lease: lease, Policy: policy},
-		Money: order.MoneyConfig{ChannelTimeout: lease / 2, RetryAfter: time.Second}}
+	timeout := lease / 2
+	t.Cleanup(func() {
+		const unfinished = `state IN ('PROCESSING', 'FAILED_RETRYABLE') AND operation IN ('order.pay', 'order.cancel')`
+		if n := count(t, db, `SELECT count(*) FROM idempotency_records WHERE `+unfinished); n != 0 {
+			t.Errorf("the test left %d unfinished money intents behind (now removed)", n)
+			db.Exec(`DELETE FROM idempotency_records WHERE ` + unfinished)
+		}
+	})
+	return &order.Service{DB: db, Channel: ch,
+		Records: &idempotency.Store{Lease: lease, PhaseTimeout: timeout, Policy: policy},
+		Money:   order.MoneyConfig{ChannelTimeout: timeout, RetryAfter: time.Second, ChannelKeyWindow: 24 * time.Hour}}
 }
 
-// orphanPays creates n orders and pays each under a key whose owner dies
-// right after phase 1: n PROCESSING intents with their pending payments,
-// whose leases are then made to have run out.
-func orphanPays(t *testing.T, s *order.Service, n int) (orders, keys []string) {
+// newKey returns an Idempotency-Key no other test uses: a new intent.
+func newKey(label string) string { return label + "-" + uuid.NewString()[:8] }
+
+// acme and globex are callers of the two tenants with key.
+func acme(key string) order.Caller   { return order.Caller{TenantID: "acme", Key: key} }
+func globex(key string) order.Caller { return order.Caller{TenantID: "globex", Key: key} }
+
+// purchase is a valid create request for customer: 2 × 1250, a total of 2500.
+func purchase(customer string) order.CreateRequest {
+	return order.CreateRequest{CustomerID: customer, Currency: "EUR",
+		Items: []order.ItemRequest{{SKU: "SKU-1", Quantity: 2, UnitPrice: 1250}}}
+}
+
+// purchaseTotal is what purchase costs.
+const purchaseTotal = 2500
+
+// placeOrder creates an acme order and returns its id.
+func placeOrder(t *testing.T, s *order.Service) string {
 	t.Helper()
-	ctx := context.Background()
-	tenant := "acme"
-	s.Hooks.AfterPhase1 = func() error { return errors.New("the owner died after phase 1") }
-	defer func() { s.Hooks.AfterPhase1 = nil }()
-	run := uuid.NewString()[:8]
-	for i := range n {
-		c := order.Caller{TenantID: tenant, Key: fmt.Sprintf("orphan-create-%s-%d", run, i)}
-		res, err := s.Create(ctx, c, order.CreateRequest{CustomerID: "cus_orphan", Currency: "EUR",
-			Items: []order.ItemRequest{{SKU: "S", Quantity: 1, UnitPrice: 900}}})
-		if err != nil {
-			t.Fatalf("create: %v", err)
-		}
-		id := res.Resource
-		key := fmt.Sprintf("orphan-pay-%s-%d", run, i)
-		if _, err := s.Pay(ctx, order.Caller{TenantID: tenant, Key: key}, id, order.PayRequest{PaymentMethod: payment.MethodOK}); err == nil {
-			t.Fatal("the pay whose owner died answered")
-		}
-		orders, keys = append(orders, id), append(keys, key)
+	res, err := s.Create(context.Background(), acme(newKey("create")), purchase("cus_"+uuid.NewString()[:8]))
+	if err != nil || res.Outcome != idempotency.OutcomeCreated {
+		t.Fatalf("create = %+v, %v", res, err)
 	}
-	if err := s.DB.Exec("UPDATE idempotency_records SET lease_expires_at = now() - interval '1s' WHERE idempotency_key IN ?", keys).Error; err != nil {
+	return res.Resource
+}
+
+// payWith is a pay request with the channel's test token method.
+func payWith(method string) order.PayRequest { return order.PayRequest{PaymentMethod: method} }
+
+// shown is the part of an order's representation the tests look at.
+type shown struct {
+	ID          string `json:"id"`
+	Status      string `json:"status"`
+	TotalAmount int64  `json:"total_amount"`
+	Payment     *struct {
+		Status   string `json:"status"`
+		Amount   int64  `json:"amount"`
+		ChargeID string `json:"charge_id"`
+		RefundID string `json:"refund_id"`
+	} `json:"payment"`
+}
+
+// shownBy is the order a result shows; a failed result shows none.
+func shownBy(t *testing.T, res idempotency.Result) shown {
+	t.Helper()
+	var o shown
+	if err := json.Unmarshal(res.Body, &o); err != nil {
+		t.Fatalf("the result shows no order (%v): %+v", err, res)
+	}
+	return o
+}
+
+// orderNow is the acme order as a read shows it now.
+func orderNow(t *testing.T, s *order.Service, id string) shown {
+	t.Helper()
+	o, err := s.Get(context.Background(), "acme", id)
+	if err != nil {
+		t.Fatalf("get order %s: %v", id, err)
+	}
+	body, err := json.Marshal(o)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return orders, keys
+	return shownBy(t, idempotency.Result{Body: body})
 }
 
-// The sweeper claims a batch of intents whose owners died, and each claim
-// starts its lease. With a slow channel, a sweeper that settled its batch
-// one intent after another left the last ones waiting past their leases,
-// and a second instance's sweeper took them over: both then asked the
-// channel for the same intent, and one of them was fenced. The sweeper
-// settles its batch side by side (as many as it has places at the channel
-// for), so each intent of the batch reaches the channel once, within its
-// lease, even with two sweepers running.
-func TestTwoSweepersAskTheChannelOncePerIntentOfASlowBatch(t *testing.T) {
-	const n, lease, slow = 5, 2 * time.Second, 600 * time.Millisecond
-	var mu sync.Mutex
-	charges, lookups := map[string]int{}, map[string]int{}
-	ch := &funcChannel{
-		lookupCharge: func(_ context.Context, key string) (payment.Charge, error) {
-			mu.Lock()
-			lookups[key]++
-			mu.Unlock()
-			return payment.Charge{}, payment.ErrNotFound
-		},
-		charge: func(ctx context.Context, key string, req payment.ChargeRequest) (payment.Result[payment.Charge], error) {
-			mu.Lock()
-			charges[key]++
-			mu.Unlock()
-			select { // the acquirer is slow today
-			case <-time.After(slow):
-			case <-ctx.Done():
-				return payment.Result[payment.Charge]{}, ctx.Err()
-			}
-			return payment.Result[payment.Charge]{Value: payment.Charge{ID: "ch_" + key, Status: payment.StatusSucceeded,
-				Amount: req.Amount, Currency: req.Currency}}, nil
-		},
+// eventsOf lists the acme order's history, e.g. "create,pay,payment_succeeded".
+func eventsOf(t *testing.T, s *order.Service, id string) string {
+	t.Helper()
+	page, err := s.History(context.Background(), "acme", id, order.PageRequest{Limit: 100})
+	if err != nil {
+		t.Fatalf("history of %s: %v", id, err)
 	}
-	s := useCases(t, ch, lease)
-	orders, keys := orphanPays(t, s, n)
+	names := make([]string, len(page.Events))
+	for i, e := range page.Events {
+		names[i] = string(e.Event)
+	}
+	return strings.Join(names, ",")
+}
 
-	// Two instances' sweepers, until every intent is finished.
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var wg sync.WaitGroup
-	for range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for ctx.Err() == nil && !allSucceeded(s.DB, keys) {
-				if _, err := s.Sweep(ctx, 100); err != nil && ctx.Err() == nil {
-					t.Errorf("sweep: %v", err)
-					return
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
-		}()
-	}
-	wg.Wait()
-	if !allSucceeded(s.DB, keys) {
-		t.Fatal("the intents were not all finished")
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	for _, key := range keys {
-		var channelKey string
-		s.DB.Raw("SELECT channel_key FROM payments WHERE idempotency_key = ?", key).Scan(&channelKey)
-		if charges[channelKey] != 1 || lookups[channelKey] != 1 {
-			t.Errorf("intent %s: %d charges and %d lookups at the channel, want 1 and 1", key, charges[channelKey], lookups[channelKey])
-		}
-	}
-	for _, id := range orders {
-		var status string
-		s.DB.Raw("SELECT status FROM orders WHERE id = ?", id).Scan(&status)
-		if status != "PAID" {
-			t.Errorf("order %s = %s, want PAID", id, status)
-		}
+// wantOutcome fails the test unless res is outcome, with no error.
+func wantOutcome(t *testing.T, what string, res idempotency.Result, err error, outcome idempotency.Outcome) {
+	t.Helper()
+	if err != nil || res.Outcome != outcome {
+		t.Fatalf("%s = %s (%v) %s, want %s", what, res.Outcome, err, res.Body, outcome)
 	}
 }
 
-func allSucceeded(db *gorm.DB, keys []string) bool {
+// wantFailed fails the test unless res is the intent's definitive refusal
+// with code, returned without an error, and returns the refusal.
+func wantFailed(t *testing.T, what string, res idempotency.Result, err error, code problem.Code) *problem.Error {
+	t.Helper()
+	if err != nil || res.Outcome != idempotency.OutcomeFailed || res.Failure == nil || res.Failure.Code != code {
+		t.Fatalf("%s = %+v, %v; want the refusal %s", what, res, err, code)
+	}
+	return res.Failure
+}
+
+// wantError fails the test unless err has code (and so no result was
+// recorded), and returns its problem.
+func wantError(t *testing.T, what string, err error, code problem.Code) *problem.Error {
+	t.Helper()
+	if problem.CodeOf(err) != code {
+		t.Fatalf("%s: error %v, want %s", what, err, code)
+	}
+	return problem.As(err)
+}
+
+// wantRetryAfter fails the test unless err tells the client to send the
+// same key again after some time (a 409 or 503 with Retry-After).
+func wantRetryAfter(t *testing.T, what string, err error) {
+	t.Helper()
+	if problem.As(err).RetryAfter <= 0 {
+		t.Errorf("%s (%v) says nothing of when to retry", what, err)
+	}
+}
+
+// wantExecuted fails the test if res is a replay.
+func wantExecuted(t *testing.T, res idempotency.Result) {
+	t.Helper()
+	if res.Replayed {
+		t.Errorf("a result that executed is marked replayed: %+v", res)
+	}
+}
+
+// wantReplay fails the test unless again is first replayed: the same
+// outcome, resource, representation and refusal, marked replayed.
+func wantReplay(t *testing.T, first, again idempotency.Result) {
+	t.Helper()
+	if again.Outcome != first.Outcome || again.Resource != first.Resource || !bytes.Equal(again.Body, first.Body) ||
+		refusalText(again.Failure) != refusalText(first.Failure) {
+		t.Fatalf("replay differs:\nfirst  %s %s %s %s\nreplay %s %s %s %s", first.Outcome, first.Resource, first.Body, refusalText(first.Failure),
+			again.Outcome, again.Resource, again.Body, refusalText(again.Failure))
+	}
+	if !again.Replayed {
+		t.Errorf("the replay is not marked replayed")
+	}
+}
+
+// refusalText is a refusal as it is stored and sent: its JSON.
+func refusalText(e *problem.Error) string {
+	if e == nil {
+		return ""
+	}
+	b, _ := json.Marshal(e)
+	return string(b)
+}
+
+// count runs a SELECT count(*) … and returns the number.
+func count(t *testing.T, db *gorm.DB, query string, args ...any) int64 {
+	t.Helper()
 	var n int64
-	db.Raw("SELECT count(*) FROM idempotency_records WHERE idempotency_key IN ? AND state = 'SUCCEEDED'", keys).Scan(&n)
-	return n == int64(len(keys))
+	if err := db.Raw(query, args...).Scan(&n).Error; err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+	return n
 }
 
-// An acquirer remembers an idempotency key for a while (a day is common),
-// not for ever; its charges it keeps. A pay whose channel answer was lost
-// is resumed by a retry, a redelivered command or a replayed dead letter,
-// possibly days later. Within the channel's key window the same key sent
-// again is absorbed; past it, sending it again would charge a second time,
-// so the resumed intent asks the channel what it holds first. The model
-// (model/idempotency.pml, variant NO_LOOKUP) found this.
-func TestAPayResumedPastTheChannelsKeyWindowAsksFirst(t *testing.T) {
-	for _, tc := range []struct {
-		name           string
-		age            time.Duration // how old the intent is when it is resumed
-		remembers      bool          // whether the channel still knows the key
-		sends, lookups int
-	}{
-		{"within the window the same key is sent again and absorbed", 0, true, 2, 0},
-		{"past the window the channel is asked first", 25 * time.Hour, false, 1, 1},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var mu sync.Mutex
-			charged := map[string]payment.Charge{} // the acquirer's charges, kept for ever
-			moved, sends, lookups := 0, 0, 0
-			lose := true
-			ch := &funcChannel{
-				lookupCharge: func(_ context.Context, key string) (payment.Charge, error) {
-					mu.Lock()
-					defer mu.Unlock()
-					lookups++
-					if c, ok := charged[key]; ok {
-						return c, nil
-					}
-					return payment.Charge{}, payment.ErrNotFound
-				},
-				charge: func(_ context.Context, key string, req payment.ChargeRequest) (payment.Result[payment.Charge], error) {
-					mu.Lock()
-					defer mu.Unlock()
-					sends++
-					if c, ok := charged[key]; ok && tc.remembers {
-						return payment.Result[payment.Charge]{Value: c, Replayed: true}, nil
-					}
-					moved++
-					c := payment.Charge{ID: fmt.Sprintf("ch_%d", moved), Status: payment.StatusSucceeded, Amount: req.Amount, Currency: req.Currency}
-					charged[key] = c
-					if lose {
-						lose = false
-						return payment.Result[payment.Charge]{}, errors.New("the answer was lost on the way back")
-					}
-					return payment.Result[payment.Charge]{Value: c}, nil
-				},
-			}
-			s := useCases(t, ch, 5*time.Second)
-			s.Money.ChannelKeyWindow = 24 * time.Hour
-			ctx := context.Background()
-			run := uuid.NewString()[:8]
-			created, err := s.Create(ctx, order.Caller{TenantID: "acme", Key: "kw-create-" + run}, order.CreateRequest{
-				CustomerID: "cus_kw", Currency: "EUR", Items: []order.ItemRequest{{SKU: "S", Quantity: 1, UnitPrice: 700}}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			pay := order.Caller{TenantID: "acme", Key: "kw-pay-" + run}
-			if _, err := s.Pay(ctx, pay, created.Resource, order.PayRequest{PaymentMethod: payment.MethodOK}); err == nil {
-				t.Fatal("the pay whose answer was lost answered")
-			}
-			var state string
-			s.DB.Raw("SELECT state FROM idempotency_records WHERE idempotency_key = ?", pay.Key).Scan(&state)
-			if state != string(idempotency.FailedRetryable) {
-				t.Fatalf("after the lost answer the intent is %s, want FAILED_RETRYABLE", state)
-			}
-			if err := s.DB.Exec("UPDATE idempotency_records SET created_at = created_at - make_interval(secs => ?) WHERE idempotency_key = ?",
-				tc.age.Seconds(), pay.Key).Error; err != nil {
-				t.Fatal(err)
-			}
+// recordOf reads the acme tenant's record of (op, key).
+func recordOf(t *testing.T, s *order.Service, op, key string) idempotency.Record {
+	t.Helper()
+	rec, err := s.Records.Get(s.DB, idempotency.Scope{TenantID: "acme", Operation: op, Key: key})
+	if err != nil {
+		t.Fatalf("record %s %s: %v", op, key, err)
+	}
+	return rec
+}
 
-			res, err := s.Pay(ctx, pay, created.Resource, order.PayRequest{PaymentMethod: payment.MethodOK})
-			if err != nil || res.Failure != nil {
-				t.Fatalf("the resumed pay = %+v, %v; want the order paid", res.Failure, err)
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if moved != 1 || sends != tc.sends || lookups != tc.lookups {
-				t.Errorf("the channel moved money %d times (%d sends, %d lookups); want once (%d sends, %d lookups)",
-					moved, sends, lookups, tc.sends, tc.lookups)
-			}
+// leaseRunsOut makes the acme intent (op, key) due now: its owner looks
+// dead, or its Retry-After has passed.
+func leaseRunsOut(t *testing.T, s *order.Service, op, key string) {
+	t.Helper()
+	res := s.DB.Exec(`UPDATE idempotency_records SET lease_expires_at = now() - interval '1s'
+		WHERE tenant_id = 'acme' AND operation = ? AND idempotency_key = ?`, op, key)
+	if res.Error != nil || res.RowsAffected != 1 {
+		t.Fatalf("expire the lease of %s %s: %v (%d rows)", op, key, res.Error, res.RowsAffected)
+	}
+}
+
+// setStatus moves an order to status directly in the store, for tests that
+// need an order in a given state.
+func setStatus(t *testing.T, s *order.Service, id string, status order.Status) {
+	t.Helper()
+	if err := s.DB.Exec("UPDATE orders SET status = ? WHERE id = ?", status, id).Error; err != nil {
+		t.Fatalf("set status: %v", err)
+	}
+}
+
+// atOnce runs call for 0..n-1, every call released at the same moment, and
+// waits for them all.
+func atOnce(n int, call func(i int)) {
+	gate := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-gate
+			call(i)
 		})
 	}
+	close(gate)
+	wg.Wait()
+}
+
+// panicOf runs f and returns what it panicked with, or nil: a use case
+// that panics, as a crashing process would stop, panics out of the call.
+func panicOf(f func()) (panicked any) {
+	defer func() { panicked = recover() }()
+	f()
+	return nil
 }

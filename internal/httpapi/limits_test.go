@@ -1,4 +1,4 @@
-package order_test
+package httpapi_test
 
 import (
 	"bufio"
@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/orderservice/orderservice/internal/app"
 	"github.com/orderservice/orderservice/internal/apptest"
@@ -24,7 +26,7 @@ const (
 
 func startLimits(t *testing.T) (m *app.Main, refused, accepted *apptest.Client) {
 	t.Helper()
-	m, _ = start(t, map[string]string{"API_KEYS": "refused=" + refusedKey + ",accepted=" + acceptedKey})
+	m = apptest.Start(t, dbURL, map[string]string{"API_KEYS": "refused=" + refusedKey + ",accepted=" + acceptedKey})
 	return m, apptest.NewClient(m, refusedKey), apptest.NewClient(m, acceptedKey)
 }
 
@@ -90,7 +92,7 @@ func rawCreate(t *testing.T, m *app.Main, apiKey, idempotencyKey, body string) a
 
 func TestLimitsAndBadInput(t *testing.T) {
 	m, refused, accepted := startLimits(t)
-	valid := createBody("cus_limits")
+	valid := purchase("cus_limits")
 
 	type refusal struct {
 		name   string
@@ -144,7 +146,7 @@ func TestLimitsAndBadInput(t *testing.T) {
 	t.Run("idempotency keys", func(t *testing.T) {
 		k255 := strings.Repeat("k", 255)
 		t.Run("a 255-character key is accepted and stored whole", func(t *testing.T) {
-			r := accepted.Do(t, http.MethodPost, "/v1/orders", k255, createBody("cus_k255"))
+			r := accepted.Do(t, http.MethodPost, "/v1/orders", k255, purchase("cus_k255"))
 			if r.Status != http.StatusCreated {
 				t.Fatalf("= %d %s", r.Status, r.Body)
 			}
@@ -153,7 +155,7 @@ func TestLimitsAndBadInput(t *testing.T) {
 			}
 		})
 		t.Run("the quoted form of a 255-character key (257 bytes sent) is the same intent", func(t *testing.T) {
-			r := accepted.Do(t, http.MethodPost, "/v1/orders", `"`+k255+`"`, createBody("cus_k255"))
+			r := accepted.Do(t, http.MethodPost, "/v1/orders", `"`+k255+`"`, purchase("cus_k255"))
 			if r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
 				t.Fatalf("= %d %v %s", r.Status, r.Header, r.Body)
 			}
@@ -364,7 +366,8 @@ func TestLimitsAndBadInput(t *testing.T) {
 // absent, never passed to PostgreSQL (which refuses such bytes, SQLSTATE
 // 22021, and that refusal read as a 500).
 func TestHostileQueriesAreRefused(t *testing.T) {
-	_, c := start(t, nil)
+	m := apptest.Start(t, dbURL, map[string]string{"API_KEYS": "hostile=hostile-key-1"})
+	c := apptest.NewClient(m, "hostile-key-1")
 	for _, q := range []string{"customer_id=%00", "customer_id=a%00b", "customer_id=%ff%fe", "customer_id=caf%e9",
 		"customer_id=a%C0%80", "customer_id=%ed%a0%80", "limit=%zz", "cursor=%%%", "status=%", "%ff=1"} {
 		t.Run(q, func(t *testing.T) {
@@ -381,5 +384,90 @@ func TestHostileQueriesAreRefused(t *testing.T) {
 	t.Run("a pay on a path id of invalid UTF-8 is 400 and records nothing", func(t *testing.T) {
 		r := c.Do(t, http.MethodPost, "/v1/orders/%ff/pay", "hostile-path-pay", map[string]any{"payment_method": "pm_ok"})
 		apptest.WantProblem(t, r, http.StatusBadRequest, "invalid_request")
+	})
+}
+
+// A list's and a history's query is read here: a limit that is no integer
+// in 1..100, an unknown status or a cursor the service never returned is
+// 400 invalid_request.
+func TestBadListAndHistoryParametersAre400(t *testing.T) {
+	m := apptest.Start(t, dbURL, map[string]string{"API_KEYS": "pager=pager-key-1"})
+	c := apptest.NewClient(m, "pager-key-1")
+	id := placeOrder(t, c)
+	for _, q := range []string{"limit=0", "limit=101", "limit=x", "status=LOST", "cursor=zzz", "cursor=not*base64"} {
+		apptest.WantProblem(t, c.Do(t, http.MethodGet, "/v1/orders?"+q, "", nil), http.StatusBadRequest, "invalid_request")
+	}
+	for _, q := range []string{"limit=0", "limit=101", "cursor=not-a-cursor"} {
+		apptest.WantProblem(t, c.Do(t, http.MethodGet, "/v1/orders/"+id+"/events?"+q, "", nil), http.StatusBadRequest, "invalid_request")
+	}
+}
+
+func TestBadRequestsChangeNothing(t *testing.T) {
+	// A tenant of this run's own: what it writes is counted.
+	careless := "careless-" + uuid.NewString()[:8]
+	m := apptest.Start(t, dbURL, map[string]string{"API_KEYS": careless + "=careless-key-1"})
+	c := apptest.NewClient(m, "careless-key-1")
+	valid := purchase("cus_bad")
+	tooMany := make([]map[string]any, 101)
+	for i := range tooMany {
+		tooMany[i] = map[string]any{"sku": "S", "quantity": 1, "unit_price": 1}
+	}
+	cases := []struct {
+		name   string
+		key    string
+		header http.Header
+		body   any
+		status int
+		code   string
+	}{
+		{"no Idempotency-Key is 400 idempotency_key_missing", "", nil, valid, 400, "idempotency_key_missing"},
+		{"a key with a space is 400 idempotency_key_invalid", "has space", nil, valid, 400, "idempotency_key_invalid"},
+		{"a 256-character key is 400", strings.Repeat("k", 256), nil, valid, 400, "idempotency_key_invalid"},
+		{"a key with a control character is 400", "bad\tkey", nil, valid, 400, "idempotency_key_invalid"},
+		{"a text/plain body is 415", "bad-1", http.Header{"Content-Type": {"text/plain"}}, `{}`, 415, "unsupported_media_type"},
+		{"a body over 1 MiB is 413", "bad-2", nil, `{"customer_id":"` + strings.Repeat("x", 1<<20) + `"}`, 413, "payload_too_large"},
+		{"malformed JSON is 400", "bad-3", nil, `{"customer_id":`, 400, "invalid_request"},
+		{"a server-owned field is refused", "bad-4", nil, map[string]any{"customer_id": "c", "currency": "EUR", "tenant_id": "globex",
+			"items": []map[string]any{{"sku": "S", "quantity": 1, "unit_price": 1}}}, 400, "invalid_request"},
+		{"a missing customer is 400", "bad-5", nil, map[string]any{"currency": "EUR", "items": valid["items"]}, 400, "invalid_request"},
+		{"a bad currency is 400", "bad-6", nil, map[string]any{"customer_id": "c", "currency": "EURO", "items": valid["items"]}, 400, "invalid_request"},
+		{"no items is 400", "bad-7", nil, map[string]any{"customer_id": "c", "currency": "EUR", "items": []any{}}, 400, "invalid_request"},
+		{"101 items is 400", "bad-8", nil, map[string]any{"customer_id": "c", "currency": "EUR", "items": tooMany}, 400, "invalid_request"},
+		{"quantity 0 is 400", "bad-9", nil, map[string]any{"customer_id": "c", "currency": "EUR",
+			"items": []map[string]any{{"sku": "S", "quantity": 0, "unit_price": 1}}}, 400, "invalid_request"},
+		{"a negative price is 400", "bad-10", nil, map[string]any{"customer_id": "c", "currency": "EUR",
+			"items": []map[string]any{{"sku": "S", "quantity": 1, "unit_price": -1}}}, 400, "invalid_request"},
+		{"a total that overflows int64 is 400, not a wrapped number", "bad-11", nil, map[string]any{"customer_id": "c", "currency": "EUR",
+			"items": []map[string]any{{"sku": "S", "quantity": 1000, "unit_price": int64(1) << 60}}}, 400, "invalid_request"},
+		{"a price beyond int64 is 400", "bad-12", nil, `{"customer_id":"c","currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":1e30}]}`, 400, "invalid_request"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := c.Send(http.MethodPost, "/v1/orders", tc.key, tc.body, tc.header)
+			if err != nil {
+				t.Fatal(err)
+			}
+			apptest.WantProblem(t, r, tc.status, tc.code)
+		})
+	}
+	t.Run("nothing was written", func(t *testing.T) {
+		if n := apptest.Count(t, m.DB, "SELECT count(*) FROM orders WHERE tenant_id = ?", careless); n != 0 {
+			t.Errorf("orders = %d", n)
+		}
+		if n := apptest.Count(t, m.DB, "SELECT count(*) FROM idempotency_records WHERE tenant_id = ?", careless); n != 0 {
+			t.Errorf("records = %d", n)
+		}
+	})
+	t.Run("the key of a rejected body may be sent again with a corrected body", func(t *testing.T) {
+		r := c.Do(t, http.MethodPost, "/v1/orders", "bad-5", valid)
+		if r.Status != http.StatusCreated {
+			t.Fatalf("corrected = %d %s", r.Status, r.Body)
+		}
+	})
+	t.Run("a missing or unknown API key is 401", func(t *testing.T) {
+		for _, key := range []string{"", "not-a-key"} {
+			c := apptest.NewClient(m, key)
+			apptest.WantProblem(t, c.Do(t, http.MethodGet, "/v1/orders", "", nil), 401, "unauthenticated")
+		}
 	})
 }
