@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -389,18 +390,23 @@ func TestLabInABrowser(t *testing.T) {
 	t.Run("the screenshot for the README", func(t *testing.T) {
 		p := play(t, 7)
 		passed(t, p)
-		// The whole timeline, not its scrolled tail: the picture tells the story.
+		// The whole timeline, not its scrolled tail: the picture tells the
+		// story. The page, made to fit the window, is laid out as one long
+		// page for it (the "whole" class), then back.
 		if _, err := chromedp.Run(browser, chromedp.Evaluate[bool](
-			`(() => { document.getElementById("own").reset(); const r = document.getElementById("rows"); r.style.maxHeight = "none"; r.scrollTop = 0; return true })()`)); err != nil {
+			`(() => { document.getElementById("own").reset(); document.documentElement.classList.add("whole"); return true })()`)); err != nil {
 			t.Fatal(err)
 		}
 		png, err := chromedp.Run(browser, chromedp.FullScreenshot(100))
 		if err != nil {
 			t.Fatal(err)
 		}
+		if _, err := chromedp.Run(browser, chromedp.Evaluate[bool](`document.documentElement.classList.remove("whole") || true`)); err != nil {
+			t.Fatal(err)
+		}
 		// The README's copy changes only when asked (make lab-screenshot), so
 		// a test run leaves the work tree as it found it.
-		out := filepath.Join(t.TempDir(), "lab.png")
+		out := filepath.Join(screenshots(t), "lab.png")
 		if os.Getenv("LAB_SCREENSHOT") == "update" {
 			out = filepath.FromSlash(screenshot)
 		}
@@ -409,7 +415,352 @@ func TestLabInABrowser(t *testing.T) {
 		}
 		t.Logf("screenshot written to %s (%d bytes)", out, len(png))
 	})
+
+	// The page as a learner meets it, at the sizes of a laptop and of a
+	// desktop: each from a fresh load, as a new learner opens it.
+	for _, size := range [][2]int{{1280, 720}, {1920, 1080}} {
+		w, h := size[0], size[1]
+		t.Run(fmt.Sprintf("at %d×%d every control is in reach without scrolling the page", w, h), func(t *testing.T) {
+			viewport(t, browser, w, h)
+			if err := chromedp.Do(browser,
+				chromedp.Navigate("http://"+srv.addr+"/"),
+				waitVisible(`#lessons button[data-lesson="10"]`),
+				waitVisible(`#live[data-live="true"]`),
+			); err != nil {
+				t.Fatalf("the lab's page did not load at %d×%d: %v", w, h, err)
+			}
+			keepScreenshot(t, browser, fmt.Sprintf("%dx%d.png", w, h))
+			r := evaluate[reach](t, browser, reachControls)
+			if r.ScrollHeight > r.InnerHeight || r.ScrollWidth > r.InnerWidth {
+				t.Errorf("the page scrolls: %d×%d of content in a %d×%d window", r.ScrollWidth, r.ScrollHeight, r.InnerWidth, r.InnerHeight)
+			}
+			lessonsSeen := 0
+			for _, c := range r.Controls {
+				switch {
+				case c.How == "in sight":
+				case runControls[c.Name] || c.How == "missing" || c.How == "out of reach":
+					// The run controls stay in sight at the sidebar's top; the
+					// others may sit in an element that scrolls on its own.
+					t.Errorf("%s is %s at %d×%d", c.Name, c.How, w, h)
+				default:
+					t.Logf("%s: %s", c.Name, c.How)
+				}
+				if strings.HasPrefix(c.Name, "lesson ") {
+					lessonsSeen++
+				}
+			}
+			count(t, "lessons in the list", lessonsSeen, len(lessons.All()))
+		})
+	}
+
+	t.Run("at 1280×720 the timeline reads from the top, follows only from its end, and shows a re-send", func(t *testing.T) {
+		viewport(t, browser, 1280, 720)
+		// Stepped, so that each part is seen at its moment; should a check
+		// stop it half-way, the rest is run so the next subtest finds the
+		// lab idle.
+		t.Cleanup(func() {
+			_ = chromedp.Do(browser, chromedp.Evaluate[chromedp.Void](`void document.getElementById("rest").click()`), waitVisible(`#state[data-state="idle"]`))
+		})
+		if err := chromedp.Do(browser, chromedp.KeyEvent("7"), chromedp.KeyEvent("s"), waitVisible(`#rows li.wait`)); err != nil {
+			t.Fatalf("lesson 7, stepped: %v", err)
+		}
+		if s := readStory(t, browser); s.Top != 0 {
+			t.Errorf("the first rows arrived with the timeline scrolled to %d, want 0 (its top)", s.Top)
+		}
+		for i := 1; i <= 2; i++ {
+			if err := chromedp.Do(browser, chromedp.KeyEvent("n"), until(fmt.Sprintf(
+				`document.querySelectorAll('#rows li[data-kind="ans"]').length >= %d && !!document.querySelector("#rows li.wait")`, i))); err != nil {
+				t.Fatalf("step %d: %v", i, err)
+			}
+		}
+		s := readStory(t, browser)
+		if s.Height <= s.Client {
+			t.Fatalf("after two steps the timeline (%d px) still fits its %d px: the checks below say nothing", s.Height, s.Client)
+		}
+		if s.Top != 0 || !s.Jump {
+			t.Errorf("the learner did not scroll: the timeline is at %d (want 0, its top), the jump to new rows shown: %v (want true)", s.Top, s.Jump)
+		}
+		// The learner scrolls to the end, then runs the rest: it follows.
+		if err := chromedp.Do(browser,
+			chromedp.Evaluate[chromedp.Void](`void (document.getElementById("story").scrollTop = 1e9)`),
+			until(`document.getElementById("jump").hidden`),
+			chromedp.KeyEvent("c"),
+			waitVisible(`#main[data-lesson-done="7"]`),
+			waitVisible(`#state[data-state="idle"]`),
+		); err != nil {
+			t.Fatalf("the rest of lesson 7: %v", err)
+		}
+		passed(t, read(t, browser))
+		if s := readStory(t, browser); s.Height-s.Client-s.Top > 4 {
+			t.Errorf("the learner was at the end, but the timeline stayed at %d of %d (%d px shown): it did not follow", s.Top, s.Height, s.Client)
+		}
+		keepScreenshot(t, browser, "1280x720-lesson-7-followed.png")
+
+		// The learner goes back to the top and sends the first request again:
+		// its rows land at the end, and are brought into view.
+		if err := chromedp.Do(browser,
+			chromedp.Evaluate[chromedp.Void](`void (document.getElementById("story").scrollTop = 0)`),
+			until(`document.getElementById("story").scrollTop === 0`),
+		); err != nil {
+			t.Fatal(err)
+		}
+		p := read(t, browser)
+		first := p.Requests[0].ID
+		before := countResends(p, first)
+		if err := chromedp.Do(browser, click(
+			fmt.Sprintf(`#rows li[data-kind="req"][data-request="%d"] .resend button:nth-child(1)`, first))); err != nil {
+			t.Fatalf("re-send: %v", err)
+		}
+		waitFor(t, browser, func(p page) bool { return countResends(p, first) == before+1 })
+		p = read(t, browser)
+		id := p.Requests[len(p.Requests)-1].ID
+		waitAnswer(t, browser, id)
+		for _, sel := range []string{
+			fmt.Sprintf(`#rows li[data-kind="req"][data-request="%d"]`, id),
+			fmt.Sprintf(`#rows li[data-kind="ans"][data-request="%d"]`, id),
+		} {
+			if !evaluate[bool](t, browser, fmt.Sprintf(rowInSight, sel)) {
+				t.Errorf("after the re-send, %s is out of sight: %+v", sel, readStory(t, browser))
+			}
+		}
+		keepScreenshot(t, browser, "1280x720-lesson-7-resend.png")
+	})
+
+	t.Run("at 1024 px the lanes stay legible", func(t *testing.T) {
+		viewport(t, browser, 1024, 768)
+		passed(t, play(t, 7))
+		l := evaluate[lanes](t, browser, readLanes)
+		if len(l.Heads) != 7 {
+			t.Fatalf("%d lane headers, want 7", len(l.Heads))
+		}
+		for i, h := range l.Heads {
+			if h.Cell.Right <= h.Cell.Left || h.Text.Right <= h.Text.Left {
+				t.Fatalf("the lane header %q has no box: %+v", h.Name, h)
+			}
+			if h.Text.Left < h.Cell.Left-0.5 || h.Text.Right > h.Cell.Right+0.5 {
+				t.Errorf("the lane header %q (%.0f–%.0f) spills out of its lane (%.0f–%.0f)", h.Name, h.Text.Left, h.Text.Right, h.Cell.Left, h.Cell.Right)
+			}
+			if i > 0 && h.Cell.Left < l.Heads[i-1].Cell.Right-0.5 {
+				t.Errorf("the lane headers %q and %q overlap", l.Heads[i-1].Name, h.Name)
+			}
+		}
+		failed := 0
+		for _, w := range l.Words {
+			if w.Word == "FAILED_RETRYABLE" {
+				failed++
+			}
+			if w.Lines != 1 || !w.Inside {
+				t.Errorf("%s is broken across %d lines or out of its box (inside: %v)", w.Word, w.Lines, w.Inside)
+			}
+		}
+		if failed == 0 {
+			t.Errorf("no FAILED_RETRYABLE on lesson 7's record lane to check: %+v", l.Words)
+		}
+		if l.Sideways {
+			t.Errorf("the timeline needs scrolling sideways at 1024 px (or would, with a scrollbar that takes space)")
+		}
+		// The picture shows the record lane's FAILED_RETRYABLE.
+		if _, err := chromedp.Run(browser, chromedp.Evaluate[bool](`(() => {
+  const s = document.getElementById("story"), r = document.querySelector('#rows li[data-state="FAILED_RETRYABLE"]');
+  s.scrollTop += r.getBoundingClientRect().top - s.getBoundingClientRect().top - s.clientHeight / 3;
+  return true })()`)); err != nil {
+			t.Fatal(err)
+		}
+		keepScreenshot(t, browser, "1024x768-lesson-7.png")
+	})
 	t.Logf("the browser test took %s", time.Since(began).Round(100*time.Millisecond))
+}
+
+// runControls are the controls that must be in sight at once, whatever the
+// window: the first a learner looks for.
+var runControls = map[string]bool{"Run": true, "Step": true, "Next request": true, "Run the rest": true, "Run all": true}
+
+// reach is what reachControls finds: the document's size against the
+// window's, and how each control can be reached.
+type reach struct {
+	ScrollHeight int `json:"scrollHeight"`
+	ScrollWidth  int `json:"scrollWidth"`
+	InnerHeight  int `json:"innerHeight"`
+	InnerWidth   int `json:"innerWidth"`
+	Controls     []struct {
+		Name string `json:"name"`
+		How  string `json:"how"` // "in sight", "in sight after scrolling …", "out of reach", "missing"
+	} `json:"controls"`
+}
+
+// reachControls finds, for each control, whether it is in sight (its box
+// inside the window and inside every box that clips it, and what a click
+// at its centre hits), or else whether it becomes so when the element that
+// scrolls it on its own (the lesson list, the sidebar) is scrolled, the
+// page staying put.
+const reachControls = `(() => {
+  const controls = [
+    ["Run", "#run"], ["Step", "#step"], ["Next request", "#next"], ["Run the rest", "#rest"], ["Run all", "#all"],
+    ["lost responses", "#lost"], ["503 answers", "#unavail"], ["latency", "#latency"],
+    ["Apply", '#faults button[type="submit"]'], ["Clear", "#faults-clear"],
+    ["operation", "#own-op"], ["order", "#own-order"], ["payment method", "#own-method"], ["Idempotency-Key", "#own-key"],
+    ["Send", '#own button[type="submit"]'],
+    ...[...document.querySelectorAll("#lessons button")].map((b) => ["lesson " + b.dataset.lesson, '#lessons button[data-lesson="' + b.dataset.lesson + '"]']),
+  ];
+  const inside = (r, b) => r.width > 0 && r.height > 0 &&
+    r.left >= b.left - 0.5 && r.top >= b.top - 0.5 && r.right <= b.right + 0.5 && r.bottom <= b.bottom + 0.5;
+  const view = { left: 0, top: 0, right: innerWidth, bottom: innerHeight };
+  const clippers = (el) => {
+    const out = [];
+    for (let p = el.parentElement; p && p !== document.body; p = p.parentElement) {
+      const s = getComputedStyle(p);
+      if (s.overflowX !== "visible" || s.overflowY !== "visible") out.push(p);
+    }
+    return out;
+  };
+  const inSight = (el) => {
+    const r = el.getBoundingClientRect();
+    if (!inside(r, view)) return false;
+    for (const p of clippers(el)) {
+      const c = p.getBoundingClientRect();
+      const left = c.left + p.clientLeft, top = c.top + p.clientTop;
+      if (!inside(r, { left, top, right: left + p.clientWidth, bottom: top + p.clientHeight })) return false;
+    }
+    const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+    return !!hit && el.contains(hit);
+  };
+  const doc = document.scrollingElement;
+  const out = { scrollHeight: doc.scrollHeight, scrollWidth: doc.scrollWidth, innerHeight, innerWidth, controls: [] };
+  for (const [name, sel] of controls) {
+    const el = document.querySelector(sel);
+    if (!el) { out.controls.push({ name, how: "missing" }); continue; }
+    if (inSight(el)) { out.controls.push({ name, how: "in sight" }); continue; }
+    const s = clippers(el).find((p) => /auto|scroll/.test(getComputedStyle(p).overflowY) && p.scrollHeight > p.clientHeight);
+    if (!s || !inSight(s)) { out.controls.push({ name, how: "out of reach" }); continue; }
+    const was = s.scrollTop;
+    s.scrollTop += el.getBoundingClientRect().top - s.getBoundingClientRect().top - (s.clientHeight - el.offsetHeight) / 2;
+    const ok = inSight(el) && doc.scrollTop === 0 && doc.scrollLeft === 0;
+    out.controls.push({ name, how: ok ? "in sight after scrolling #" + (s.id || s.className) + " on its own" : "out of reach" });
+    s.scrollTop = was;
+  }
+  return out;
+})()`
+
+// story is where the timeline's scroller (#story: the timeline, then the
+// lesson's checks) stands.
+type story struct {
+	Top    int  `json:"top"`
+	Height int  `json:"height"`
+	Client int  `json:"client"`
+	Jump   bool `json:"jump"` // the "↓ new rows below" button is shown
+}
+
+func readStory(t *testing.T, browser context.Context) story {
+	t.Helper()
+	return evaluate[story](t, browser, `(() => { const s = document.getElementById("story");
+  return { top: Math.round(s.scrollTop), height: s.scrollHeight, client: s.clientHeight, jump: !document.getElementById("jump").hidden } })()`)
+}
+
+// rowInSight (with a row's selector) holds when the row lies inside the
+// timeline's visible part, below its lane headers, and inside the window.
+const rowInSight = `(() => {
+  const li = document.querySelector(%q), s = document.getElementById("story");
+  if (!li) return false;
+  const r = li.getBoundingClientRect(), b = s.getBoundingClientRect();
+  const top = Math.max(b.top + s.clientTop, document.querySelector(".lanes").getBoundingClientRect().bottom);
+  return r.height > 0 && r.top >= top - 0.5 && r.bottom <= b.top + s.clientTop + s.clientHeight + 0.5 &&
+    r.top >= 0 && r.bottom <= innerHeight;
+})()`
+
+type rect struct {
+	Left  float64 `json:"left"`
+	Right float64 `json:"right"`
+}
+
+// lanes is what readLanes finds: each lane header's box and its text's,
+// each state name on the timeline (on how many lines, inside its pill or
+// not), and whether the timeline needs scrolling sideways.
+type lanes struct {
+	Heads []struct {
+		Name string `json:"name"`
+		Cell rect   `json:"cell"`
+		Text rect   `json:"text"`
+	} `json:"heads"`
+	Words []struct {
+		Word   string `json:"word"`
+		Lines  int    `json:"lines"`
+		Inside bool   `json:"inside"`
+	} `json:"words"`
+	Sideways bool `json:"sideways"`
+}
+
+const readLanes = `(() => {
+  const x = (r) => ({ left: r.left, right: r.right }); // a DOMRect is not sent by value
+  const text = (el) => { const r = document.createRange(); r.selectNodeContents(el); return x(r.getBoundingClientRect()); };
+  const heads = [...document.querySelectorAll(".lanes > div")].map((d) => ({ name: d.textContent.trim(), cell: x(d.getBoundingClientRect()), text: text(d) }));
+  const words = [];
+  for (const pill of document.querySelectorAll("#rows .pill")) {
+    const p = pill.getBoundingClientRect();
+    const walk = document.createTreeWalker(pill, NodeFilter.SHOW_TEXT);
+    for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+      for (const m of n.data.matchAll(/\b[A-Z]{4,}(?:_[A-Z]+)*\b/g)) {
+        const r = document.createRange();
+        r.setStart(n, m.index);
+        r.setEnd(n, m.index + m[0].length);
+        const w = r.getBoundingClientRect();
+        words.push({ word: m[0], lines: [...r.getClientRects()].filter((x) => x.width > 0).length,
+          inside: w.left >= p.left - 0.5 && w.right <= p.right + 0.5 });
+      }
+    }
+  }
+  // Sideways: the story scrolls so, or would with a scrollbar that takes
+  // space (15 px; headless Chromium's take none).
+  const s = document.getElementById("story"), least = parseFloat(getComputedStyle(document.querySelector(".timeline")).minWidth) || 0;
+  return { heads, words, sideways: s.scrollWidth > s.clientWidth || least + 15 > s.clientWidth };
+})()`
+
+// viewport sets the window's size for a subtest, and puts back the
+// 1440×900 the others run at.
+func viewport(t *testing.T, browser context.Context, w, h int) {
+	t.Helper()
+	if err := chromedp.Do(browser, chromedp.EmulateViewport(int64(w), int64(h))); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = chromedp.Do(browser, chromedp.EmulateViewport(1440, 900)) })
+}
+
+// screenshots is where the test keeps its screenshots for a person to look
+// at ($TMPDIR/orderservice-lab-screenshots: t.TempDir would delete them).
+func screenshots(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(os.TempDir(), "orderservice-lab-screenshots")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// keepScreenshot writes what the window shows to the screenshots' folder.
+func keepScreenshot(t *testing.T, browser context.Context, name string) {
+	t.Helper()
+	// Two frames, so that a scroll just made is painted.
+	if _, err := chromedp.Run(browser, chromedp.Evaluate[bool](
+		`new Promise((ok) => requestAnimationFrame(() => requestAnimationFrame(() => ok(true))))`, chromedp.EvalAwaitPromise)); err != nil {
+		t.Fatal(err)
+	}
+	png, err := chromedp.Run(browser, chromedp.CaptureScreenshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(screenshots(t), name)
+	if err := os.WriteFile(out, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot written to %s", out)
+}
+
+func evaluate[T any](t *testing.T, browser context.Context, js string) T {
+	t.Helper()
+	v, err := chromedp.Run(browser, chromedp.Evaluate[T](js))
+	if err != nil {
+		t.Fatalf("evaluate in the page: %v", err)
+	}
+	return v
 }
 
 func read(t *testing.T, browser context.Context) page {
@@ -616,6 +967,9 @@ func waitVisible(sel string) chromedp.Action[chromedp.Void] {
 	return chromedp.WaitVisible(chromedp.CSS(sel))
 }
 func click(sel string) chromedp.Action[chromedp.Void] { return chromedp.Click(chromedp.CSS(sel)) }
+
+// until waits for a JavaScript condition to hold in the page.
+func until(cond string) chromedp.Action[chromedp.Void] { return chromedp.Poll[chromedp.Void](cond) }
 func setValue(sel, v string) chromedp.Action[chromedp.Void] {
 	return chromedp.SetValue(chromedp.CSS(sel), v)
 }

@@ -57,8 +57,16 @@ function select(n, focus = true) {
     const on = Number(b.dataset.lesson) === n;
     b.setAttribute("aria-current", String(on));
     if (on && focus && document.activeElement !== b) b.focus();
+    else if (on) keepInView($("lessons"), b);
   }
   if (!state.running && state.shown !== n) showIntro(n);
+}
+
+// keepInView scrolls list (and only it) so that item is in sight.
+function keepInView(list, item) {
+  const box = list.getBoundingClientRect(), r = item.getBoundingClientRect();
+  if (r.top < box.top) list.scrollTop -= box.top - r.top;
+  else if (r.bottom > box.bottom) list.scrollTop += r.bottom - box.bottom;
 }
 
 function showIntro(n) {
@@ -92,7 +100,8 @@ async function next(all = false) {
 }
 
 async function resend(id, newKey) {
-  try { await api("/api/resend", { request: id, new_key: newKey }); } catch (err) { flash($("state"), err.message); }
+  timeline.sending();
+  try { await api("/api/resend", { request: id, new_key: newKey }); } catch (err) { timeline.refused(); flash($("state"), err.message); }
 }
 
 function flash(where, text) {
@@ -157,6 +166,7 @@ function onEvent(e) {
     case "why":
       $("why").textContent = e.text;
       $("outcome").hidden = false;
+      timeline.grew("checks");
       return;
     case "check": {
       const li = document.createElement("li");
@@ -164,12 +174,14 @@ function onEvent(e) {
       li.textContent = e.text;
       $("checks").append(li);
       $("outcome").hidden = false;
+      timeline.grew("checks");
       return;
     }
     case "metrics":
       charts.record(e.signals);
       charts.render($("metrics"), e.signals);
       $("metrics-section").hidden = false;
+      timeline.grew("metrics");
       return;
     case "lesson_end":
       if (e.text) {
@@ -178,6 +190,8 @@ function onEvent(e) {
         li.dataset.ok = "false";
         li.textContent = "could not finish: " + e.text;
         $("checks").append(li);
+        $("outcome").hidden = false;
+        timeline.grew("checks");
       }
       setStatus(e.lesson, e.ok ? "passed" : "failed");
       $("intro").textContent = e.ok ? "Every check passed. Send any request again with ↻ to see the replay or the refusal."
@@ -235,12 +249,13 @@ function wireForms() {
     const op = $("own-op").value;
     const body = { operation: op, order_id: $("own-order").value.trim() || state.lastOrder,
       payment_method: $("own-method").value, key: $("own-key").value.trim() };
+    timeline.sending();
     try {
       const a = await api("/api/send", body);
       $("own-status").textContent = `${a.status}${a.replayed ? " replayed" : ""}${a.code ? " " + a.code : ""}`;
       $("own-status").dataset.status = String(a.status);
       $("own-status").dataset.replayed = String(!!a.replayed);
-    } catch (err) { $("own-status").textContent = err.message; }
+    } catch (err) { timeline.refused(); $("own-status").textContent = err.message; }
   });
   $("run").addEventListener("click", () => run(false));
   $("step").addEventListener("click", () => run(true));
@@ -280,6 +295,7 @@ async function main() {
   state.stepping = !!info.stepping;
   renderLessons();
   showIntro(state.selected);
+  timeline.watch();
   timeline.empty("No lesson yet: click one on the left to run it, or pick one with its number and Step through it (s).");
   wireForms();
   wireKeys();

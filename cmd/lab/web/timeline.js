@@ -3,8 +3,107 @@
 // broker).
 
 const rows = () => document.getElementById("rows");
+const story = () => document.getElementById("story");
 
 let startedAt = 0;
+
+// The story (the timeline, then the lesson's checks and metrics) reads
+// from the top: new rows are followed only when the learner already sees
+// the timeline's end, else "↓ 3 new rows below" says they came. A request
+// the learner sends from this page (↻, or their own) lands at the
+// timeline's end wherever they were reading: its rows are brought into
+// view, highlighted and announced.
+const view = { follow: false, unseen: 0, below: "" };
+
+// mine counts the requests this page has asked the lab to send and not yet
+// seen; fresh are the ids of those seen, whose answers are shown too.
+let mine = 0;
+const fresh = new Set();
+
+// sending is called before the page asks the lab to send a request (a
+// re-send, the learner's own), refused when the lab did not send it.
+export function sending() { mine++; }
+export function refused() { mine = Math.max(0, mine - 1); }
+
+// shown is the story's visible band, below the sticky lane headers.
+function shown(s) {
+  const b = s.getBoundingClientRect();
+  const top = b.top + s.clientTop;
+  return { top: Math.max(top, s.querySelector(".lanes").getBoundingClientRect().bottom), bottom: top + s.clientHeight };
+}
+
+// atTimelineEnd: the timeline's last row is in sight (or scrolled past).
+function atTimelineEnd(s) {
+  const last = rows().lastElementChild;
+  return !last || last.getBoundingClientRect().bottom <= shown(s).bottom + 4;
+}
+
+function atStoryEnd(s) {
+  return s.scrollHeight - s.clientHeight - s.scrollTop <= 4;
+}
+
+// bring scrolls the story (and only it) to show el; its top first.
+function bring(s, el) {
+  const r = el.getBoundingClientRect(), band = shown(s);
+  if (r.bottom > band.bottom) s.scrollTop += Math.min(r.bottom - band.bottom + 8, r.top - band.top);
+  else if (r.top < band.top) s.scrollTop -= band.top - r.top + 8;
+}
+
+// watch wires the story's scrolling; call it once.
+export function watch() {
+  const s = story();
+  s.addEventListener("scroll", () => {
+    view.follow = s.scrollHeight > s.clientHeight && atTimelineEnd(s);
+    if (view.below ? atStoryEnd(s) : atTimelineEnd(s)) seen();
+  }, { passive: true });
+  document.getElementById("jump").addEventListener("click", () => {
+    if (view.below) s.scrollTop = s.scrollHeight;
+    else bring(s, rows().lastElementChild);
+    view.follow = true;
+    seen();
+    s.focus({ preventScroll: true });
+  });
+}
+
+function seen() {
+  view.unseen = 0;
+  view.below = "";
+  document.getElementById("jump").hidden = true;
+}
+
+// grew is called after the story got something new (a row at the
+// timeline's end; the checks or the metrics below it): followed when the
+// learner sees the timeline's end, else announced by the jump button when
+// it is out of sight.
+export function grew(what = "row") {
+  const s = story();
+  const el = what === "row" ? rows().lastElementChild : document.getElementById(what === "checks" ? "outcome" : "metrics-section");
+  if (view.follow) {
+    if (what === "row") bring(s, el);
+    else s.scrollTop = s.scrollHeight;
+    return;
+  }
+  if (el.getBoundingClientRect().top < shown(s).bottom - 12) return; // in sight, or above
+  if (what === "row") view.unseen++;
+  else if (view.below !== "checks") view.below = what; // the checks first
+  const text = view.below === "checks" ? "the lesson's checks below" : view.below === "metrics" ? "the metrics below"
+    : view.unseen === 1 ? "1 new row below" : `${view.unseen} new rows below`;
+  document.getElementById("jump-text").textContent = text;
+  document.getElementById("jump").hidden = false;
+}
+
+// reveal brings a row of the learner's own request into view, wherever
+// they were reading, and follows the timeline from there.
+function reveal(li) {
+  const s = story();
+  bring(s, li);
+  view.follow = atTimelineEnd(s);
+  if (view.follow && !view.below) seen();
+}
+
+function announce(text) {
+  document.getElementById("announce").textContent = text;
+}
 
 function el(tag, attrs = {}, ...children) {
   const e = document.createElement(tag);
@@ -15,6 +114,11 @@ function el(tag, attrs = {}, ...children) {
   }
   for (const c of children) if (c != null) e.append(c);
   return e;
+}
+
+// nw is a name that must not break across lines (a state: FAILED_RETRYABLE).
+function nw(text) {
+  return el("span", { class: "nw" }, text);
 }
 
 function badge(text, cls = "") {
@@ -34,17 +138,19 @@ function row(kind, e, ...cells) {
   const secs = startedAt ? ((Date.parse(e.at) - startedAt) / 1000).toFixed(2) : "0.00";
   const li = el("li", { class: kind, "data-kind": kind.split(" ")[0], "data-seq": String(e.seq) },
     el("span", { class: "t" }, "+" + secs + "s"), ...cells);
-  const list = rows();
-  const atBottom = list.scrollTop + list.clientHeight >= list.scrollHeight - 30;
-  list.append(li);
-  if (atBottom) list.scrollTop = list.scrollHeight;
+  rows().append(li);
+  grew();
   return li;
 }
 
-// clear empties the timeline for a new lesson.
+// clear empties the timeline for a new lesson, which reads from its top.
 export function clear(e) {
   startedAt = e ? Date.parse(e.at) : 0;
   rows().replaceChildren();
+  story().scrollTop = 0;
+  view.follow = false;
+  fresh.clear();
+  seen();
 }
 
 export function empty(text) {
@@ -71,6 +177,13 @@ export function draw(e, resend) {
       li.dataset.resend = String(r.resend || 0);
       li.dataset.key = r.key || "";
       li.dataset.operation = r.operation || "";
+      if (r.resend && mine > 0) {
+        mine--;
+        fresh.add(r.id);
+        li.classList.add("fresh");
+        reveal(li);
+        announce(`#${r.id} ${r.resend > 0 ? "sent again (re-send of #" + r.resend + ")" : "your request"}: its rows are at the end of the timeline`);
+      }
       break;
     }
     case "answer": {
@@ -91,12 +204,17 @@ export function draw(e, resend) {
       li.dataset.request = String(a.request_id);
       li.dataset.status = String(a.status || 0);
       li.dataset.replayed = String(!!a.replayed);
+      if (fresh.has(a.request_id)) {
+        li.classList.add("fresh");
+        reveal(li);
+        announce(`#${a.request_id} answered ${a.error || a.status + (a.replayed ? ", replayed" : "")}`);
+      }
       break;
     }
     case "record": {
       const r = e.record;
       const li = row("rec", e, el("div", { class: "pill" },
-        el("b", {}, `${r.operation} ${r.state}`),
+        el("b", {}, r.operation + " ", nw(r.state)),
         el("span", { class: "sub" }, `${shortKey(r.key)} · attempts ${r.attempts} · lease_token ${r.lease_token}` +
           (r.state === "PROCESSING" || r.state === "FAILED_RETRYABLE" ? ` · lease ${r.lease}` : ""))));
       li.dataset.state = r.state;
@@ -104,14 +222,14 @@ export function draw(e, resend) {
       break;
     }
     case "order":
-      row("ord", e, el("div", { class: "pill" }, el("b", {}, short(e.order.id)), " " + e.order.status))
+      row("ord", e, el("div", { class: "pill" }, el("b", {}, short(e.order.id)), " ", nw(e.order.status)))
         .dataset.order = e.order.id;
       break;
     case "charge": {
       const c = e.charge;
       const absorbed = c.requests > 1 ? ` (${c.requests - 1} absorbed)` : "";
       const li = row("chg", e, el("div", { class: "pill" },
-        el("b", {}, `${short(c.id)} ${c.status}`),
+        el("b", {}, short(c.id) + " ", nw(c.status)),
         el("span", { class: "sub" }, `${(c.amount / 100).toFixed(2)} · ${c.requests} request${c.requests === 1 ? "" : "s"}${absorbed}`)));
       li.dataset.charge = c.id;
       li.dataset.requests = String(c.requests);
