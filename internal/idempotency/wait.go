@@ -95,12 +95,17 @@ func (w *Waiter) Run(ctx context.Context) {
 }
 
 func (w *Waiter) listen(ctx context.Context) error {
-	conn, err := pgx.Connect(ctx, w.URL)
+	// Connecting is bounded too: a connection opened while the path to the
+	// server is half-open would otherwise wait for an answer that never
+	// comes, and the listener would never come back once the path does.
+	start, cancel := context.WithTimeout(ctx, 4*w.poll())
+	defer cancel()
+	conn, err := pgx.Connect(start, w.URL)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "LISTEN "+notifyChannel); err != nil {
+	if _, err := conn.Exec(start, "LISTEN "+notifyChannel); err != nil {
 		return err
 	}
 	w.setListening(true)
