@@ -37,7 +37,7 @@ func slowPaysAtTheChannel(t *testing.T, m *app.Main, c *apptest.Client, n int) (
 				t.Errorf("pay %d: %v", i, err)
 			}
 		})
-		eventually(t, 5*time.Second, fmt.Sprintf("pay %d at the channel", i), func() (bool, string) {
+		apptest.Eventually(t, 5*time.Second, fmt.Sprintf("pay %d at the channel", i), func() (bool, string) {
 			got := m.Channel.Stats().Requests - before
 			return got == int64(i+1), fmt.Sprintf("%d at the channel", got)
 		})

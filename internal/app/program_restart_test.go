@@ -77,7 +77,7 @@ func TestKilledServiceRecoversPaymentAfterRestart(t *testing.T) {
 	}
 
 	startBinary(t, "orderservice-2", bins[orderservicePkg], "http://"+apiAddr+"/readyz", serviceEnv...)
-	eventually(t, 20*time.Second, "PAID after the restart", func() (bool, string) {
+	apptest.Eventually(t, 20*time.Second, "PAID after the restart", func() (bool, string) {
 		st := statusOf(t, c, id)
 		return st == "PAID", st
 	})

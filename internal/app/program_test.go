@@ -13,7 +13,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -112,27 +111,4 @@ func historyOf(t *testing.T, c *apptest.Client, id string) string {
 		names[i] = e.Event
 	}
 	return strings.Join(names, ",")
-}
-
-// eventually polls cond every 100ms until it holds or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s, still not %s; last seen: %s", timeout, what, state)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// goroutinesIn counts the goroutines whose stack passes through fn.
-func goroutinesIn(fn string) int {
-	buf := make([]byte, 8<<20)
-	stacks := string(buf[:runtime.Stack(buf, true)])
-	return strings.Count(stacks, fn)
 }

@@ -46,7 +46,7 @@ func startSlowPay(t *testing.T, m *app.Main, c *apptest.Client, key string) (id 
 		r, err = c.Send(http.MethodPost, "/v1/orders/"+id+"/pay", key, payWith("pm_slow"), nil)
 		at = time.Now()
 	}()
-	eventually(t, 5*time.Second, "the first pay at the channel", func() (bool, string) {
+	apptest.Eventually(t, 5*time.Second, "the first pay at the channel", func() (bool, string) {
 		return m.Channel.Stats().Requests == 1, "no channel request yet"
 	})
 	return id, func() (apptest.Response, time.Time) {
@@ -89,7 +89,7 @@ func TestDuplicatesWaitingOnAnotherInstanceAreToldOfTheFirstResult(t *testing.T)
 	a, b := apptest.Start(t, dbURL, slowPayEnv), apptest.Start(t, dbURL, slowPayEnv)
 	ca, cb := apptest.NewClient(a, apptest.KeyAcme), apptest.NewClient(b, apptest.KeyAcme)
 	// Waits begun before b listens would also be woken once when it does.
-	eventually(t, 5*time.Second, "the second instance listening", func() (bool, string) {
+	apptest.Eventually(t, 5*time.Second, "the second instance listening", func() (bool, string) {
 		return b.Waiter.Listening(), "its LISTEN connection is not up yet"
 	})
 	key := newKey("R2-waited")
@@ -112,8 +112,8 @@ func TestDuplicatesWaitingOnAnotherInstanceAreToldOfTheFirstResult(t *testing.T)
 		})
 	}
 	// While they wait, they hold no connection and no transaction.
-	eventually(t, 5*time.Second, "every duplicate waiting", func() (bool, string) {
-		n := goroutinesIn("idempotency.(*Waiter).Await")
+	apptest.Eventually(t, 5*time.Second, "every duplicate waiting", func() (bool, string) {
+		n := apptest.GoroutinesIn("idempotency.(*Waiter).Await")
 		return n == duplicates, strconv.Itoa(n) + " waiting"
 	})
 	rec, err := a.Orders.Records.Get(a.DB, idempotency.Scope{TenantID: "acme", Operation: order.OpPay, Key: key})
@@ -165,8 +165,8 @@ func TestAShutdownEndsTheWaitWith409(t *testing.T) {
 		r, _ := c.Send(http.MethodPost, "/v1/orders/"+id+"/pay", key, payWith("pm_slow"), preferWait(10))
 		dup <- r
 	}()
-	eventually(t, 5*time.Second, "the duplicate waiting", func() (bool, string) {
-		n := goroutinesIn("idempotency.(*Waiter).Await")
+	apptest.Eventually(t, 5*time.Second, "the duplicate waiting", func() (bool, string) {
+		n := apptest.GoroutinesIn("idempotency.(*Waiter).Await")
 		return n == 1, strconv.Itoa(n) + " waiting"
 	})
 	closed := make(chan error, 1)

@@ -118,6 +118,18 @@ func signedDelivery(t *testing.T, id string, eventType string, charge payment.Ch
 	return body, h
 }
 
+// dropChannelWebhooks makes m's embedded channel drop its own webhook
+// deliveries, so that a test delivers them itself, and returns the
+// channel's admin client.
+func dropChannelWebhooks(t *testing.T, m *app.Main) *apptest.Client {
+	t.Helper()
+	admin := &apptest.Client{BaseURL: "http://" + m.ChannelAddr, HTTP: http.DefaultClient}
+	if r := admin.Do(t, http.MethodPost, "/admin/faults", "", map[string]any{"webhook_drop_rate": 1}); r.Status != http.StatusOK {
+		t.Fatalf("faults: %d %s", r.Status, r.Body)
+	}
+	return admin
+}
+
 // devSecret is PAYMENT_WEBHOOK_SECRET's default, which the tests' services use.
 const devSecret = "whsec_b3JkZXJzZXJ2aWNlLWRldi13ZWJob29rLXNlY3JldCE="
 
@@ -149,10 +161,7 @@ func settledCharge(t *testing.T, m *app.Main, orderID string) payment.Charge {
 func TestTheSameWebhookTwentyTimesAtOnceOnTwoInstancesMovesTheOrderOnce(t *testing.T) {
 	one := apptest.Start(t, dbURL, map[string]string{"PAYMENT_ASYNC_DELAY": "200ms", "PAYMENT_PENDING_CHECK_EVERY": "1h"})
 	two := apptest.Start(t, dbURL, map[string]string{"PAYMENT_CHANNEL_URL": "http://" + one.ChannelAddr, "PAYMENT_PENDING_CHECK_EVERY": "1h"})
-	admin := &apptest.Client{BaseURL: "http://" + one.ChannelAddr, HTTP: http.DefaultClient}
-	if r := admin.Do(t, http.MethodPost, "/admin/faults", "", map[string]any{"webhook_drop_rate": 1}); r.Status != http.StatusOK {
-		t.Fatalf("faults: %d %s", r.Status, r.Body)
-	}
+	dropChannelWebhooks(t, one)
 	c := apptest.NewClient(one, apptest.KeyAcme)
 	id := asyncPay(t, c, payment.MethodAsyncOK)
 	charge := settledCharge(t, one, id)
@@ -197,10 +206,7 @@ func TestTheSameWebhookTwentyTimesAtOnceOnTwoInstancesMovesTheOrderOnce(t *testi
 // answered 200 and ignored.
 func TestAWebhookThatDoesNotVerifyChangesNothing(t *testing.T) {
 	m := apptest.Start(t, dbURL, map[string]string{"PAYMENT_ASYNC_DELAY": "200ms", "PAYMENT_PENDING_CHECK_EVERY": "1h"})
-	admin := &apptest.Client{BaseURL: "http://" + m.ChannelAddr, HTTP: http.DefaultClient}
-	if r := admin.Do(t, http.MethodPost, "/admin/faults", "", map[string]any{"webhook_drop_rate": 1}); r.Status != http.StatusOK {
-		t.Fatalf("faults: %d %s", r.Status, r.Body)
-	}
+	dropChannelWebhooks(t, m)
 	c := apptest.NewClient(m, apptest.KeyAcme)
 	id := asyncPay(t, c, payment.MethodAsyncOK)
 	charge := settledCharge(t, m, id)
@@ -264,10 +270,7 @@ func TestAWebhookThatDoesNotVerifyChangesNothing(t *testing.T) {
 // then changes nothing.
 func TestAPaymentWhoseWebhookNeverComesIsFinishedByTheSweeper(t *testing.T) {
 	m := apptest.Start(t, dbURL, map[string]string{"PAYMENT_ASYNC_DELAY": "200ms", "PAYMENT_PENDING_CHECK_EVERY": "300ms"})
-	admin := &apptest.Client{BaseURL: "http://" + m.ChannelAddr, HTTP: http.DefaultClient}
-	if r := admin.Do(t, http.MethodPost, "/admin/faults", "", map[string]any{"webhook_drop_rate": 1}); r.Status != http.StatusOK {
-		t.Fatalf("faults: %d %s", r.Status, r.Body)
-	}
+	admin := dropChannelWebhooks(t, m)
 	c := apptest.NewClient(m, apptest.KeyAcme)
 	id := asyncPay(t, c, payment.MethodAsyncOK)
 	applied := webhookCount(t, m, "applied")
@@ -317,10 +320,7 @@ func TestAPaymentWhoseWebhookNeverComesIsFinishedByTheSweeper(t *testing.T) {
 // channel says when asked, PAID.
 func TestAWebhookIsAHintAndTheChannelIsAsked(t *testing.T) {
 	m := apptest.Start(t, dbURL, map[string]string{"PAYMENT_ASYNC_DELAY": "200ms", "PAYMENT_PENDING_CHECK_EVERY": "1h"})
-	admin := &apptest.Client{BaseURL: "http://" + m.ChannelAddr, HTTP: http.DefaultClient}
-	if r := admin.Do(t, http.MethodPost, "/admin/faults", "", map[string]any{"webhook_drop_rate": 1}); r.Status != http.StatusOK {
-		t.Fatalf("faults: %d %s", r.Status, r.Body)
-	}
+	dropChannelWebhooks(t, m)
 	c := apptest.NewClient(m, apptest.KeyAcme)
 	id := asyncPay(t, c, payment.MethodAsyncOK)
 	charge := settledCharge(t, m, id)

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -154,4 +156,28 @@ func Metric(t testing.TB, baseURL, name string) float64 {
 		return g.GetValue()
 	}
 	return m.GetCounter().GetValue()
+}
+
+// Eventually polls cond every 50ms until it holds or timeout passes; cond
+// also says what it saw, for the failure.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s, still not %s; last seen: %s", timeout, what, state)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// GoroutinesIn counts the goroutines whose stack passes through fn.
+func GoroutinesIn(fn string) int {
+	buf := make([]byte, 8<<20)
+	stacks := string(buf[:runtime.Stack(buf, true)])
+	return strings.Count(stacks, fn)
 }

@@ -100,8 +100,8 @@ func TestWaitingClientsThatHangUpLeaveNothingBehind(t *testing.T) {
 	}
 	wg.Wait()
 	// The first pay is still in flight; nothing of the 50 may remain.
-	eventually(t, 2*time.Second, "no waiter left", func() (bool, string) {
-		n := goroutinesIn("idempotency.(*Waiter).Await")
+	apptest.Eventually(t, 2*time.Second, "no waiter left", func() (bool, string) {
+		n := apptest.GoroutinesIn("idempotency.(*Waiter).Await")
 		return n == 0, strconv.Itoa(n) + " goroutines still in Await"
 	})
 	if n := apptest.Count(t, m.DB, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
@@ -115,28 +115,5 @@ func TestWaitingClientsThatHangUpLeaveNothingBehind(t *testing.T) {
 	}
 	if st := apptest.RecordState(t, m.DB, idempotency.Scope{TenantID: "hangup", Operation: order.OpPay, Key: key}); st != idempotency.Succeeded {
 		t.Errorf("record = %s", st)
-	}
-}
-
-// goroutinesIn counts the goroutines whose stack passes through fn.
-func goroutinesIn(fn string) int {
-	buf := make([]byte, 8<<20)
-	stacks := string(buf[:runtime.Stack(buf, true)])
-	return strings.Count(stacks, fn)
-}
-
-// eventually polls cond every 50ms until it holds or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s, still not %s; last seen: %s", timeout, what, state)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }

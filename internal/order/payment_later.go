@@ -54,30 +54,12 @@ type Note func(tx *gorm.DB, late Late) error
 // retry or the sweeper's takeover asks the channel and stores the outcome
 // itself, so a late outcome never races the intent that asked for it.
 func (s *Service) ResolvePending(ctx context.Context, channelKey string, note Note) (Late, error) {
-	db := s.DB.WithContext(ctx)
-	p, found, err := paymentByChannelKey(db, channelKey)
+	p, waiting, err := s.waitingForChannel(s.DB.WithContext(ctx), channelKey)
 	if err != nil {
 		return "", err
 	}
-	if found && p.Status == PaymentPending {
-		running, err := s.intentRunning(db, p)
-		if err != nil {
-			return "", err
-		}
-		// Read again once the intent is known to have ended: its last
-		// transaction stored the payment's reply with the record, so what
-		// is still pending now is pending at the channel too, not a reply
-		// that was being stored as the payment was first read.
-		if !running {
-			p, found, err = paymentByChannelKey(db, channelKey)
-		}
-		if err != nil {
-			return "", err
-		}
-		found = found && !running
-	}
 	reply := channelReply{verdict: pending}
-	if found && p.Status == PaymentPending {
+	if waiting {
 		if reply, err = s.askChannel(ctx, p, lookUpOnly); err != nil {
 			return "", err
 		}
@@ -111,14 +93,27 @@ func (s *Service) ResolvePending(ctx context.Context, channelKey string, note No
 var errChannelUnknown = &problem.Error{Code: problem.ServiceUnavailable, RetryAfter: time.Second,
 	Detail: "The payment channel could not be asked for the payment's outcome; nothing was recorded, deliver it again."}
 
-// intentRunning reports whether the intent that asked for p is unfinished:
-// PROCESSING, or FAILED_RETRYABLE waiting for its retry or the sweeper.
-func (s *Service) intentRunning(db *gorm.DB, p Payment) (bool, error) {
-	rec, err := s.Records.Get(db, idempotency.Scope{TenantID: p.TenantID, Operation: p.Operation, Key: p.IdempotencyKey})
-	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return false, nil
+// waitingForChannel finds the payment under channelKey and reports whether
+// only the channel can tell its outcome now: it is pending and its intent
+// has ended. An intent still running (PROCESSING, or FAILED_RETRYABLE
+// waiting for its retry or the sweeper) stores the outcome itself.
+func (s *Service) waitingForChannel(db *gorm.DB, channelKey string) (Payment, bool, error) {
+	p, found, err := paymentByChannelKey(db, channelKey)
+	if err != nil || !found || p.Status != PaymentPending {
+		return p, false, err
 	}
-	return err == nil && !rec.State.Definitive(), err
+	rec, err := s.Records.Get(db, idempotency.Scope{TenantID: p.TenantID, Operation: p.Operation, Key: p.IdempotencyKey})
+	switch {
+	case errors.Is(err, gorm.ErrRecordNotFound):
+	case err != nil || !rec.State.Definitive():
+		return p, false, err
+	}
+	// Read again once the intent is known to have ended: its last
+	// transaction stored the payment's reply with the record, so what is
+	// still pending now is pending at the channel too, not a reply that was
+	// being stored as the payment was first read.
+	p, found, err = paymentByChannelKey(db, channelKey)
+	return p, found && p.Status == PaymentPending, err
 }
 
 // SweepPending asks the channel about up to batch payments still pending
@@ -138,7 +133,7 @@ func (s *Service) SweepPending(ctx context.Context, batch int) (int, error) {
 	for _, p := range due {
 		late, err := s.ResolvePending(ctx, p.ChannelKey, nil)
 		switch {
-		case err != nil && !errors.Is(err, errChannelUnknown):
+		case err != nil && err != errChannelUnknown: // the database failed: the next sweep
 			return resolved, err
 		case late == LateApplied:
 			resolved++
