@@ -324,10 +324,6 @@ func (s *Service) askChannel(ctx context.Context, p Payment, how asking) (res ch
 	}
 	s.observe().ChannelCall(string(p.Kind), time.Since(start), err, res.replayed)
 	switch {
-	case how == lookUpOnly && p.Kind == KindRefund && errors.Is(err, payment.ErrNotFound):
-		// Asked about a refund it was sent, the channel holds none under
-		// its key: it refused to make it (it keeps no refund it refused).
-		return channelReply{verdict: refused, reason: "refused"}, nil
 	case errors.Is(err, payment.ErrRejected):
 		s.logger().WarnContext(ctx, "payment channel refused the request", "kind", p.Kind, "channel_key", p.ChannelKey, "err", err)
 		return channelReply{verdict: refused, reason: refusalReason(err)}, nil

@@ -14,6 +14,7 @@ import (
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/payment"
+	"github.com/orderservice/orderservice/internal/problem"
 )
 
 // asyncAcquirer is a channel that takes charges on as pending and settles
@@ -258,5 +259,37 @@ func TestAnOutcomeThatArrivesWhileThePayRunsIsLeftToIt(t *testing.T) {
 	}
 	if h, o := transitionsTo(t, s.DB, created.Resource, string(order.StatusPaid)); h != 1 || o != 1 {
 		t.Errorf("%d history entries and %d outbox events to PAID, want 1 and 1", h, o)
+	}
+}
+
+// The channel cannot be asked (down, or its answer lost): nothing is
+// recorded, not even the note, and the outcome is resolved on a later try:
+// the webhook is delivered again, or the sweeper asks again later.
+func TestALateOutcomeTheChannelCannotConfirmChangesNothing(t *testing.T) {
+	acq := newAsyncAcquirer()
+	ch := acq.channel()
+	s := useCases(t, ch, 5*time.Second)
+	s.Money.PendingCheckEvery = time.Millisecond
+	id, _, key := pendingPay(t, s)
+	acq.settle(payment.StatusSucceeded)
+	lookup := ch.lookupCharge
+	ch.lookupCharge = func(context.Context, string) (payment.Charge, error) {
+		return payment.Charge{}, fmt.Errorf("%w: the channel is down", payment.ErrUnavailable)
+	}
+	noted := false
+	_, err := s.ResolvePending(context.Background(), key, func(*gorm.DB, order.Late) error { noted = true; return nil })
+	if problem.CodeOf(err) != problem.ServiceUnavailable || noted {
+		t.Fatalf("resolve with the channel down = %v (noted %t); want 503 service_unavailable and nothing noted", err, noted)
+	}
+	time.Sleep(5 * time.Millisecond)
+	if _, err := s.SweepPending(context.Background(), 100); err != nil {
+		t.Fatalf("a sweep with the channel down failed: %v", err)
+	}
+	if got := orderStatus(t, s.DB, id); got != string(order.StatusPaymentPending) {
+		t.Fatalf("with the channel down the order moved to %s", got)
+	}
+	ch.lookupCharge = lookup
+	if late, err := s.ResolvePending(context.Background(), key, nil); err != nil || late != order.LateApplied {
+		t.Errorf("once the channel is back: %s, %v; want applied", late, err)
 	}
 }
