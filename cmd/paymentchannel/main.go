@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/orderservice/orderservice/internal/payment/channel"
+	"github.com/orderservice/orderservice/internal/tracing"
 )
 
 // shutdownTimeout bounds how long in-flight requests get to finish.
@@ -53,6 +54,17 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: cfg.Level()}))
+	// Traces, when the OTEL_* variables turn them on: its spans join the
+	// order service's through the traceparent each request carries.
+	stopTracing, err := tracing.Start(ctx, environ, "paymentchannel")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = stopTracing(ctx)
+	}()
 
 	// Listen before serving so that a bind error stops the start, not a goroutine.
 	ln, err := net.Listen("tcp", cfg.Addr)

@@ -25,6 +25,7 @@ import (
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/payment"
 	"github.com/orderservice/orderservice/internal/payment/channel"
+	"github.com/orderservice/orderservice/internal/tracing"
 )
 
 // Run is the whole program: `orderservice` serves until ctx ends,
@@ -55,6 +56,11 @@ func Run(ctx context.Context, args []string, environ map[string]string, stdout i
 	}
 	switch cmd {
 	case "serve":
+		stopTracing, err := tracing.Start(ctx, environ, "orderservice")
+		if err != nil {
+			return err
+		}
+		defer flushTraces(logger, stopTracing)
 		m, err := Start(ctx, cfg, logger)
 		if err != nil {
 			return err
@@ -89,6 +95,16 @@ func Run(ctx context.Context, args []string, environ map[string]string, stdout i
 	return fmt.Errorf("unknown command %q (want serve, migrate, cleanup, dlq, version or help)", cmd)
 }
 
+// flushTraces sends the spans still buffered, for at most a few seconds:
+// a trace backend that is down does not hold the shutdown.
+func flushTraces(logger *slog.Logger, shutdown func(context.Context) error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := shutdown(ctx); err != nil {
+		logger.Warn("traces not flushed", "err", err)
+	}
+}
+
 // usage is `orderservice help`.
 const usage = `Usage: orderservice [command]
 
@@ -105,7 +121,8 @@ Commands:
   help         print this
 
 Every setting is an environment variable; they are listed, with their
-defaults, in docs/configuration.md. GET /v1/idempotency-policy
+defaults, in docs/configuration.md. Traces are off unless the standard
+OTEL_* variables turn them on (docs/tracing.md). GET /v1/idempotency-policy
 on a running service shows the retention they imply.
 `
 

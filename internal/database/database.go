@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/exaring/otelpgx"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -80,6 +81,9 @@ func open(ctx context.Context, url string, opts Options) (*gorm.DB, error) {
 	// A transaction left open by a bug must not hold locks forever.
 	cfg.RuntimeParams["idle_in_transaction_session_timeout"] = "60000"
 	cfg.RuntimeParams["application_name"] = cmp.Or(opts.ApplicationName, "orderservice")
+	// A client span per statement, after PostgreSQL's semantic conventions:
+	// the statement with its placeholders, never the values bound to them.
+	cfg.Tracer = otelpgx.NewTracer()
 
 	// uuid.UUID arguments are encoded as the 16 bytes they are; without
 	// this pgx asks their driver.Valuer for a string and parses it back,

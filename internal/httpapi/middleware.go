@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/labstack/echo/v4"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/orderservice/orderservice/internal/answer"
 	"github.com/orderservice/orderservice/internal/idempotency"
@@ -69,7 +70,7 @@ func (s *Server) measure(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		start := time.Now()
 		err := next(c)
-		s.Metrics.HTTP(c.Request().Method, c.Path(), c.Response().Status, time.Since(start))
+		s.Metrics.HTTP(c.Request().Context(), c.Request().Method, c.Path(), c.Response().Status, time.Since(start))
 		if op := stringOf(c.Get(ctxOperation)); op != "" {
 			s.Metrics.Request(op, disposition(c))
 		}
@@ -113,6 +114,9 @@ func (s *Server) logRequests(next echo.HandlerFunc) echo.HandlerFunc {
 		if t := traceID(c); t != "" {
 			attrs = append(attrs, slog.String("trace_id", t))
 		}
+		if sc := trace.SpanContextFromContext(req.Context()); sc.IsValid() {
+			attrs = append(attrs, slog.String("span_id", sc.SpanID().String()))
+		}
 		s.Logger.LogAttrs(req.Context(), slog.LevelInfo, "request", attrs...)
 		return err
 	}
@@ -123,11 +127,15 @@ func stringOf(v any) string {
 	return s
 }
 
-// traceID is trace-only data: logged, never part of a fingerprint.
+// traceID is trace-only data: logged, never part of a fingerprint. It is
+// the request's trace (the caller's, continued, or one started here), else
+// the caller's X-Request-Id.
 func traceID(c echo.Context) string {
-	h := c.Request().Header
-	if tp := h.Get("traceparent"); len(tp) >= 35 {
+	if sc := trace.SpanContextFromContext(c.Request().Context()); sc.IsValid() {
+		return sc.TraceID().String()
+	}
+	if tp := c.Request().Header.Get("traceparent"); len(tp) >= 35 {
 		return tp[3:35]
 	}
-	return h.Get(echo.HeaderXRequestID)
+	return c.Request().Header.Get(echo.HeaderXRequestID)
 }

@@ -57,10 +57,11 @@ type Server struct {
 	Inbox          *idempotency.Inbox
 }
 
-// HTTPHandler is Handler behind the admission limit, with CORS around both:
-// what the service serves.
+// HTTPHandler is Handler behind the admission limit, with CORS around both
+// and a server span around everything (see traced): what the service
+// serves.
 func (s *Server) HTTPHandler() http.Handler {
-	return WithCORS(s.Admission.Wrap(s.Handler()), s.CORSOrigins)
+	return traced(WithCORS(s.Admission.Wrap(s.Handler()), s.CORSOrigins))
 }
 
 // NewTenants builds the API-key table from tenant -> key pairs. Keys are
@@ -78,7 +79,7 @@ func (s *Server) Handler() *echo.Echo {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.handleError
-	e.Use(s.logRequests, s.measure, s.answerErrors)
+	e.Use(s.traceRequests, s.logRequests, s.measure, s.answerErrors)
 	// A panic in a handler rolls its transaction back (GORM re-panics after
 	// ROLLBACK) and becomes a 500 here instead of a dropped connection.
 	e.Use(middleware.RecoverWithConfig(middleware.RecoverConfig{DisableStackAll: true, DisablePrintStack: true}))

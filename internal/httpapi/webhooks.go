@@ -78,6 +78,7 @@ func (s *Server) paymentWebhook(c echo.Context) error {
 		return err // transient: the channel delivers it again
 	}
 	s.Metrics.Webhook(outcome)
+	traceWebhook(c, id, ev, outcome)
 	return c.JSON(http.StatusOK, webhookAnswer{WebhookID: id, Outcome: outcome})
 }
 

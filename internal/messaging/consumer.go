@@ -14,6 +14,7 @@ import (
 
 	"github.com/orderservice/orderservice/internal/answer"
 	"github.com/orderservice/orderservice/internal/order"
+	"github.com/orderservice/orderservice/internal/tracing"
 )
 
 // Consumer runs the commands of ORDER_COMMANDS through the order use cases.
@@ -257,6 +258,8 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
 	d.published = firstPublished(msg.Headers(), d.published)
 	op := opLabel(msg.Subject())
 	obs.MessageReceived(op, d.count > 1)
+	ctx, span := traceDelivery(ctx, msg, d)
+	defer span.End()
 	cmd, reason := parseCommand(msg.Subject(), msg.Headers(), msg.Data(), c.Tenants)
 	caller := order.Caller{TenantID: cmd.tenant, Key: cmd.key}
 	if age := time.Since(d.published); reason == "" && c.Horizon > 0 && age > c.Horizon {
@@ -383,6 +386,7 @@ func (c *Consumer) publishResult(ctx context.Context, cmd command, seq uint64, r
 		m.Header.Set(HeaderReplayed, "true")
 	}
 	m.Data = resp.Body
+	tracing.Inject(ctx, m.Header)
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	_, err := c.JS.PublishMsg(ctx, m)

@@ -77,7 +77,9 @@ func (r *Relay) Pass(ctx context.Context) (int, error) {
 			m.Header.Set(HeaderMsgID, e.EventID.String())
 			m.Header.Set(HeaderContentType, "application/json")
 			m.Data = e.Payload
+			span := tracePublish(ctx, m, e)
 			f, err := r.JS.PublishMsgAsync(m)
+			span.End()
 			if err != nil {
 				return r.await(ctx, events[:i], futures[:i], err)
 			}

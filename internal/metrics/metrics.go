@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/payment"
@@ -139,9 +140,11 @@ func (m *Metrics) Webhook(outcome string) {
 	m.webhooks.WithLabelValues(outcome).Inc()
 }
 
-// Handler serves the metrics in the Prometheus text format.
+// Handler serves the metrics in the Prometheus text format, or in
+// OpenMetrics to a scraper that asks for it.
 func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{Registry: m.registry})
+	// OpenMetrics when the scraper asks for it: the format that carries exemplars.
+	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{Registry: m.registry, EnableOpenMetrics: true})
 }
 
 // Request counts one idempotent request and what the idempotency layer did
@@ -156,12 +159,25 @@ func (m *Metrics) Request(operation string, outcome idempotency.Disposition) {
 	}
 }
 
-// HTTP observes one request's latency.
-func (m *Metrics) HTTP(method, route string, status int, took time.Duration) {
+// HTTP observes one request's latency. A request whose trace is sampled
+// leaves its trace id as the bucket's exemplar, so a slow bucket on a
+// dashboard opens one of the traces that made it slow.
+func (m *Metrics) HTTP(ctx context.Context, method, route string, status int, took time.Duration) {
 	if m == nil {
 		return
 	}
-	m.http.WithLabelValues(method, route, strconv.Itoa(status)).Observe(took.Seconds())
+	observe(ctx, m.http.WithLabelValues(method, route, strconv.Itoa(status)), took.Seconds())
+}
+
+// observe records v, with ctx's sampled trace as its exemplar.
+func observe(ctx context.Context, o prometheus.Observer, v float64) {
+	if sc := trace.SpanContextFromContext(ctx); sc.IsSampled() {
+		if e, ok := o.(prometheus.ExemplarObserver); ok {
+			e.ObserveWithExemplar(v, prometheus.Labels{"trace_id": sc.TraceID().String()})
+			return
+		}
+	}
+	o.Observe(v)
 }
 
 // ChannelCall observes one call to the payment channel.

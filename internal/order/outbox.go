@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/orderservice/orderservice/internal/database"
+	"github.com/orderservice/orderservice/internal/tracing"
 )
 
 // The transactional outbox: every transition writes its event here in the
@@ -75,6 +76,10 @@ type OutboxEvent struct {
 	Payload     []byte
 	CreatedAt   time.Time
 	PublishedAt *time.Time
+	// Traceparent is the trace of the transaction that wrote the event
+	// (W3C traceparent; empty when it was not traced): the relay links its
+	// publish to it.
+	Traceparent *string
 }
 
 // TableName tells GORM the table the migration created.
@@ -97,8 +102,12 @@ func writeOutbox(tx *gorm.DB, o *Order, from Status, ev Event, op, key string, a
 	if err != nil {
 		return err
 	}
+	var trace *string
+	if tp := tracing.Traceparent(tx.Statement.Context); tp != "" {
+		trace = &tp
+	}
 	return tx.Create(&OutboxEvent{EventID: id, TenantID: o.TenantID, OrderID: o.ID, Event: name,
-		Payload: payload, CreatedAt: at}).Error
+		Payload: payload, CreatedAt: at, Traceparent: trace}).Error
 }
 
 // Outbox is the relay's view of the outbox table.

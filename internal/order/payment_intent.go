@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/attribute"
 	"gorm.io/gorm"
 
 	"github.com/orderservice/orderservice/internal/database"
@@ -83,11 +84,13 @@ func withoutChannel(ev Event) plan        { return plan{event: ev} }
 
 // runPaymentIntent runs the three phases of the intent op on the order
 // orderID, with rule deciding what the order does.
-func (s *Service) runPaymentIntent(ctx context.Context, c Caller, op, orderID string, fields any, rule func(*Order) (plan, error)) (idempotency.Result, error) {
+func (s *Service) runPaymentIntent(ctx context.Context, c Caller, op, orderID string, fields any, rule func(*Order) (plan, error)) (res idempotency.Result, err error) {
 	id, in, err := c.intentOn(op, orderID, fields)
 	if err != nil {
 		return idempotency.Result{}, err
 	}
+	ctx, end := traced(ctx, in)
+	defer func() { end(res, err) }()
 	place := s.channelPlace()
 	defer place.release()
 	opened, err := s.open(ctx, c, id, in, rule, place)
@@ -139,9 +142,16 @@ func (s *Service) open(ctx context.Context, c Caller, id uuid.UUID, in idempoten
 			return err
 		}
 		opened.claim = claim
-		if claim.Replay != nil {
+		switch {
+		case claim.Replay != nil:
+			mark(ctx, "replayed")
 			opened.result = *claim.Replay
 			return nil
+		case claim.Resumes():
+			mark(ctx, "taken_over", attribute.String("idempotency.record.resumed_from", string(claim.ResumedFrom)),
+				attribute.Int("idempotency.record.attempts", claim.Record.Attempts))
+		default:
+			mark(ctx, "claimed")
 		}
 		if claim.Resumes() { // an earlier attempt recorded its payment: resume it
 			p, found, err := pendingPayment(tx, in.Scope)
@@ -224,7 +234,7 @@ func channelKey(tenantID, op string, orderID uuid.UUID, key string) string {
 // used by the request that started the payment, by a client retry, and by
 // the sweeper after a takeover.
 func (s *Service) finishPayment(ctx context.Context, rec idempotency.Record, p Payment, how asking) (idempotency.Result, error) {
-	reply, err := s.askChannel(ctx, p, how)
+	reply, err := s.askChannel(payment.Resending(ctx, rec.Attempts-1), p, how)
 	if err == nil {
 		err = s.Hooks.run(s.Hooks.AfterChannelCall)
 	}
@@ -506,6 +516,8 @@ func (s *Service) Sweep(ctx context.Context, batch int) (int, error) {
 // finishes it. A panic is contained to this intent, as a request's would
 // be, so one bad record cannot stop the process.
 func (s *Service) resume(ctx context.Context, rec idempotency.Record) {
+	ctx, span := tracedResume(ctx, rec)
+	defer span.End()
 	defer func() {
 		if r := recover(); r != nil {
 			s.logger().ErrorContext(ctx, "sweeper recovered from a panic", "operation", rec.Operation, "key", rec.IdempotencyKey, "panic", r)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/attribute"
 	"golang.org/x/sync/semaphore"
 	"gorm.io/gorm"
 
@@ -139,16 +140,18 @@ func (s *Service) logger() *slog.Logger {
 // (idempotency.Store.Insert): PROCESSING would be seen by nobody. Any error
 // but a refusal rolls everything back and records nothing, so the same key
 // may simply be sent again.
-func (s *Service) once(ctx context.Context, in idempotency.Intent, exec func(tx *gorm.DB) (idempotency.Result, error)) (idempotency.Result, error) {
+func (s *Service) once(ctx context.Context, in idempotency.Intent, exec func(tx *gorm.DB) (idempotency.Result, error)) (res idempotency.Result, err error) {
+	ctx, end := traced(ctx, in)
+	defer func() { end(res, err) }()
 	for race := 1; ; race++ {
 		replay, err := s.Records.Replay(s.DB.WithContext(ctx), in)
 		if err != nil {
 			return idempotency.Result{}, err
 		}
 		if replay != nil {
+			mark(ctx, "replayed")
 			return *replay, nil
 		}
-		var res idempotency.Result
 		err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
 			var err error
 			res, err = exec(tx)
@@ -156,10 +159,14 @@ func (s *Service) once(ctx context.Context, in idempotency.Intent, exec func(tx 
 		})
 		switch {
 		case !errors.Is(err, idempotency.ErrTaken):
+			if err == nil {
+				mark(ctx, "inserted", attribute.String("idempotency.record.state", string(stateAfter(res, nil))))
+			}
 			return res, err
 		case race == maxRecordRaces: // the key is held by a record the read cannot replay
 			return idempotency.Result{}, errSuperseded()
 		}
+		mark(ctx, "lost_race")
 	}
 }
 

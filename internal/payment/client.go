@@ -89,11 +89,14 @@ type Client struct {
 
 // NewClient returns a client for the channel at baseURL (e.g.
 // "http://127.0.0.1:8081"). A nil httpClient gets one with a 30s timeout.
+// Each exchange is traced (see TracedTransport).
 func NewClient(baseURL string, httpClient *http.Client) *Client {
-	if httpClient == nil {
-		httpClient = &http.Client{Timeout: 30 * time.Second}
+	traced := http.Client{Timeout: 30 * time.Second}
+	if httpClient != nil {
+		traced = *httpClient
 	}
-	return &Client{baseURL: strings.TrimRight(baseURL, "/"), httpClient: httpClient}
+	traced.Transport = TracedTransport(traced.Transport)
+	return &Client{baseURL: strings.TrimRight(baseURL, "/"), httpClient: &traced}
 }
 
 // Charge asks the channel to charge req under the idempotency key. A declined

@@ -16,10 +16,12 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/labstack/echo/v4"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"gorm.io/gorm"
 
 	"github.com/orderservice/orderservice/internal/database"
@@ -219,8 +221,14 @@ func (s *Server) routes() {
 	admin.POST("/webhooks/:id/resend", s.adminResendWebhook)
 }
 
-// Handler returns the HTTP handler serving the channel's API.
-func (s *Server) Handler() http.Handler { return s.echo }
+// Handler returns the HTTP handler serving the channel's API, with a
+// server span per charge or refund request (joined to the caller's trace
+// when it sends one); health and admin calls are not traced.
+func (s *Server) Handler() http.Handler {
+	return otelhttp.NewHandler(s.echo, "paymentchannel",
+		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return "paymentchannel " + r.Method + " " + r.URL.Path }),
+		otelhttp.WithFilter(func(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/v1/") }))
+}
 
 // Stats returns the counters so far, read from the ledger. It is for tests,
 // which assert exact counts: a database error is logged and yields the zero

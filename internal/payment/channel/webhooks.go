@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/labstack/echo/v4"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	"github.com/orderservice/orderservice/internal/webhook"
 )
@@ -45,6 +46,9 @@ func newSender(opts Options, st *store, faults *faultInjector, log *slog.Logger)
 		url:    opts.WebhookURL,
 		secret: opts.WebhookSecret,
 		client: &http.Client{Timeout: timeout,
+			// A client span per delivery; the receiver's span joins its trace.
+			Transport: otelhttp.NewTransport(http.DefaultTransport,
+				otelhttp.WithSpanNameFormatter(func(string, *http.Request) string { return "webhook deliver" })),
 			// A redirect is a failure (Standard Webhooks): the URL is to be fixed, not followed.
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 		timeout:    timeout,
