@@ -128,12 +128,12 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs.BoolVar(&o.Quick, "quick", false, "a smoke-test run: short points, concurrencies 1 and 4, a storm of 50, 16 pays in flight, 20 000 records, 200 webhooks")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run (service and load) to this file")
 	var only intList
-	fs.Var(&only, "only", "run only these scenarios, comma-separated (1-11; 1 and 2 run together)")
+	fs.Var(&only, "only", "run only these scenarios, comma-separated (1-12; 1 and 2 run together)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	for _, n := range only {
-		if n < 1 || n > 11 {
+		if n < 1 || n > 12 {
 			return o, fmt.Errorf("-only: there is no scenario %d", n)
 		}
 		if o.Only == nil {

@@ -138,6 +138,7 @@ var scenarioHeadings = []string{
 	"## 9. Creates as JetStream commands vs HTTP, and the outbox's lag",
 	"## 10. Duplicates waiting for the first result (Prefer: wait)",
 	"## 11. Webhooks: a first delivery against a duplicate",
+	"## 12. What tracing costs",
 }
 
 // The overload table counts client timeouts apart, so what it lists as a

@@ -64,7 +64,7 @@ func sampleRun(full bool) *results {
 		WaitDuplicates: 1000, Webhooks: 2000, WebhookConc: 16, OverloadFor: 20 * time.Second, OverloadLimits: []int{16, 64}, OverloadPools: []int{8}}
 	if !full {
 		o.Quick = true
-		o.Only = map[int]bool{2: true, 3: true, 5: true, 7: true, 8: true, 9: true, 10: true, 11: true}
+		o.Only = map[int]bool{2: true, 3: true, 5: true, 7: true, 8: true, 9: true, 10: true, 11: true, 12: true}
 	}
 	res := &results{Opts: o, Machine: machine{CPUs: 2, CPUModel: "AMD EPYC", GoVersion: "go1.26.8", PGVersion: "PostgreSQL 15", PGSettings: "fsync=on",
 		Date: time.Date(2026, 12, 2, 8, 54, 0, 0, time.UTC), Command: "`make bench`", LoadBefore: "0.53", LoadAfter: "7.23"}, Took: 19*time.Minute + 20*time.Second}
@@ -160,6 +160,15 @@ func sampleRun(full bool) *results {
 		res.Webhooks.Duplicate.Lookups = 2
 		res.Webhooks.Paid = 1999
 	}
+	mode := func(name, env string, throughput float64, spans int64) tracingMode {
+		p := samplePoint(throughput, 3*ms, 8*ms, 1000, map[string]int{"201": 1000})
+		return tracingMode{Name: name, Env: env, Slices: []point{p, p}, Throughput: throughput, P50: 3 * ms, P99: 8 * ms,
+			Spans: spans, Exports: spans / 100, Requests: 2000}
+	}
+	res.Tracing = tracingResult{Concurrency: 16, Rounds: 7, Slice: 1500 * ms, Modes: []tracingMode{
+		mode("off", "no OTEL_* variable", 1230, 0),
+		mode("on, 1 % sampled", "OTEL_TRACES_SAMPLER=parentbased_traceidratio, OTEL_TRACES_SAMPLER_ARG=0.01", 1220, 260),
+		mode("on, every trace", "OTEL_TRACES_SAMPLER=parentbased_always_on", 1085, 26000)}}
 	return res
 }
 

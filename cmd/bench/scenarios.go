@@ -223,6 +223,7 @@ type results struct {
 	Messages                         messageResult
 	Wait                             waitResult
 	Webhooks                         webhookResult
+	Tracing                          tracingResult
 	Took                             time.Duration
 	// Problems are failed assertions: the run reports them and fails.
 	Problems []string
@@ -365,6 +366,7 @@ func (b *bench) runAll(ctx context.Context) (*results, error) {
 		{9, "9 creates as JetStream commands vs HTTP, and the outbox's lag", b.messages},
 		{10, "10 duplicates waiting for one slow pay", b.waitScenario},
 		{11, "11 webhooks: a first delivery against a duplicate", b.webhooks},
+		{12, "12 what tracing costs", b.tracingCost},
 		{5, "5 pay with a slow channel", b.pay},
 	}
 	for _, s := range steps {
