@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/orderservice/orderservice/internal/app"
 	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/payment"
@@ -67,9 +69,12 @@ func TestRestartKeepsTheEmbeddedChannelsLedger(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = first.Close() })
 	c := apptest.NewClient(first, apptest.KeyAcme)
-	id := c.Do(t, http.MethodPost, "/v1/orders", "restart-create",
+	// Keys of this run: the service's database is the package's, kept
+	// between runs (-count), while the channel's is new each time.
+	run := uuid.NewString()[:8]
+	id := c.Do(t, http.MethodPost, "/v1/orders", "restart-create-"+run,
 		`{"customer_id":"c","currency":"EUR","items":[{"sku":"S","quantity":3,"unit_price":700}]}`).JSON(t)["id"].(string)
-	paid := c.Do(t, http.MethodPost, "/v1/orders/"+id+"/pay", "restart-pay", `{"payment_method":"pm_ok"}`)
+	paid := c.Do(t, http.MethodPost, "/v1/orders/"+id+"/pay", "restart-pay-"+run, `{"payment_method":"pm_ok"}`)
 	if paid.Status != http.StatusOK {
 		t.Fatalf("pay = %d %s", paid.Status, paid.Body)
 	}
@@ -87,7 +92,7 @@ func TestRestartKeepsTheEmbeddedChannelsLedger(t *testing.T) {
 	})
 
 	t.Run("the pay retried after the restart is replayed and charges nothing", func(t *testing.T) {
-		again := apptest.NewClient(second, apptest.KeyAcme).Do(t, http.MethodPost, "/v1/orders/"+id+"/pay", "restart-pay", `{"payment_method":"pm_ok"}`)
+		again := apptest.NewClient(second, apptest.KeyAcme).Do(t, http.MethodPost, "/v1/orders/"+id+"/pay", "restart-pay-"+run, `{"payment_method":"pm_ok"}`)
 		if again.Status != http.StatusOK || again.Header.Get("Idempotent-Replayed") != "true" || string(again.Body) != string(paid.Body) {
 			t.Errorf("retried pay = %d %s, want the first answer replayed", again.Status, again.Body)
 		}
