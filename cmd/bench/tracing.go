@@ -4,16 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"os"
 	"slices"
-	"sync/atomic"
 	"time"
 
-	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
-	"google.golang.org/protobuf/proto"
+	"github.com/orderservice/orderservice/internal/testproc"
 )
 
 // tracingResult is scenario 12: what tracing costs. Three processes of
@@ -52,47 +48,6 @@ func (m tracingMode) SpansPerCreate() float64 {
 	return float64(m.Spans) / float64(m.Requests)
 }
 
-// otlpReceiver is the smallest OTLP/HTTP trace receiver: it decodes every
-// export and counts its spans, as a collector would before doing anything
-// with them.
-type otlpReceiver struct {
-	srv            *http.Server
-	url            string
-	spans, exports atomic.Int64
-}
-
-func newOTLPReceiver() (*otlpReceiver, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	r := &otlpReceiver{url: "http://" + ln.Addr().String()}
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/traces", func(w http.ResponseWriter, req *http.Request) {
-		body, err := io.ReadAll(req.Body)
-		var export collectortrace.ExportTraceServiceRequest
-		if err == nil {
-			err = proto.Unmarshal(body, &export)
-		}
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		for _, rs := range export.ResourceSpans {
-			for _, ss := range rs.ScopeSpans {
-				r.spans.Add(int64(len(ss.Spans)))
-			}
-		}
-		r.exports.Add(1)
-		out, _ := proto.Marshal(&collectortrace.ExportTraceServiceResponse{})
-		w.Header().Set("Content-Type", "application/x-protobuf")
-		_, _ = w.Write(out)
-	})
-	r.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = r.srv.Serve(ln) }()
-	return r, nil
-}
-
 func (b *bench) tracingCost(ctx context.Context, res *results) (err error) {
 	o := b.opts
 	tr := &res.Tracing
@@ -119,25 +74,25 @@ func (b *bench) tracingCost(ctx context.Context, res *results) (err error) {
 		{"on, every trace", "parentbased_always_on", ""},
 	}
 	procs := make([]*serviceProcess, len(modes))
-	receivers := make([]*otlpReceiver, len(modes))
+	receivers := make([]*testproc.OTLPReceiver, len(modes))
 	defer func() {
 		for i := range modes {
 			if procs[i] != nil {
 				err = errors.Join(err, procs[i].Close())
 			}
 			if receivers[i] != nil {
-				_ = receivers[i].srv.Close()
+				_ = receivers[i].Close()
 			}
 		}
 	}()
 	for i, m := range modes {
-		if receivers[i], err = newOTLPReceiver(); err != nil {
+		if receivers[i], err = testproc.StartOTLPReceiver(); err != nil {
 			return err
 		}
 		extra := map[string]string{}
 		mode := tracingMode{Name: m.name, Env: "no OTEL_* variable"}
 		if m.sampler != "" {
-			extra["OTEL_EXPORTER_OTLP_ENDPOINT"] = receivers[i].url
+			extra["OTEL_EXPORTER_OTLP_ENDPOINT"] = receivers[i].URL
 			extra["OTEL_TRACES_SAMPLER"] = m.sampler
 			mode.Env = "OTEL_TRACES_SAMPLER=" + m.sampler
 			if m.arg != "" {
@@ -176,7 +131,11 @@ func (b *bench) tracingCost(ctx context.Context, res *results) (err error) {
 			return err
 		}
 		m := &tr.Modes[i]
-		m.Spans, m.Exports = receivers[i].spans.Load(), receivers[i].exports.Load()
+		exports, spans := receivers[i].Received()
+		m.Exports = int64(exports)
+		for _, n := range spans {
+			m.Spans += int64(n)
+		}
 		m.Throughput = median(m.Slices, func(p point) float64 { return p.Throughput })
 		m.P50 = time.Duration(median(m.Slices, func(p point) float64 { return float64(p.P50) }))
 		m.P99 = time.Duration(median(m.Slices, func(p point) float64 { return float64(p.P99) }))

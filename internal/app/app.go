@@ -315,6 +315,9 @@ func (m *Main) start(ctx context.Context) error {
 		Logger: m.Logger, Observe: func(r idempotency.CleanupResult) { m.Metrics.Cleaned(r.Deleted, r.Archived) }}
 	outbox := &order.Outbox{DB: db}
 	m.Metrics.WatchOutbox(outbox.Lag)
+	if pool, err := db.DB(); err == nil {
+		m.Metrics.WatchDB(pool)
+	}
 	m.Metrics.WatchDLQ((&messaging.DLQ{JS: m.JS}).Depth)
 	m.Relay = &messaging.Relay{Outbox: outbox, JS: m.JS, Batch: cfg.OutboxBatch, Interval: cfg.OutboxInterval,
 		Observe: m.Metrics, Logger: m.Logger}

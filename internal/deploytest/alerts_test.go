@@ -27,7 +27,7 @@ const (
 	runbookURL     = "https://github.com/orderservice/orderservice/blob/main/docs/operations.md#"
 	alertsHeading  = "## Alerts"
 	// promConfigInCompose is where compose mounts deploy/prometheus.yml
-	// (the image's default --config.file).
+	// (the image's default --config.file, which the compose command names).
 	promConfigInCompose = "/etc/prometheus/prometheus.yml"
 )
 
@@ -297,21 +297,7 @@ func TestPrometheusInComposeLoadsTheAlertRules(t *testing.T) {
 	}
 
 	vols := service(t, loadCompose(t), svcPrometheus).Volumes
-	hostPath := func(container string) (string, bool) {
-		for _, v := range vols {
-			if v.Type != types.VolumeTypeBind || !v.ReadOnly {
-				continue
-			}
-			target := path.Clean(v.Target)
-			if container == target {
-				return v.Source, true
-			}
-			if rel, ok := strings.CutPrefix(container, target+"/"); ok {
-				return filepath.Join(v.Source, filepath.FromSlash(rel)), true
-			}
-		}
-		return "", false
-	}
+	hostPath := func(container string) (string, bool) { return boundHostPath(vols, container) }
 	if src, ok := hostPath(promConfigInCompose); !ok || src != filepath.Join(absRoot(t), promConfigFile) {
 		t.Errorf("compose mounts %s at %s read-only? got %q (volumes %v)", promConfigFile, promConfigInCompose, src, vols)
 	}
@@ -326,4 +312,23 @@ func TestPrometheusInComposeLoadsTheAlertRules(t *testing.T) {
 			t.Errorf("rule file %q is %s in the container, mounted from %s, want %s", rf, container, src, want)
 		}
 	}
+}
+
+// boundHostPath is the file or folder of the host that a container sees at
+// container through one of vols' read-only bind mounts.
+func boundHostPath(vols []types.ServiceVolumeConfig, container string) (string, bool) {
+	container = path.Clean(container)
+	for _, v := range vols {
+		if v.Type != types.VolumeTypeBind || !v.ReadOnly {
+			continue
+		}
+		target := path.Clean(v.Target)
+		if container == target {
+			return v.Source, true
+		}
+		if rel, ok := strings.CutPrefix(container, target+"/"); ok {
+			return filepath.Join(v.Source, filepath.FromSlash(rel)), true
+		}
+	}
+	return "", false
 }

@@ -24,7 +24,8 @@ import (
 // TestBinariesWithComposeConfiguration runs the binaries the image contains,
 // built with the Dockerfile's flags, with the environment docker-compose.yml
 // gives them. Only what compose itself provides is changed: listen
-// addresses become loopback ports, and the databases are fresh test ones.
+// addresses become loopback ports, the databases are fresh test ones, and
+// the trace backend is a loopback OTLP receiver of the test's.
 func TestBinariesWithComposeConfiguration(t *testing.T) {
 	p := loadCompose(t)
 	bins := buildImageBinaries(t)
@@ -40,6 +41,8 @@ func TestBinariesWithComposeConfiguration(t *testing.T) {
 	chAddr := testproc.FreeAddr(t)
 	chEnv["HTTP_ADDR"] = chAddr
 	chEnv["CHANNEL_DATABASE_URL"] = testdb.Fresh(t, "deploy_channel") // created by the channel itself
+	chTraces := startOTLPReceiver(t)
+	chEnv["OTEL_EXPORTER_OTLP_ENDPOINT"] = chTraces.URL // compose: jaeger
 	channel := startProcess(t, svcChannel, bins[chSvc.Entrypoint[0]], chEnv)
 	channelURL := "http://" + chAddr
 	waitOK(t, channel, channelURL+"/healthz")
@@ -51,6 +54,8 @@ func TestBinariesWithComposeConfiguration(t *testing.T) {
 	env["NATS_URL"] = loopbackNATSURL(t, env["NATS_URL"], startNATSFromConf(t)) // the compose broker, from its own file
 	addr := testproc.FreeAddr(t)
 	env["HTTP_ADDR"] = addr
+	ordersTraces := startOTLPReceiver(t)
+	env["OTEL_EXPORTER_OTLP_ENDPOINT"] = ordersTraces.URL
 	orders := startProcess(t, svcReplica1, bins["/orderservice"], env) // the image's ENTRYPOINT
 	ordersURL := "http://" + addr
 	waitOK(t, orders, ordersURL+"/readyz")
@@ -172,6 +177,20 @@ func TestBinariesWithComposeConfiguration(t *testing.T) {
 			}
 		}
 	})
+
+	// The spans of the order above, flushed at the latest by the stop.
+	t.Run("the replica and the channel export their spans over OTLP, each under its OTEL_SERVICE_NAME", func(t *testing.T) {
+		for _, c := range []struct {
+			sink *testproc.OTLPReceiver
+			env  map[string]string
+			svc  string
+		}{{ordersTraces, env, svcReplica1}, {chTraces, chEnv, svcChannel}} {
+			name := c.env["OTEL_SERVICE_NAME"]
+			if exports, spans := c.sink.Received(); spans[name] == 0 {
+				t.Errorf("%s: %d OTLP exports reached %s/v1/traces, with spans by service.name %v: none of %q", c.svc, exports, c.sink.URL, spans, name)
+			}
+		}
+	})
 }
 
 // buildImageBinaries builds every binary the image contains, with the
@@ -285,4 +304,14 @@ func (r response) expect(t *testing.T, want int, v any) {
 			t.Fatalf("decode %s: %v", r.body, err)
 		}
 	}
+}
+
+func startOTLPReceiver(t *testing.T) *testproc.OTLPReceiver {
+	t.Helper()
+	r, err := testproc.StartOTLPReceiver()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	return r
 }

@@ -17,8 +17,8 @@ import (
 func TestCompose(t *testing.T) {
 	p := loadCompose(t)
 
-	t.Run("declares exactly the seven services", func(t *testing.T) {
-		want := []string{svcLB, svcReplica1, svcReplica2, svcChannel, svcPostgres, svcPrometheus, svcLab, svcNATS}
+	t.Run("declares exactly its ten services", func(t *testing.T) {
+		want := []string{svcLB, svcReplica1, svcReplica2, svcChannel, svcPostgres, svcPrometheus, svcLab, svcNATS, svcJaeger, svcGrafana}
 		slices.Sort(want)
 		if got := p.ServiceNames(); !slices.Equal(got, want) {
 			t.Fatalf("services = %v, want %v", got, want)
@@ -157,6 +157,8 @@ func TestCompose(t *testing.T) {
 			svcChannel:  "http://127.0.0.1:8081/healthz",
 			svcLB:       "http://127.0.0.1:8080/healthz",
 			svcLab:      "http://127.0.0.1:8090/healthz",
+			svcJaeger:   "http://127.0.0.1:13133/status",
+			svcGrafana:  "http://127.0.0.1:3000/api/health",
 		}
 		for name, want := range probes {
 			test := service(t, p, name).HealthCheck.Test

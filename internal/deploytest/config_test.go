@@ -24,8 +24,8 @@ func TestComposeEnvironmentIsWhatTheServiceReads(t *testing.T) {
 			s := service(t, p, name)
 			env := environment(t, s)
 			for k := range env {
-				if !known[k] {
-					t.Errorf("%s sets %s, which app.Config does not read (typo?)", name, k)
+				if !known[k] && !otelVariables[k] {
+					t.Errorf("%s sets %s, which neither app.Config nor the OpenTelemetry SDK reads (typo?)", name, k)
 				}
 			}
 			cfg, err := app.LoadConfig(env)
@@ -49,8 +49,8 @@ func TestComposeEnvironmentIsWhatTheServiceReads(t *testing.T) {
 		env := environment(t, s)
 		read := envVariables(t, reflect.TypeFor[channel.Config]())
 		for k := range env {
-			if !read[k] {
-				t.Errorf("paymentchannel sets %s, which channel.Config does not read (it reads %v)", k, slices.Sorted(maps.Keys(read)))
+			if !read[k] && !otelVariables[k] {
+				t.Errorf("paymentchannel sets %s, which neither channel.Config nor the OpenTelemetry SDK reads (channel.Config reads %v)", k, slices.Sorted(maps.Keys(read)))
 			}
 		}
 		if _, err := channel.LoadConfig(env); err != nil {
@@ -60,6 +60,27 @@ func TestComposeEnvironmentIsWhatTheServiceReads(t *testing.T) {
 			t.Errorf("paymentchannel stop_grace_period must exceed its %s shutdown timeout", channelShutdownTimeout)
 		}
 	})
+}
+
+// otelVariables are the standard OpenTelemetry variables the service and
+// the channel leave to the SDK and its OTLP/HTTP exporter (internal/tracing
+// turns tracing on from them); no configuration struct has their tags.
+var otelVariables = map[string]bool{
+	"OTEL_SDK_DISABLED":                  true,
+	"OTEL_SERVICE_NAME":                  true,
+	"OTEL_RESOURCE_ATTRIBUTES":           true,
+	"OTEL_TRACES_EXPORTER":               true,
+	"OTEL_TRACES_SAMPLER":                true,
+	"OTEL_TRACES_SAMPLER_ARG":            true,
+	"OTEL_EXPORTER_OTLP_ENDPOINT":        true,
+	"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": true,
+	"OTEL_EXPORTER_OTLP_HEADERS":         true,
+	"OTEL_EXPORTER_OTLP_TIMEOUT":         true,
+	"OTEL_EXPORTER_OTLP_COMPRESSION":     true,
+	"OTEL_BSP_SCHEDULE_DELAY":            true,
+	"OTEL_BSP_EXPORT_TIMEOUT":            true,
+	"OTEL_BSP_MAX_QUEUE_SIZE":            true,
+	"OTEL_BSP_MAX_EXPORT_BATCH_SIZE":     true,
 }
 
 // configVariables are the env tags of app.Config: every variable the

@@ -27,6 +27,8 @@ const (
 	svcPrometheus = "prometheus"
 	svcLab        = "lab"
 	svcNATS       = "nats"
+	svcJaeger     = "jaeger"
+	svcGrafana    = "grafana"
 )
 
 var replicas = []string{svcReplica1, svcReplica2}

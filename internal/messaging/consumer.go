@@ -84,9 +84,10 @@ type Observer interface {
 	// MessageReceived counts a delivered command; redelivered when it was
 	// delivered before.
 	MessageReceived(op string, redelivered bool)
-	// MessageAcked counts a command answered and acknowledged; replayed
-	// when the answer was a stored outcome.
-	MessageAcked(op string, replayed bool)
+	// MessageAcked counts a command answered and acknowledged, and how
+	// long the delivery took from its receipt; replayed when the answer
+	// was a stored outcome. ctx is the delivery's.
+	MessageAcked(ctx context.Context, op string, replayed bool, took time.Duration)
 	// MessageDeadLettered counts a command moved to the DLQ.
 	MessageDeadLettered(op string)
 	// OutboxPublished counts events the relay published, and how many of
@@ -96,10 +97,10 @@ type Observer interface {
 
 type noObserver struct{}
 
-func (noObserver) MessageReceived(string, bool) {}
-func (noObserver) MessageAcked(string, bool)    {}
-func (noObserver) MessageDeadLettered(string)   {}
-func (noObserver) OutboxPublished(int, int)     {}
+func (noObserver) MessageReceived(string, bool)                              {}
+func (noObserver) MessageAcked(context.Context, string, bool, time.Duration) {}
+func (noObserver) MessageDeadLettered(string)                                {}
+func (noObserver) OutboxPublished(int, int)                                  {}
 
 func observer(o Observer) Observer {
 	if o == nil {
@@ -251,7 +252,8 @@ func (c *Consumer) Stop(ctx context.Context) error {
 // the record replays the outcome.
 func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
 	obs := observer(c.Observe)
-	d := delivery{msg: msg, count: 1, published: time.Now()}
+	received := time.Now()
+	d := delivery{msg: msg, count: 1, published: received}
 	if md, err := msg.Metadata(); err == nil {
 		d.count, d.seq, d.published = int(md.NumDelivered), md.Sequence.Stream, md.Timestamp
 	}
@@ -330,7 +332,7 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
 		c.logger().Warn("messaging: ack lost, the command will be redelivered and replayed", "subject", msg.Subject(), "err", err)
 		return
 	}
-	obs.MessageAcked(op, resp.Replayed)
+	obs.MessageAcked(ctx, op, resp.Replayed, time.Since(received))
 }
 
 // delivery is one delivery of a command, as JetStream numbered it.

@@ -239,7 +239,7 @@ func (c *counters) MessageReceived(op string, redelivered bool) {
 	}
 }
 
-func (c *counters) MessageAcked(op string, replayed bool) {
+func (c *counters) MessageAcked(_ context.Context, op string, replayed bool, _ time.Duration) {
 	c.mu.Lock()
 	c.acked[op]++
 	if replayed {

@@ -15,6 +15,8 @@ var messageOps = []string{"create", "pay", "cancel", "ship", "deliver", "unknown
 type messages struct {
 	received, acked, redelivered, deadLettered, replayed *prometheus.CounterVec
 	relayed                                              *prometheus.CounterVec
+	// duration is a command's time from its delivery to its answer, by op.
+	duration *prometheus.HistogramVec
 }
 
 func newMessages() messages {
@@ -29,11 +31,15 @@ func newMessages() messages {
 		replayed:     counter("orderservice_messages_replayed_total", "Commands answered with a stored outcome (Idempotent-Replayed), by op."),
 		relayed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "orderservice_outbox_relay_publishes_total",
 			Help: "Outbox events the relay published; result is published, or duplicate when JetStream already had the event id."}, []string{"result"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "orderservice_command_duration_seconds",
+			Help:    "Commands answered and acknowledged: time from the delivery's receipt to the acknowledgement, by op.",
+			Buckets: prometheus.DefBuckets}, []string{"op"}),
 	}
 	for _, op := range messageOps {
 		for _, c := range []*prometheus.CounterVec{m.received, m.acked, m.redelivered, m.deadLettered, m.replayed} {
 			c.WithLabelValues(op)
 		}
+		m.duration.WithLabelValues(op)
 	}
 	m.relayed.WithLabelValues("published")
 	m.relayed.WithLabelValues("duplicate")
@@ -41,7 +47,7 @@ func newMessages() messages {
 }
 
 func (m messages) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.received, m.acked, m.redelivered, m.deadLettered, m.replayed, m.relayed}
+	return []prometheus.Collector{m.received, m.acked, m.redelivered, m.deadLettered, m.replayed, m.relayed, m.duration}
 }
 
 // MessageReceived counts one delivery of a command.
@@ -55,12 +61,14 @@ func (m *Metrics) MessageReceived(op string, redelivered bool) {
 	}
 }
 
-// MessageAcked counts one command answered and acknowledged.
-func (m *Metrics) MessageAcked(op string, replayed bool) {
+// MessageAcked counts one command answered and acknowledged and observes
+// its duration, with its trace as the exemplar when it is sampled.
+func (m *Metrics) MessageAcked(ctx context.Context, op string, replayed bool, took time.Duration) {
 	if m == nil {
 		return
 	}
 	m.messages.acked.WithLabelValues(op).Inc()
+	observe(ctx, m.messages.duration.WithLabelValues(op), took.Seconds())
 	if replayed {
 		m.messages.replayed.WithLabelValues(op).Inc()
 	}

@@ -7,6 +7,7 @@ package metrics
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -181,7 +182,7 @@ func observe(ctx context.Context, o prometheus.Observer, v float64) {
 }
 
 // ChannelCall observes one call to the payment channel.
-func (m *Metrics) ChannelCall(kind string, took time.Duration, err error, replayed bool) {
+func (m *Metrics) ChannelCall(ctx context.Context, kind string, took time.Duration, err error, replayed bool) {
 	if m == nil {
 		return
 	}
@@ -192,7 +193,7 @@ func (m *Metrics) ChannelCall(kind string, took time.Duration, err error, replay
 	case err != nil:
 		outcome = "unavailable"
 	}
-	m.channel.WithLabelValues(kind, outcome).Observe(took.Seconds())
+	observe(ctx, m.channel.WithLabelValues(kind, outcome), took.Seconds())
 	if replayed {
 		m.duplicates.WithLabelValues(kind).Inc()
 	}
@@ -281,4 +282,15 @@ func (c *recordCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(sizeDesc, prometheus.GaugeValue, float64(g.TableBytes))
 	ch <- prometheus.MustNewConstMetric(archiveDesc, prometheus.GaugeValue, float64(g.Archived))
 	ch <- prometheus.MustNewConstMetric(inboxDesc, prometheus.GaugeValue, float64(g.Inbox))
+}
+
+// WatchDB exports the connection pool of db (go_sql_*{db_name="orderservice"}):
+// connections open, in use and idle against DB_MAX_CONNS, and how often and
+// how long a request waited for one, which is where a pool that is too
+// small shows first.
+func (m *Metrics) WatchDB(db *sql.DB) {
+	if m == nil {
+		return
+	}
+	m.registry.MustRegister(collectors.NewDBStatsCollector(db, "orderservice"))
 }

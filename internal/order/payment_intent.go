@@ -332,7 +332,7 @@ func (s *Service) askChannel(ctx context.Context, p Payment, how asking) (res ch
 			})
 		res.verdict, res.ref = moved, rf.ID
 	}
-	s.observe().ChannelCall(string(p.Kind), time.Since(start), err, res.replayed)
+	s.observe().ChannelCall(ctx, string(p.Kind), time.Since(start), err, res.replayed)
 	switch {
 	case errors.Is(err, payment.ErrRejected):
 		s.logger().WarnContext(ctx, "payment channel refused the request", "kind", p.Kind, "channel_key", p.ChannelKey, "err", err)
