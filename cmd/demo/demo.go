@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/url"
 	"strings"
 
 	"github.com/orderservice/orderservice/internal/lessons"
@@ -26,9 +27,16 @@ func (t *terminal) play(ctx context.Context, s *lessons.Session, cfg config, lis
 		cfg.BaseURL, cfg.ChannelURL, cfg.NATSURL, cfg.Tenant, s.RunID())
 
 	var passed, failed []string
+	pitfalls := false
 	for _, l := range list {
 		if len(cfg.only) > 0 && !cfg.only[l.Number] {
 			continue
+		}
+		if l.Pitfall != "" && !pitfalls {
+			pitfalls = true
+			t.printf("\n%s\n", t.paint(bold, "The pitfalls, shown failing"))
+			t.printf("   %s\n", t.paint(dim, wrap("Each lesson below makes one common mistake in a naive order service (examples/naiveorders, "+
+				"run in this process, its tables in "+redacted(cfg.NaiveDatabaseURL)+") and counts the harm, then takes the same steps against the service.", 76, "   ")))
 		}
 		name := fmt.Sprintf("%d. %s", l.Number, l.Title)
 		if s.Play(ctx, l, nil).Passed {
@@ -136,6 +144,15 @@ func (t *terminal) table(rows [][]string) {
 		}
 		t.printf("     %s\n", line)
 	}
+}
+
+// redacted is a database URL without its password.
+func redacted(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(an unparsable URL)"
+	}
+	return u.Redacted()
 }
 
 // wrap breaks text into lines of at most width runes, indenting every line

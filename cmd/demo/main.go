@@ -71,7 +71,7 @@ func parseConfig(args []string, getenv func(string) string, stdout, stderr io.Wr
 	var color, only string
 	cfg.RegisterFlags(fs, "DEMO_", getenv)
 	fs.StringVar(&color, "color", orDefault("DEMO_COLOR", "auto"), "auto (when stdout is a terminal and NO_COLOR is unset), always or never")
-	fs.StringVar(&only, "only", "", "comma-separated scenario numbers to run, e.g. 4,7 (default all)")
+	fs.StringVar(&only, "only", "", "comma-separated scenario numbers or ranges to run, e.g. 4,7 or 16-21 for the pitfalls (default all)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
@@ -93,11 +93,18 @@ func parseConfig(args []string, getenv func(string) string, stdout, stderr io.Wr
 	if only != "" {
 		cfg.only = map[int]bool{}
 		for f := range strings.SplitSeq(only, ",") {
-			n, err := strconv.Atoi(strings.TrimSpace(f))
-			if err != nil || n < 1 {
-				return config{}, errors.New("-only takes scenario numbers, e.g. -only 4,7")
+			from, to, isRange := strings.Cut(strings.TrimSpace(f), "-")
+			if !isRange {
+				to = from
 			}
-			cfg.only[n] = true
+			a, errA := strconv.Atoi(from)
+			b, errB := strconv.Atoi(to)
+			if errA != nil || errB != nil || a < 1 || b < a {
+				return config{}, errors.New("-only takes scenario numbers and ranges, e.g. -only 4,7 or -only 16-21")
+			}
+			for n := a; n <= b; n++ {
+				cfg.only[n] = true
+			}
 		}
 	}
 	return cfg, nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"strings"
 	"testing"
@@ -35,7 +36,8 @@ func TestDemoPassesAgainstTheRealService(t *testing.T) {
 		t.Helper()
 		var stdout, stderr bytes.Buffer
 		args := []string{"-url", m.URL(), "-channel", "http://" + m.ChannelAddr, "-api-key", apptest.KeyAcme, "-sweep-wait", "15s",
-			"-tenant", "acme", "-nats-url", m.NATSURL, "-nats-operator", "orderservice:" + m.Config.NATSServicePassword}
+			"-tenant", "acme", "-nats-url", m.NATSURL, "-nats-operator", "orderservice:" + m.Config.NATSServicePassword,
+			"-naive-database", dbURL}
 		// NO_COLOR is unset: the output is plain because a buffer is no terminal.
 		err := run(ctx, args, func(string) string { return "" }, &stdout, &stderr)
 		if err != nil {
@@ -100,6 +102,23 @@ func TestColourOnlyOnATerminal(t *testing.T) {
 	}
 }
 
+// TestOnlyTakesNumbersAndRanges: -only 4,16-18 plays 4, 16, 17 and 18.
+func TestOnlyTakesNumbersAndRanges(t *testing.T) {
+	var out bytes.Buffer
+	cfg, err := parseConfig([]string{"-only", "4, 16-18"}, func(string) string { return "" }, &out, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[int]bool{4: true, 16: true, 17: true, 18: true}; !maps.Equal(cfg.only, want) {
+		t.Errorf("-only 4,16-18 = %v, want %v", cfg.only, want)
+	}
+	for _, bad := range []string{"0", "7-3", "x", "3-"} {
+		if _, err := parseConfig([]string{"-only", bad}, func(string) string { return "" }, &out, &out); err == nil {
+			t.Errorf("-only %q was taken", bad)
+		}
+	}
+}
+
 // TestDefaultsMatchMakeRun pins the broker defaults to what `make run`
 // serves: its embedded NATS on 127.0.0.1:4223, tenant acme of the demo key,
 // and the service's NATS user with the default NATS_SERVICE_PASSWORD.
@@ -113,12 +132,16 @@ func TestDefaultsMatchMakeRun(t *testing.T) {
 		cfg.NATSOperator != "orderservice:orderservice-dev-secret" {
 		t.Errorf("defaults = key %q, tenant %q, NATS %q, operator %q", cfg.APIKey, cfg.Tenant, cfg.NATSURL, cfg.NATSOperator)
 	}
-	env := map[string]string{"DEMO_TENANT": "globex", "DEMO_NATS_URL": "nats://nats:4222", "DEMO_NATS_OPERATOR": "u:p"}
+	if cfg.NaiveDatabaseURL != "postgres://postgres:postgres@localhost:5432/naiveorders?sslmode=disable" {
+		t.Errorf("the pitfalls' naive service defaults to %q, want database naiveorders on make run's server", cfg.NaiveDatabaseURL)
+	}
+	env := map[string]string{"DEMO_TENANT": "globex", "DEMO_NATS_URL": "nats://nats:4222", "DEMO_NATS_OPERATOR": "u:p",
+		"DEMO_NAIVE_DATABASE_URL": "postgres://db/naive"}
 	cfg, err = parseConfig([]string{"-nats-operator", ""}, func(k string) string { return env[k] }, &out, &out)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Tenant != "globex" || cfg.NATSURL != "nats://nats:4222" || cfg.NATSOperator != "" {
+	if cfg.Tenant != "globex" || cfg.NATSURL != "nats://nats:4222" || cfg.NATSOperator != "" || cfg.NaiveDatabaseURL != "postgres://db/naive" {
 		t.Errorf("from the environment, the operator emptied by a flag: %+v", cfg.Config)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -53,8 +54,15 @@ type page struct {
 		Key    string `json:"key"`
 		Op     string `json:"op"`
 		Resend int    `json:"resend"`
+		Naive  string `json:"naive"` // the mistake of the naive service it went to
 	} `json:"requests"`
-	Answers []struct {
+	// Traces are the requests' links to their traces.
+	Traces []struct {
+		Href    string `json:"href"`
+		TraceID string `json:"traceId"`
+	} `json:"traces"`
+	NaiveBadges int `json:"naiveBadges"`
+	Answers     []struct {
 		Request  int  `json:"request"`
 		Status   int  `json:"status"`
 		Replayed bool `json:"replayed"`
@@ -82,7 +90,10 @@ const readPage = `(() => {
     status: b ? b.dataset.status : "",
     checks: q("#checks li").map((li) => ({ ok: li.dataset.ok === "true", text: li.textContent })),
     why: document.getElementById("why").textContent,
-    requests: q('#rows li[data-kind="req"]').map((li) => ({ id: +li.dataset.request, key: li.dataset.key, op: li.dataset.operation, resend: +li.dataset.resend })),
+    requests: q('#rows li[data-kind="req"]').map((li) => ({ id: +li.dataset.request, key: li.dataset.key, op: li.dataset.operation,
+      resend: +li.dataset.resend, naive: li.dataset.naive })),
+    traces: q('#rows li[data-kind="req"] a.trace').map((a) => ({ href: a.getAttribute("href"), traceId: a.closest("li").dataset.traceId })),
+    naiveBadges: q('#rows li[data-kind="req"] .badge.naive').length,
     answers: q('#rows li[data-kind="ans"]').map((li) => ({ request: +li.dataset.request, status: +li.dataset.status,
       replayed: li.dataset.replayed === "true", retry: !!li.querySelector(".badge.retry") })),
     records: q('#rows li[data-kind="rec"]').map((li) => ({ state: li.dataset.state, token: +li.dataset.leaseToken })),
@@ -110,7 +121,8 @@ func TestLabInABrowser(t *testing.T) {
 	defer cancel()
 	srv, err := start(ctx, config{listen: "127.0.0.1:0", Config: lessons.Config{
 		BaseURL: m.URL(), ChannelURL: channelURL, APIKey: apptest.KeyAcme, SweepWait: 15 * time.Second, Observe: true,
-		Tenant: "acme", NATSURL: m.NATSURL, NATSOperator: "orderservice:" + m.Config.NATSServicePassword}})
+		Tenant: "acme", NATSURL: m.NATSURL, NATSOperator: "orderservice:" + m.Config.NATSServicePassword,
+		NaiveDatabaseURL: dbURL}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,6 +162,7 @@ func TestLabInABrowser(t *testing.T) {
 			replayedAfterFirst(t, p)
 			count(t, "orders on the order lane", len(unique(p.Orders)), 1)
 			count(t, "charges", len(p.Charges), 0)
+			count(t, "trace links without a trace URL", len(p.Traces), 0)
 		},
 		3: func(t *testing.T, p page) {
 			if !hasStatus(p, 422) {
@@ -271,10 +284,51 @@ func TestLabInABrowser(t *testing.T) {
 		},
 	}
 
+	// The pitfalls: each sends its story to a naive service making one
+	// mistake (its requests marked so), then to the service.
+	pitfall := map[string]int{}
+	for _, l := range lessons.All() {
+		if l.Pitfall != "" {
+			pitfall[l.Pitfall] = l.Number
+		}
+	}
+	checkThenInsert := pitfall["check-then-insert"]
+	expect[checkThenInsert] = func(t *testing.T, p page) {
+		toNaive, toService := 0, 0
+		for _, r := range p.Requests {
+			switch r.Naive {
+			case "check-then-insert":
+				toNaive++
+			case "":
+				toService++
+			}
+		}
+		count(t, "creates sent to the naive service", toNaive, 5)
+		count(t, "creates sent to the service", toService, 5)
+		count(t, "requests marked naive", p.NaiveBadges, 5)
+		count(t, "orders on the order lane (5 naive, 1 the service's)", len(unique(p.Orders)), 6)
+		keepScreenshot(t, browser, "1440x900-pitfall-check-then-insert.png")
+	}
+	expect[pitfall["new-channel-key-per-retry"]] = func(t *testing.T, p page) {
+		count(t, "charges on the channel lane (2 for the naive service's one intent, 1 for the service's)", len(unique(chargeIDs(p))), 3)
+		count(t, "requests marked naive (a create, two pays)", p.NaiveBadges, 3)
+	}
+
 	for _, l := range lessons.All() {
 		t.Run(fmt.Sprintf("lesson %d: %s", l.Number, l.Title), func(t *testing.T) {
 			var p page
-			if l.Number == 2 {
+			if l.Number == checkThenInsert {
+				// Stepped from the keyboard: each burst of five goes with one n.
+				var keys []chromedp.Action[chromedp.Void]
+				for _, d := range strconv.Itoa(l.Number) {
+					keys = append(keys, chromedp.KeyEvent(string(d)))
+				}
+				p = play(t, l.Number, append(keys, chromedp.KeyEvent("s"),
+					waitVisible(`#rows li.wait`), chromedp.KeyEvent("n"),
+					until(`document.querySelectorAll('#rows li[data-kind="ans"]').length >= 5`),
+					waitVisible(`#rows li.wait`), chromedp.KeyEvent("n"))...)
+				count(t, "steps still waiting once the lesson is done", p.Waits, 0)
+			} else if l.Number == 2 {
 				// Stepped from the keyboard: pick it, s, then n for each request.
 				p = play(t, 2, chromedp.KeyEvent("2"), chromedp.KeyEvent("s"),
 					waitVisible(`#rows li.wait`), chromedp.KeyEvent("n"),
@@ -567,6 +621,32 @@ func TestLabInABrowser(t *testing.T) {
 			t.Fatal(err)
 		}
 		keepScreenshot(t, browser, "1024x768-lesson-7.png")
+	})
+	// Last, for it loads another lab in the browser.
+	t.Run("with a trace URL every request links to its own trace", func(t *testing.T) {
+		traced, err := start(ctx, config{listen: "127.0.0.1:0", Config: lessons.Config{
+			BaseURL: m.URL(), ChannelURL: channelURL, APIKey: apptest.KeyAcme, Observe: true, Tenant: "acme", NATSURL: m.NATSURL,
+			TraceURL: "http://traces.example.test/trace/{trace_id}"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = traced.close(context.Background()) })
+		if err := chromedp.Do(browser, chromedp.Navigate("http://"+traced.addr+"/"),
+			waitVisible(`#lessons button[data-lesson="1"]`), waitVisible(`#live[data-live="true"]`)); err != nil {
+			t.Fatal(err)
+		}
+		p := play(t, 1)
+		passed(t, p)
+		count(t, "trace links", len(p.Traces), len(p.Requests))
+		ids := map[string]bool{}
+		for _, tr := range p.Traces {
+			if len(tr.TraceID) != 32 || strings.Trim(tr.TraceID, "0123456789abcdef") != "" || tr.Href != "http://traces.example.test/trace/"+tr.TraceID {
+				t.Errorf("trace link %q for trace id %q, want the template with a 32-hex trace id", tr.Href, tr.TraceID)
+			}
+			ids[tr.TraceID] = true
+		}
+		count(t, "distinct traces", len(ids), len(p.Traces))
+		keepScreenshot(t, browser, "1440x900-trace-links.png")
 	})
 	t.Logf("the browser test took %s", time.Since(began).Round(100*time.Millisecond))
 }

@@ -10,7 +10,9 @@
 // The lessons are the ones `make demo` narrates (internal/lessons); the lab
 // talks to the service only through its public API, to the channel through
 // its admin API and to the broker as the tenant's NATS user (the operator's
-// for a DLQ replay), as any client would.
+// for a DLQ replay), as any client would. The pitfall lessons also run a
+// deliberately naive order service (examples/naiveorders) in this process,
+// against the same channel, its tables in -naive-database.
 package main
 
 import (

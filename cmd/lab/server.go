@@ -92,12 +92,15 @@ func (l *lab) handleLessons(w http.ResponseWriter, r *http.Request) {
 		Number int    `json:"number"`
 		Title  string `json:"title"`
 		Why    string `json:"why"`
-		Passed *bool  `json:"passed,omitempty"`
+		// Pitfall names the mistake of a pitfall lesson, listed in a
+		// section of its own.
+		Pitfall string `json:"pitfall,omitempty"`
+		Passed  *bool  `json:"passed,omitempty"`
 	}
 	results := l.resultsSoFar()
 	var list []item
 	for _, ls := range lessons.All() {
-		it := item{Number: ls.Number, Title: ls.Title, Why: ls.Why}
+		it := item{Number: ls.Number, Title: ls.Title, Why: ls.Why, Pitfall: ls.Pitfall}
 		if p, ok := results[ls.Number]; ok {
 			it.Passed = &p
 		}

@@ -78,8 +78,10 @@ func (s *Session) operatorBroker() (jetstream.JetStream, error) {
 	return js, nil
 }
 
-// Close closes the session's connections to the broker.
+// Close closes the session's connections to the broker, and stops the
+// naive services its pitfall lessons started.
 func (s *Session) Close() {
+	s.naive.close()
 	s.natsMu.Lock()
 	defer s.natsMu.Unlock()
 	for _, nc := range []*nats.Conn{s.tenantNC, s.operatorNC} {

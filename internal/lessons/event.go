@@ -81,6 +81,13 @@ type Request struct {
 	Operation string `json:"operation,omitempty"`
 	// Resend names the request this one sends again, if it does.
 	Resend int `json:"resend,omitempty"`
+	// Naive names the mistake of the naive service the request went to
+	// (a pitfall lesson's first half); empty: it went to the service.
+	Naive string `json:"naive,omitempty"`
+	// TraceID is the trace the request's traceparent started, and
+	// TraceURL its page in the trace UI, when the session has Config.TraceURL.
+	TraceID  string `json:"trace_id,omitempty"`
+	TraceURL string `json:"trace_url,omitempty"`
 }
 
 // Answer is what came back for a request, with the headers that matter.

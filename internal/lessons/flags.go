@@ -22,5 +22,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string, getenv func(stri
 	fs.StringVar(&c.NATSURL, "nats-url", orDefault("NATS_URL", "nats://127.0.0.1:4223"), "the service's NATS server; `make run` embeds one on 127.0.0.1:4223 (env "+prefix+"NATS_URL)")
 	fs.StringVar(&c.NATSOperator, "nats-operator", orDefault("NATS_OPERATOR", "orderservice:orderservice-dev-secret"),
 		"user:password of the service's NATS user, for the operator's steps (DLQ replay, an event republished); empty shows them instead (env "+prefix+"NATS_OPERATOR)")
+	fs.StringVar(&c.NaiveDatabaseURL, "naive-database", orDefault("NAIVE_DATABASE_URL", "postgres://postgres:postgres@localhost:5432/naiveorders?sslmode=disable"),
+		"PostgreSQL for the pitfall lessons' naive service, which runs in this process (the database is created if missing) (env "+prefix+"NAIVE_DATABASE_URL)")
+	fs.StringVar(&c.TraceURL, "trace-url", orDefault("TRACE_URL", ""),
+		"a trace UI's URL with {trace_id}, e.g. http://localhost:16686/trace/{trace_id}: each request then carries a traceparent and links to its trace (env "+prefix+"TRACE_URL)")
 	fs.DurationVar(&c.SweepWait, "sweep-wait", 45*time.Second, "how long the takeover lesson waits for the service's sweeper")
 }

@@ -23,12 +23,17 @@ type Lesson struct {
 	Title string
 	// Why says why, in one paragraph faithful to the seed.
 	Why string
+	// Pitfall names the mistake a pitfall lesson shows failing (one of
+	// naive.Names: its switch in examples/naiveorders); empty for the
+	// seed's lessons.
+	Pitfall string
 	// run sends the requests, narrates them and checks the outcome with
 	// s.check; an error means it could not go on (e.g. a transport failure).
 	run func(ctx context.Context, s *Session) error
 }
 
-// All returns the lessons in the order of the seed.
+// All returns the lessons in the order of the seed, then the pitfalls
+// (lessons_pitfalls.go), numbered on from the seed's.
 func All() []Lesson {
 	list := []Lesson{
 		{
@@ -156,6 +161,7 @@ func All() []Lesson {
 			run: metricsMoved,
 		},
 	}
+	list = append(list, pitfalls()...)
 	for i := range list {
 		list[i].Number = i + 1
 	}

@@ -4,12 +4,16 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/orderservice/orderservice/examples/naiveorders/naive"
 	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/testdb"
 )
@@ -54,7 +58,7 @@ func TestEveryLessonTellsAWellFormedStory(t *testing.T) {
 	var got events
 	s := NewSession(Config{BaseURL: m.URL(), ChannelURL: "http://" + m.ChannelAddr, APIKey: apptest.KeyAcme,
 		Tenant: "acme", NATSURL: m.NATSURL, NATSOperator: "orderservice:" + m.Config.NATSServicePassword,
-		SweepWait: 15 * time.Second, Observe: true}, got.sink)
+		SweepWait: 15 * time.Second, Observe: true, NaiveDatabaseURL: dbURL}, got.sink)
 	defer s.Close()
 	if err := s.Preflight(ctx); err != nil {
 		t.Fatal(err)
@@ -96,7 +100,8 @@ func TestEveryLessonTellsAWellFormedStory(t *testing.T) {
 						t.Errorf("request %d (%s %s) is on the timeline without its body: a re-send would go out empty", e.Request.ID, e.Request.Method, e.Request.Path)
 					}
 					mu.Lock()
-					skipped := i > 0 && evs[i-1].Kind == KindSay && evs[i-1].Text == fmt.Sprintf(stepSkipped, e.Request.ID)
+					skipped := i > 0 && evs[i-1].Kind == KindSay && (evs[i-1].Text == fmt.Sprintf(stepSkipped, e.Request.ID) ||
+						evs[i-1].Text == fmt.Sprintf(stepBurst, e.Request.ID))
 					if !stepped[e.Request.ID] && !skipped {
 						t.Errorf("request %d was sent without its step, and not while another was in flight", e.Request.ID)
 					}
@@ -134,6 +139,12 @@ func TestEveryLessonTellsAWellFormedStory(t *testing.T) {
 				if !answered[id] {
 					t.Errorf("request %d has no answer event", id)
 				}
+				if r := requests[id]; r.TraceID != "" || r.TraceURL != "" {
+					t.Errorf("request %d carries trace %q (%q) with no trace URL set", id, r.TraceID, r.TraceURL)
+				}
+			}
+			if l.Pitfall != "" {
+				pitfallHasBothHalves(t, l, requests, evs)
 			}
 			if checks == 0 || whys != 1 || metrics != 1 {
 				t.Errorf("%d checks, %d whys, %d metrics events; want some, one, one", checks, whys, metrics)
@@ -156,6 +167,42 @@ func TestEveryLessonTellsAWellFormedStory(t *testing.T) {
 		}
 		if len(seen) < 3 {
 			t.Errorf("lesson 7's record lane has %d states, want create SUCCEEDED, pay FAILED_RETRYABLE and pay SUCCEEDED", len(seen))
+		}
+	})
+
+	t.Run("a naive service's request sent again goes to that naive service", func(t *testing.T) {
+		var first Request
+		var firstOrder string
+		for _, l := range All() {
+			if l.Pitfall != "dedup-on-customer-product" {
+				continue
+			}
+			for _, e := range got.of(l.Number) {
+				if e.Kind == KindRequest && e.Request.Naive != "" && first.ID == 0 {
+					first = *e.Request
+				}
+				if e.Kind == KindAnswer && e.Answer.RequestID == first.ID && first.ID != 0 && firstOrder == "" {
+					firstOrder = e.Answer.OrderID
+				}
+			}
+		}
+		if first.ID == 0 || firstOrder == "" {
+			t.Fatalf("no answered request to the naive service in the dedup-on-customer-product lesson")
+		}
+		again, err := s.Resend(ctx, first.ID, false)
+		if err != nil || again.Status != http.StatusCreated || !again.Replayed || again.OrderID != firstOrder {
+			t.Errorf("re-send of naive request %d: %+v, %v; want the naive service's first order %s replayed", first.ID, again, err, firstOrder)
+		}
+		got.mu.Lock()
+		var resent *Request
+		for i := len(got.list) - 1; i >= 0 && resent == nil; i-- {
+			if got.list[i].Kind == KindRequest {
+				resent = got.list[i].Request
+			}
+		}
+		got.mu.Unlock()
+		if resent == nil || resent.Naive != first.Naive || resent.Resend != first.ID {
+			t.Errorf("the re-send's request event = %+v, want one to the naive service making %s", resent, first.Naive)
 		}
 	})
 
@@ -184,6 +231,128 @@ func TestEveryLessonTellsAWellFormedStory(t *testing.T) {
 			t.Errorf("re-sends waited for a step: %v", stepped)
 		}
 	})
+}
+
+// pitfallHasBothHalves: a pitfall lesson sends its story to the naive
+// service making its mistake, then to the service, and checks both halves.
+func pitfallHasBothHalves(t *testing.T, l Lesson, requests map[int]Request, evs []Event) {
+	t.Helper()
+	toNaive, toService := 0, 0
+	for _, r := range requests {
+		switch r.Naive {
+		case l.Pitfall:
+			toNaive++
+		case "":
+			toService++
+		default:
+			t.Errorf("request %d went to the naive service making %s, not %s", r.ID, r.Naive, l.Pitfall)
+		}
+	}
+	var naiveChecks, serviceChecks int
+	for _, e := range evs {
+		if e.Kind == KindCheck && strings.HasPrefix(e.Text, "naive service:") {
+			naiveChecks++
+		}
+		if e.Kind == KindCheck && strings.HasPrefix(e.Text, "the service:") {
+			serviceChecks++
+		}
+	}
+	if toNaive == 0 || toService == 0 || naiveChecks == 0 || serviceChecks == 0 {
+		t.Errorf("pitfall %s: %d requests to the naive service, %d to the service, %d checks of the harm, %d of its absence; want some of each",
+			l.Pitfall, toNaive, toService, naiveChecks, serviceChecks)
+	}
+}
+
+// TestEveryPitfallIsANaiveMistake: each pitfall lesson switches on one of
+// the naive service's mistakes, and each mistake has its lesson.
+func TestEveryPitfallIsANaiveMistake(t *testing.T) {
+	var got []string
+	for _, l := range All() {
+		if l.Pitfall != "" {
+			got = append(got, l.Pitfall)
+		}
+	}
+	if want := naive.Names(); !slices.Equal(got, want) {
+		t.Errorf("pitfall lessons %v, want one per mistake, in order: %v", got, want)
+	}
+}
+
+// TestPitfallsSayWhatTheyNeed: a pitfall lesson whose naive service cannot
+// have its database stops with the reason and the setting to pass.
+func TestPitfallsSayWhatTheyNeed(t *testing.T) {
+	fake := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})) // an empty /metrics
+	defer fake.Close()
+	l, _ := ByNumber(len(All()))
+	for url, want := range map[string]string{
+		"": "the naive service needs a PostgreSQL database (pass -naive-database)",
+		"postgres://postgres:secret@127.0.0.1:1/naiveorders?connect_timeout=2": "the naive service needs PostgreSQL at postgres://postgres:xxxxx@127.0.0.1:1/naiveorders",
+	} {
+		s := NewSession(Config{BaseURL: fake.URL, ChannelURL: fake.URL, NaiveDatabaseURL: url}, nil)
+		out := s.Play(context.Background(), l, nil)
+		s.Close()
+		if out.Passed || out.Err == nil || !strings.Contains(out.Err.Error(), want) {
+			t.Errorf("with the naive database %q: %+v, want it stopped with %q", url, out, want)
+		}
+	}
+}
+
+// TestTraceparentWhenATraceURLIsSet: with a trace URL every request a lesson
+// sends starts a trace of its own (a W3C traceparent), recorded with its
+// link on the request's event; without one, neither header nor link.
+func TestTraceparentWhenATraceURLIsSet(t *testing.T) {
+	var mu sync.Mutex
+	var headers []string
+	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		headers = append(headers, r.Header.Get("traceparent"))
+		mu.Unlock()
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer fake.Close()
+	ctx := context.Background()
+	send := func(traceURL string) []Request {
+		var got events
+		s := NewSession(Config{BaseURL: fake.URL, TraceURL: traceURL}, got.sink)
+		defer s.Close()
+		for range 2 {
+			if _, err := s.Send(ctx, http.MethodPost, "/v1/orders", "K", "{}"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var out []Request
+		for _, e := range got.list {
+			if e.Kind == KindRequest {
+				out = append(out, *e.Request)
+			}
+		}
+		return out
+	}
+
+	sent := send("http://localhost:16686/trace/{trace_id}")
+	format := regexp.MustCompile(`^00-([0-9a-f]{32})-[0-9a-f]{16}-01$`)
+	if len(sent) != 2 || len(headers) != 2 {
+		t.Fatalf("%d request events, %d requests received; want 2 of each", len(sent), len(headers))
+	}
+	for i, r := range sent {
+		m := format.FindStringSubmatch(headers[i])
+		if m == nil {
+			t.Errorf("request %d: traceparent %q, want 00-<32 hex>-<16 hex>-01", i, headers[i])
+			continue
+		}
+		if r.TraceID != m[1] || r.TraceURL != "http://localhost:16686/trace/"+m[1] {
+			t.Errorf("request %d: event trace %q, link %q; want the header's trace id %s and its link", i, r.TraceID, r.TraceURL, m[1])
+		}
+	}
+	if sent[0].TraceID == sent[1].TraceID {
+		t.Errorf("two requests share trace %s: each must start its own", sent[0].TraceID)
+	}
+
+	headers = nil
+	for i, r := range send("") {
+		if headers[i] != "" || r.TraceID != "" || r.TraceURL != "" {
+			t.Errorf("without a trace URL, request %d: traceparent %q, event trace %q, link %q; want none", i, headers[i], r.TraceID, r.TraceURL)
+		}
+	}
 }
 
 func TestOperationOfNamesTheRecordsOperation(t *testing.T) {

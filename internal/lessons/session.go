@@ -35,6 +35,13 @@ type Config struct {
 	// what only an operator does: replay the DLQ, republish an event as
 	// the relay would. Empty: those steps are shown, not done.
 	NATSOperator string
+	// NaiveDatabaseURL is the PostgreSQL where the pitfall lessons' naive
+	// service (examples/naiveorders) keeps its tables, in schemas of its own.
+	NaiveDatabaseURL string
+	// TraceURL, when set, is a trace UI's URL with {trace_id} in it: every
+	// request a lesson sends then carries a traceparent of a new trace, and
+	// its timeline event the trace's id and link.
+	TraceURL string
 	// SweepWait bounds how long lesson 8 waits for the service's sweeper.
 	SweepWait time.Duration
 	// Observe makes the session read the record, the order and the
@@ -77,6 +84,9 @@ type Session struct {
 	tenantJS   jetstream.JetStream
 	operatorNC *nats.Conn
 	operatorJS jetstream.JetStream
+
+	// naive are the naive services the pitfall lessons started.
+	naive naiveServices
 
 	mu     sync.Mutex // guards what follows and serialises emit
 	sink   Sink

@@ -3,12 +3,15 @@ package lessons
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -24,6 +27,23 @@ type recorder struct {
 
 // stepSkipped is the note on a request that a step does not hold.
 const stepSkipped = "step mode sends #%d at once: another request is still in flight, and time does not wait"
+
+// stepBurst is the note on a request that goes with the first of its burst.
+const stepBurst = "step mode sends #%d with the first of its burst: one step lets the whole burst go"
+
+type burstKey struct{}
+
+// burstStep is the one step of a burst of concurrent requests: the first
+// to arrive waits for it, the others wait for that, and all go together.
+type burstStep struct {
+	once sync.Once
+	err  error
+}
+
+// withBurst marks the requests sent with ctx as one burst, for one step.
+func withBurst(ctx context.Context) context.Context {
+	return context.WithValue(ctx, burstKey{}, &burstStep{})
+}
 
 type resendKey struct{}
 
@@ -59,6 +79,17 @@ func (t *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	resend, _ := req.Context().Value(resendKey{}).(int)
 	r.Resend = resend
+	r.Naive = s.naive.naiveOf(req.URL)
+	if s.cfg.TraceURL != "" {
+		// Each request starts a trace of its own: the service (and the
+		// channel it calls) record their spans under it, and the timeline
+		// links to it.
+		var header string
+		header, r.TraceID = traceparent()
+		r.TraceURL = strings.ReplaceAll(s.cfg.TraceURL, "{trace_id}", r.TraceID)
+		req = req.Clone(req.Context())
+		req.Header.Set("traceparent", header)
+	}
 
 	s.mu.Lock()
 	s.reqID++
@@ -66,12 +97,30 @@ func (t *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 	s.requests[r.ID] = r
 	step, inFlight := s.step, s.inFlight
 	s.mu.Unlock()
+	skipped := ""
+	burst, _ := req.Context().Value(burstKey{}).(*burstStep)
 	switch {
 	case step == nil || resend != 0:
+	case burst != nil:
+		stepped := false
+		burst.once.Do(func() {
+			stepped = true
+			if burst.err = step(req.Context(), r); burst.err == nil {
+				s.mu.Lock()
+				s.resume = time.Now()
+				s.mu.Unlock()
+			}
+		})
+		if burst.err != nil {
+			return nil, burst.err
+		}
+		if !stepped {
+			skipped = stepBurst
+		}
 	case inFlight > 0:
 		// Holding it would let the request in flight finish first and tell
 		// another story (a replay where the lesson shows a 409).
-		s.note(stepSkipped, r.ID)
+		skipped = stepSkipped
 	default:
 		if err := step(req.Context(), r); err != nil {
 			return nil, err
@@ -82,14 +131,18 @@ func (t *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	s.mu.Lock()
 	s.inFlight++
+	// The note and its request go out together, even when other requests
+	// of a burst are on their way at the same moment.
+	if skipped != "" {
+		s.emitLocked(Event{Kind: KindSay, Style: StyleNote, Text: fmt.Sprintf(skipped, r.ID)})
+	}
+	s.emitLocked(Event{Kind: KindRequest, Request: &r})
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
 		s.inFlight--
 		s.mu.Unlock()
 	}()
-
-	s.emit(Event{Kind: KindRequest, Request: &r})
 	start := time.Now()
 	resp, err := t.next.RoundTrip(req)
 	a := Answer{RequestID: r.ID}
@@ -131,6 +184,15 @@ func (t *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	return resp, nil
+}
+
+// traceparent starts a new W3C trace: version 00, a random trace id and
+// parent id, sampled (01) so that a sampling service keeps the trace.
+func traceparent() (header, traceID string) {
+	b := make([]byte, 24)
+	_, _ = rand.Read(b)
+	traceID = hex.EncodeToString(b[:16])
+	return "00-" + traceID + "-" + hex.EncodeToString(b[16:]) + "-01", traceID
 }
 
 // hangUp says why no answer came, in a learner's words.
@@ -179,7 +241,9 @@ func newObserved() observed {
 
 // observe reads what an answer may have changed and emits what did.
 func (s *Session) observe(ctx context.Context, r Request, a Answer) {
-	if r.Key != "" && r.Operation != "" {
+	// A naive service's records are its own, out of the service's API's
+	// sight; the service's record under the same key is the lesson's other half.
+	if r.Key != "" && r.Operation != "" && r.Naive == "" {
 		if recs, err := s.records(ctx, r.Key); err == nil {
 			for _, rec := range recs {
 				s.noteRecord(rec)
@@ -250,12 +314,22 @@ func (s *Session) Resend(ctx context.Context, id int, newKey bool) (Answer, erro
 	if newKey || key == "" {
 		key = fmt.Sprintf("%s-lab-%d", s.runID, time.Now().UnixNano())
 	}
-	return s.Send(withResend(ctx, id), orig.Method, orig.Path, key, orig.Body)
+	base := s.cfg.BaseURL
+	if orig.Naive != "" { // to the naive service it went to
+		if base = s.naive.baseOf(orig.Naive); base == "" {
+			return Answer{}, fmt.Errorf("the naive service of request %d (%s) is no longer running", id, orig.Naive)
+		}
+	}
+	return s.sendTo(withResend(ctx, id), base, orig.Method, orig.Path, key, orig.Body)
 }
 
 // Send sends one request of the learner's own to the service, as the
 // session's tenant, and returns the answer the timeline shows for it.
 func (s *Session) Send(ctx context.Context, method, path, key, body string) (Answer, error) {
+	return s.sendTo(ctx, s.cfg.BaseURL, method, path, key, body)
+}
+
+func (s *Session) sendTo(ctx context.Context, base, method, path, key, body string) (Answer, error) {
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)
@@ -263,7 +337,7 @@ func (s *Session) Send(ctx context.Context, method, path, key, body string) (Ans
 	if _, ok := ctx.Value(resendKey{}).(int); !ok {
 		ctx = withResend(ctx, -1) // not a step of any lesson
 	}
-	req, err := http.NewRequestWithContext(ctx, method, s.cfg.BaseURL+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, base+path, rd)
 	if err != nil {
 		return Answer{}, err
 	}

@@ -20,9 +20,11 @@ async function api(path, body) {
 
 // Lessons.
 
+// renderLessons lists the seed's lessons, then the pitfalls under a heading
+// of their own: each makes one mistake in a naive service, then takes the
+// same steps against the real one.
 function renderLessons() {
-  const ol = $("lessons");
-  ol.replaceChildren(...state.lessons.map((l) => {
+  const item = (l) => {
     const b = document.createElement("button");
     b.type = "button";
     b.dataset.lesson = String(l.number);
@@ -37,7 +39,23 @@ function renderLessons() {
     const li = document.createElement("li");
     li.append(b);
     return li;
-  }));
+  };
+  const seed = document.createElement("ol");
+  seed.append(...state.lessons.filter((l) => !l.pitfall).map(item));
+  const parts = [seed];
+  const pitfalls = state.lessons.filter((l) => l.pitfall);
+  if (pitfalls.length) {
+    const head = document.createElement("h3");
+    head.id = "pitfalls-heading";
+    head.className = "section";
+    head.textContent = "Pitfalls, shown failing";
+    head.title = "each lesson makes one common mistake in a naive service (examples/naiveorders), then takes the same steps against the service";
+    const ol = document.createElement("ol");
+    ol.setAttribute("aria-labelledby", head.id);
+    ol.append(...pitfalls.map(item));
+    parts.push(head, ol);
+  }
+  $("lessons").replaceChildren(...parts);
 }
 
 // pickByNumber selects a lesson by its number as it is typed: "1" picks
@@ -72,7 +90,8 @@ function keepInView(list, item) {
 function showIntro(n) {
   const l = state.lessons.find((x) => x.number === n);
   $("title").textContent = `${l.number}. ${l.title}`;
-  $("intro").textContent = "Press r (Run) to play it, or s (Step) to send one request at a time.";
+  $("intro").textContent = (l.pitfall ? `A pitfall: a naive service making the mistake "${l.pitfall}" first (its requests are marked naive), ` +
+    "then the same steps against the service. " : "") + "Press r (Run) to play it, or s (Step) to send one request at a time.";
 }
 
 function setStatus(n, status) {

@@ -170,13 +170,18 @@ export function draw(e, resend) {
       const li = row("req", e, el("div", { class: "pill" },
         el("div", { class: "head" },
           el("b", { class: "arrow" }, `#${r.id} ${r.method} ${short(r.path)}`),
+          r.naive ? badge("naive: " + r.naive, "naive") : null,
           r.resend > 0 ? badge(`re-send of #${r.resend}`) : r.resend < 0 ? badge("your request") : null,
+          r.trace_url ? el("a", { class: "trace", href: r.trace_url, target: "_blank", rel: "noopener",
+            title: "this request's trace, " + r.trace_id }, "trace ↗") : null,
           buttons),
         r.key ? el("span", { class: "sub mono" }, "Idempotency-Key: " + shortKey(r.key)) : null));
       li.dataset.request = String(r.id);
       li.dataset.resend = String(r.resend || 0);
       li.dataset.key = r.key || "";
       li.dataset.operation = r.operation || "";
+      li.dataset.naive = r.naive || "";
+      li.dataset.traceId = r.trace_id || "";
       if (r.resend && mine > 0) {
         mine--;
         fresh.add(r.id);
