@@ -68,6 +68,10 @@ export DEMO_NATS_URL      ?= nats://127.0.0.1:4222
 export DEMO_NATS_OPERATOR ?= orderservice:orderservice-compose-secret
 export LAB_NATS_URL       ?= $(DEMO_NATS_URL)
 export LAB_NATS_OPERATOR  ?= $(DEMO_NATS_OPERATOR)
+# The pitfall lessons' naive service runs in the demo's process, against
+# compose's PostgreSQL (published on loopback 15432, password postgres).
+export DEMO_NAIVE_DATABASE_URL ?= postgres://postgres:postgres@127.0.0.1:15432/naiveorders?sslmode=disable
+export LAB_NAIVE_DATABASE_URL  ?= $(DEMO_NAIVE_DATABASE_URL)
 endif
 
 .PHONY: demo

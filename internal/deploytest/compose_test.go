@@ -70,10 +70,18 @@ func TestCompose(t *testing.T) {
 		expectPublished(t, lb, 8080)
 	})
 
-	t.Run("the lab starts after the healthy load balancer and channel and publishes 8090", func(t *testing.T) {
+	t.Run("the lab starts after the healthy load balancer, channel and database and publishes 8090", func(t *testing.T) {
 		lab := service(t, p, svcLab)
-		expectDependsOnHealthy(t, lab, svcLB, svcChannel)
+		expectDependsOnHealthy(t, lab, svcLB, svcChannel, svcPostgres)
 		expectPublished(t, lab, 8090)
+	})
+
+	t.Run("the pitfall lessons keep the naive service's tables in compose's PostgreSQL, apart from the service's", func(t *testing.T) {
+		env := environment(t, service(t, p, svcLab))
+		u, err := url.Parse(env["LAB_NAIVE_DATABASE_URL"])
+		if err != nil || u.Host != svcPostgres+":5432" || u.Path == "/orderservice" || u.Path == "/paymentchannel" {
+			t.Errorf("LAB_NAIVE_DATABASE_URL = %q, want a database of its own on %s:5432", env["LAB_NAIVE_DATABASE_URL"], svcPostgres)
+		}
 	})
 
 	t.Run("the lab plays against the replicas behind lb, as a demo tenant", func(t *testing.T) {

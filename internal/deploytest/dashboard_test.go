@@ -105,6 +105,9 @@ func TestDashboardQueriesReturnDataFromARealPrometheus(t *testing.T) {
 	// panels read; a panel left without data fails below, by its name.
 	lessonsStart := time.Now()
 	for _, l := range lessons.All() {
+		if l.Pitfall != "" {
+			continue // the pitfalls' other half is a naive service nobody scrapes
+		}
 		if out := s.Play(ctx, l, nil); !out.Passed {
 			t.Logf("lesson %d (%s) did not pass: %v", l.Number, l.Title, out.Err)
 		}
