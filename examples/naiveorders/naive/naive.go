@@ -166,13 +166,18 @@ func (s *Service) stored(db *gorm.DB, operation, scope string) (*reply, error) {
 	return &rows[0], nil
 }
 
-// complete stores the reply of the request that won the key.
+// complete stores the reply of the request that won the key. A reply once
+// stored is never overwritten (status = 0: only a row still waiting for
+// its reply). With CheckThenInsert's duplicate rows that also keeps each
+// winner to its own row: updating the others' rows too would lock them in
+// whatever order each winner met them, and PostgreSQL would end the
+// crossing waits as a deadlock.
 func (s *Service) complete(db *gorm.DB, operation, scope string, r reply) error {
 	if s.m.ExpiringCache {
 		s.cache.put(operation+" "+scope, r)
 		return nil
 	}
-	return db.Exec(`UPDATE `+s.requests+` SET status = ?, body = ? WHERE operation = ? AND scope = ?`,
+	return db.Exec(`UPDATE `+s.requests+` SET status = ?, body = ? WHERE operation = ? AND scope = ? AND status = 0`,
 		r.Status, string(r.Body), operation, scope).Error
 }
 
