@@ -215,6 +215,10 @@ func (l intList) String() string {
 }
 
 func (l *intList) Set(v string) error {
+	if v == "" { // none: -overload-limits= runs the defaults only
+		*l = nil
+		return nil
+	}
 	var out []int
 	for _, f := range strings.Split(v, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))

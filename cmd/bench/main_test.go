@@ -18,7 +18,7 @@ import (
 // never skips, without it.
 func TestQuickRun(t *testing.T) {
 	out := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
 	start := time.Now()

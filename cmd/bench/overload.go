@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"time"
@@ -96,12 +95,7 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 	o := b.opts
 	ov := &res.Overload
 	ov.Factor, ov.For, ov.ClientTimeout = 3, o.OverloadFor, 10*time.Second
-	dir, err := os.MkdirTemp("", "orderservice-bench-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	bin, err := buildService(dir)
+	bin, err := b.serviceBinary()
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"os"
 	"os/exec"
 	"syscall"
 	"time"
@@ -25,10 +26,20 @@ type serviceProcess struct {
 
 const servicePackage = "github.com/orderservice/orderservice/cmd/orderservice"
 
-// buildService compiles cmd/orderservice into dir, once per run.
-func buildService(dir string) (string, error) {
+// serviceBinary compiles cmd/orderservice once per run, into a directory
+// that close removes; the overload and the tracing scenarios share it.
+func (b *bench) serviceBinary() (string, error) {
+	if b.bin != "" {
+		return b.bin, nil
+	}
+	dir, err := os.MkdirTemp("", "orderservice-bench-")
+	if err != nil {
+		return "", err
+	}
+	b.binDir = dir
 	bins, err := testproc.Build(dir, servicePackage)
-	return bins[servicePackage], err
+	b.bin = bins[servicePackage]
+	return b.bin, err
 }
 
 // startProcess runs bin with exactly env (HTTP_ADDR set to a free port)

@@ -42,6 +42,9 @@ type bench struct {
 	// channelURL is the embedded channel's own database, fresh for the run.
 	channelURL  string
 	dropChannel func()
+
+	// bin is the service's own binary, built by serviceBinary into binDir.
+	bin, binDir string
 }
 
 func newBench(ctx context.Context, opts options, dbURL string, log io.Writer) (*bench, error) {
@@ -73,6 +76,9 @@ func (b *bench) close() {
 		b.dropChannel = nil
 	}
 	b.client.CloseIdleConnections()
+	if b.binDir != "" {
+		_ = os.RemoveAll(b.binDir)
+	}
 	if b.admin != nil {
 		b.admin.Close(context.Background())
 	}

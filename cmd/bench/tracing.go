@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
 	"slices"
 	"time"
 
@@ -59,12 +58,7 @@ func (b *bench) tracingCost(ctx context.Context, res *results) (err error) {
 			best, tr.Concurrency = l.Service.Throughput, l.Concurrency
 		}
 	}
-	dir, err := os.MkdirTemp("", "orderservice-bench-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	bin, err := buildService(dir)
+	bin, err := b.serviceBinary()
 	if err != nil {
 		return err
 	}
