@@ -86,8 +86,10 @@ type Config struct {
 	// refund gives its slot back while it waits for the channel, a duplicate
 	// while it waits with Prefer: wait); 0 turns admission control off.
 	HTTPMaxInFlight int `env:"HTTP_MAX_IN_FLIGHT" envDefault:"32"`
-	// HTTPMaxQueue is how many more may wait for a slot (FIFO); beyond it a
-	// request is refused at once.
+	// HTTPMaxQueue is the most that may wait for a slot (FIFO); fewer may
+	// when slots come free too slowly for them all to get one within a
+	// tenth of HTTP_QUEUE_TIMEOUT (never fewer than HTTP_MAX_IN_FLIGHT, nor
+	// 8). Beyond the bound a request is refused at once.
 	HTTPMaxQueue int `env:"HTTP_MAX_QUEUE" envDefault:"1024"`
 	// HTTPQueueTimeout is the longest wait for a slot; when every waiter for
 	// a fifth of it waited longer than a tenth of it (a standing queue), the

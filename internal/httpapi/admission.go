@@ -25,21 +25,39 @@ import (
 // payment channel, a duplicate waiting for its first attempt's outcome.
 //
 // A queue is for bursts, and a burst is not overload: the service drains
-// it well within its latency budget. What tells overload from a burst is
-// how long requests wait for their slot (their sojourn), as CoDel judges a
-// queue: a standing queue is one whose waiters have all waited longer than
-// a target for a whole interval (QueueTimeout/10 and QueueTimeout/5: 100ms
-// and 200ms by default). Then, and for CongestedFor after it or after any
-// refusal, a request that finds no free slot is refused at once instead of
-// waiting, and the waiters already queued longer than the target are
-// refused too (CoDel drops from the head of the queue), so the requests
-// served wait little and the refusals are fast. A refusal costs a few microseconds (no
-// routing, no per-request log line: the refusals are counted, and logged
-// at most once a second), so the excess does not eat the capacity the
-// accepted requests need.
+// it well within its latency budget. How many may wait follows from how
+// fast slots come free (Little's law): the slots over the time a request
+// holds one (a moving average) is the rate at which waiters get in, and a
+// queue longer than that rate times the target could not drain within it.
+// The bound is never below the slots (nor 8), nor above MaxQueue.
+//
+// The average starts afresh when a queue forms in an empty one, so a burst
+// is judged by how fast its own requests leave, not by the last one's. A
+// burst that arrives at once queues whole: its quick requests (duplicates
+// that give their slot back to wait for the first) keep the bound high.
+// At the onset of overload the slots are soon seen held for tens of
+// milliseconds, and the excess is refused as it arrives, in microseconds,
+// rather than after waiting.
+//
+// What tells overload from a burst is how long requests wait for their
+// slot (their sojourn), as CoDel judges a queue: a standing queue is one
+// whose waiters have all waited longer than a target for a whole interval
+// (QueueTimeout/10 and QueueTimeout/5: 100ms and 200ms by default). Then,
+// and for CongestedFor after it or after any refusal, a request that finds
+// no free slot is refused at once instead of waiting, and the waiters
+// already queued longer than the target are refused too (CoDel drops from
+// the head of the queue), so the requests served wait little and the
+// refusals are fast. A refusal costs a few microseconds (no routing, no
+// per-request log line: the refusals are counted, and logged at most once
+// a second), so the excess does not eat the capacity the accepted requests
+// need.
 type Admission struct {
-	slots        *semaphore.Weighted
-	maxQueue     int64
+	slots       *semaphore.Weighted
+	maxInFlight int64
+	maxQueue    int64
+	// holdNanos is a moving average of how long a request holds its slot
+	// (0: none was held yet).
+	holdNanos    atomic.Int64
 	queueTimeout time.Duration
 	queued       atomic.Int64
 	// congestedUntil is a UnixNano time; before it, nobody queues.
@@ -74,7 +92,7 @@ func NewAdmission(maxInFlight, maxQueue int, queueTimeout time.Duration) *Admiss
 	if maxInFlight <= 0 {
 		return nil
 	}
-	a := &Admission{slots: semaphore.NewWeighted(int64(maxInFlight)), maxQueue: int64(maxQueue), queueTimeout: queueTimeout,
+	a := &Admission{slots: semaphore.NewWeighted(int64(maxInFlight)), maxInFlight: int64(maxInFlight), maxQueue: int64(maxQueue), queueTimeout: queueTimeout,
 		target: queueTimeout / 10, interval: queueTimeout / 5}
 	a.flush.Store(newFlushSignal())
 	return a
@@ -101,7 +119,11 @@ func (a *Admission) Wrap(next http.Handler) http.Handler {
 			a.refuse(w, r)
 			return
 		}
-		ctx, release := withSlot(r.Context(), func() { a.slots.Release(1) })
+		start := time.Now()
+		ctx, release := withSlot(r.Context(), func() {
+			a.slots.Release(1)
+			a.held(time.Since(start))
+		})
 		defer release()
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})
@@ -116,7 +138,13 @@ func (a *Admission) acquire(ctx context.Context) bool {
 	if enqueued < a.congestedUntil.Load() {
 		return false
 	}
-	if a.queued.Add(1) > a.maxQueue {
+	n := a.queued.Add(1)
+	if n == 1 {
+		// A queue forming in an empty one may be a burst: how long slots
+		// were held before says nothing of how fast this queue drains.
+		a.holdNanos.Store(0)
+	}
+	if n > a.queueLimit() {
 		a.queued.Add(-1)
 		return false
 	}
@@ -142,6 +170,34 @@ func (a *Admission) acquire(ctx context.Context) bool {
 	a.waited(now, enqueued)
 	return true
 }
+
+// held adds one slot's holding time to the moving average (weight 1/8).
+func (a *Admission) held(d time.Duration) {
+	for {
+		old := a.holdNanos.Load()
+		avg := int64(d)
+		if old != 0 {
+			avg = old + (int64(d)-old)/8
+		}
+		if a.holdNanos.CompareAndSwap(old, max(avg, 1)) {
+			return
+		}
+	}
+}
+
+// queueLimit is how many may wait for a slot now: as many as get one
+// within the target, at the rate slots come free.
+func (a *Admission) queueLimit() int64 {
+	hold := a.holdNanos.Load()
+	if hold == 0 {
+		return a.maxQueue
+	}
+	return min(a.maxQueue, max(a.maxInFlight, minQueue, a.maxInFlight*int64(a.target)/hold))
+}
+
+// minQueue is the shortest bound: a few duplicates of one request sent
+// at once queue even on a service with one slot held for long.
+const minQueue = 8
 
 // waited judges the queue by one waiter's sojourn, as CoDel does: one that
 // waited less than target shows the queue still drains; once every waiter

@@ -1,6 +1,7 @@
 package httpapi_test
 
 import (
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -186,6 +187,79 @@ func TestAStandingQueueLetsItsLongWaitersGo(t *testing.T) {
 	release <- struct{}{}
 	if code := <-second; code != http.StatusOK {
 		t.Errorf("second = %d", code)
+	}
+}
+
+// The queue is as long as drains within the target at the rate slots come
+// free: with one slot held 500ms a time, a queue of more than 8 (the
+// shortest bound) could not drain within the target (200ms of a 2s
+// QueueTimeout), and the excess is refused as it arrives; with the slot
+// held a few milliseconds, the same arrivals all queue. Each case: one
+// request holds the slot, two queue behind it, the holder leaves after
+// hold (the service learns how long a slot is held), and ten more arrive.
+func TestTheQueueIsAsLongAsDrainsWithinTheTarget(t *testing.T) {
+	for _, tc := range []struct {
+		hold    time.Duration
+		refused int
+		// stale is the answer of the waiter left from before: a refusal
+		// finds the queue overloaded, and a waiter queued longer than the
+		// target leaves it (CoDel drops from the head).
+		stale int
+	}{
+		{500 * time.Millisecond, 3, http.StatusServiceUnavailable}, // the stale waiter + seven make the bound of 8
+		{2 * time.Millisecond, 0, http.StatusOK},                   // 1 slot × 200ms ÷ 2ms: room for 100
+	} {
+		entered, release := make(chan struct{}, 16), make(chan struct{}, 16)
+		a := httpapi.NewAdmission(1, 100, 2*time.Second)
+		h := a.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			entered <- struct{}{}
+			<-release
+			w.WriteHeader(http.StatusOK)
+		}))
+		holder := sendTo(h)
+		<-entered
+		next, stale := sendTo(h), sendTo(h)
+		time.Sleep(tc.hold)
+		release <- struct{}{}
+		<-entered // next or stale has the slot; the other waits
+		if code := <-holder; code != http.StatusOK {
+			t.Fatalf("hold %s: the holder = %d", tc.hold, code)
+		}
+		var queued []chan int
+		refused := 0
+		for range 10 {
+			answer := sendTo(h)
+			select {
+			case code := <-answer:
+				if code != http.StatusServiceUnavailable {
+					t.Fatalf("hold %s: an arrival answered %d before the slot came free", tc.hold, code)
+				}
+				refused++
+			case <-time.After(20 * time.Millisecond): // queued
+				queued = append(queued, answer)
+			}
+		}
+		if refused != tc.refused {
+			t.Errorf("slot held %s: %d of 10 arrivals refused at once, want %d", tc.hold, refused, tc.refused)
+		}
+		for range 2 + len(queued) {
+			release <- struct{}{}
+		}
+		// Which of next and stale got the slot is the semaphore's choice;
+		// one was served, the other answered as the stale waiter.
+		got := map[int]int{}
+		got[<-next]++
+		got[<-stale]++
+		want := map[int]int{http.StatusOK: 1}
+		want[tc.stale]++
+		if !maps.Equal(got, want) {
+			t.Errorf("slot held %s: the two first waiters answered %v, want %v", tc.hold, got, want)
+		}
+		for i, answer := range queued {
+			if code := <-answer; code != http.StatusOK {
+				t.Errorf("slot held %s: queued arrival %d = %d, want it served", tc.hold, i, code)
+			}
+		}
 	}
 }
 
