@@ -4,6 +4,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -30,12 +31,16 @@ func TestARequestRefusedByTheAdmissionLimitRecordsNothing(t *testing.T) {
 		once.Do(func() { close(inside); <-release })
 		return nil
 	}
+	// Keys of this run's own: with -count=2 the second run must not find
+	// the first's records.
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	holderKey, refusedKey := "shed-holder-"+run, "shed-refused-"+run
 	body := map[string]any{"customer_id": "cus_shed", "currency": "EUR",
 		"items": []map[string]any{{"sku": "SKU-1", "quantity": 1, "unit_price": 100}}}
 
 	holder := make(chan apptest.Response, 1)
 	go func() {
-		r, err := c.Send(http.MethodPost, "/v1/orders", "shed-holder", body, nil)
+		r, err := c.Send(http.MethodPost, "/v1/orders", holderKey, body, nil)
 		if err != nil {
 			t.Error(err)
 		}
@@ -43,7 +48,7 @@ func TestARequestRefusedByTheAdmissionLimitRecordsNothing(t *testing.T) {
 	}()
 	<-inside // the one slot is taken until release
 
-	refused := c.Do(t, http.MethodPost, "/v1/orders", "shed-refused", body)
+	refused := c.Do(t, http.MethodPost, "/v1/orders", refusedKey, body)
 	if refused.Status != http.StatusServiceUnavailable || !strings.Contains(string(refused.Body), `"code":"service_unavailable"`) {
 		t.Fatalf("second create while the slot is held = %d %s, want 503 service_unavailable", refused.Status, refused.Body)
 	}
@@ -55,10 +60,10 @@ func TestARequestRefusedByTheAdmissionLimitRecordsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	var records, orders int
-	if err := sqlDB.QueryRow(`SELECT count(*) FROM idempotency_records WHERE idempotency_key = 'shed-refused'`).Scan(&records); err != nil {
+	if err := sqlDB.QueryRow(`SELECT count(*) FROM idempotency_records WHERE idempotency_key = $1`, refusedKey).Scan(&records); err != nil {
 		t.Fatal(err)
 	}
-	if err := sqlDB.QueryRow(`SELECT count(*) FROM order_events WHERE idempotency_key = 'shed-refused'`).Scan(&orders); err != nil {
+	if err := sqlDB.QueryRow(`SELECT count(*) FROM order_events WHERE idempotency_key = $1`, refusedKey).Scan(&orders); err != nil {
 		t.Fatal(err)
 	}
 	if records != 0 || orders != 0 {
@@ -69,12 +74,12 @@ func TestARequestRefusedByTheAdmissionLimitRecordsNothing(t *testing.T) {
 	if r := <-holder; r.Status != http.StatusCreated {
 		t.Fatalf("the holder = %d %s", r.Status, r.Body)
 	}
-	retry := c.Do(t, http.MethodPost, "/v1/orders", "shed-refused", body)
+	retry := c.Do(t, http.MethodPost, "/v1/orders", refusedKey, body)
 	if retry.Status != http.StatusCreated || retry.Header.Get("Idempotent-Replayed") != "" {
 		t.Fatalf("the retry = %d (Idempotent-Replayed %q) %s, want a fresh 201", retry.Status, retry.Header.Get("Idempotent-Replayed"), retry.Body)
 	}
 	var attempts int
-	if err := sqlDB.QueryRow(`SELECT attempts FROM idempotency_records WHERE idempotency_key = 'shed-refused' AND state = 'SUCCEEDED'`).Scan(&attempts); err != nil {
+	if err := sqlDB.QueryRow(`SELECT attempts FROM idempotency_records WHERE idempotency_key = $1 AND state = 'SUCCEEDED'`, refusedKey).Scan(&attempts); err != nil {
 		t.Fatal(err)
 	}
 	if attempts != 1 {
