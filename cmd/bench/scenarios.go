@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -45,13 +46,23 @@ type bench struct {
 
 	// bin is the service's own binary, built by serviceBinary into binDir.
 	bin, binDir string
+	// natsRoot holds every embedded NATS server's store, one directory per
+	// service started (natsStores counts them); close removes it.
+	natsRoot   string
+	natsStores atomic.Int64
 }
 
 func newBench(ctx context.Context, opts options, dbURL string, log io.Writer) (*bench, error) {
 	b := &bench{opts: opts, dbURL: dbURL, log: log}
 	b.channelURL, b.dropChannel = testdb.NewURL("bench_channel")
 	var err error
+	if b.natsRoot, err = os.MkdirTemp("", "orderservice-bench-nats-"); err != nil {
+		b.dropChannel()
+		return nil, err
+	}
 	if b.admin, err = pgx.Connect(ctx, dbURL); err != nil {
+		b.dropChannel()
+		_ = os.RemoveAll(b.natsRoot)
 		return nil, err
 	}
 	// One connection per storm copy may be open at once.
@@ -76,8 +87,10 @@ func (b *bench) close() {
 		b.dropChannel = nil
 	}
 	b.client.CloseIdleConnections()
-	if b.binDir != "" {
-		_ = os.RemoveAll(b.binDir)
+	for _, dir := range []string{b.binDir, b.natsRoot} {
+		if dir != "" {
+			_ = os.RemoveAll(dir)
+		}
 	}
 	if b.admin != nil {
 		b.admin.Close(context.Background())
@@ -124,9 +137,11 @@ func (b *bench) serviceEnv(pool int, extra map[string]string) map[string]string 
 		// Only scenario 10 pays with pm_slow: long enough for a thousand
 		// copies to be waiting before it finishes.
 		"PAYMENT_SLOW_DELAY": "6s",
-		// An embedded NATS server of its own, on a free port.
+		// An embedded NATS server of its own, on a free port, with a store
+		// of its own: services run side by side (scenario 12), and nothing
+		// of an earlier run (a full run leaves hundreds of MB) is recovered.
 		"NATS_EMBEDDED_ADDR": "127.0.0.1:0",
-		"NATS_STORE_DIR":     filepath.Join(os.TempDir(), "orderservice-bench-nats"),
+		"NATS_STORE_DIR":     filepath.Join(b.natsRoot, strconv.FormatInt(b.natsStores.Add(1), 10)),
 	}
 	for k, v := range extra {
 		env[k] = v
