@@ -36,10 +36,13 @@ func (b *bench) serviceBinary() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	b.binDir = dir
 	bins, err := testproc.Build(dir, servicePackage)
-	b.bin = bins[servicePackage]
-	return b.bin, err
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return "", err
+	}
+	b.bin, b.binDir = bins[servicePackage], dir
+	return b.bin, nil
 }
 
 // startProcess runs bin with exactly env (HTTP_ADDR set to a free port)

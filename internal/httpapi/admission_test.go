@@ -93,12 +93,7 @@ func TestARequestRefusedByTheAdmissionLimitRecordsNothing(t *testing.T) {
 // One slot, QueueTimeout 400ms (target 40ms, interval 80ms); each request
 // holds the slot until the test lets it go.
 func TestAStandingQueueIsOverloadAndABriefOneIsNot(t *testing.T) {
-	entered, release := make(chan struct{}, 16), make(chan struct{}, 16)
-	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		entered <- struct{}{}
-		<-release
-		w.WriteHeader(http.StatusOK)
-	})
+	handler, entered, release := heldHandler()
 	send := sendTo
 	// steps sends, one after another, requests that each wait behind the
 	// one holding the slot for as long as it is told, then lets the holder
@@ -155,13 +150,8 @@ func TestAStandingQueueIsOverloadAndABriefOneIsNot(t *testing.T) {
 // and what is refused is refused fast. One slot, QueueTimeout 400ms
 // (target 40ms, interval 80ms).
 func TestAStandingQueueLetsItsLongWaitersGo(t *testing.T) {
-	entered, release := make(chan struct{}, 16), make(chan struct{}, 16)
-	a := httpapi.NewAdmission(1, 100, 400*time.Millisecond)
-	h := a.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		entered <- struct{}{}
-		<-release
-		w.WriteHeader(http.StatusOK)
-	}))
+	handler, entered, release := heldHandler()
+	h := httpapi.NewAdmission(1, 100, 400*time.Millisecond).Wrap(handler)
 	send := func() chan int { return sendTo(h) }
 	holder := send()
 	<-entered
@@ -214,13 +204,8 @@ func TestTheQueueIsAsLongAsDrainsWithinTheTarget(t *testing.T) {
 		{500 * time.Millisecond, 3, http.StatusServiceUnavailable}, // the stale waiter + seven make the bound of 8
 		{2 * time.Millisecond, 0, http.StatusOK},                   // 1 slot × 200ms ÷ 2ms: room for 100
 	} {
-		entered, release := make(chan struct{}, 16), make(chan struct{}, 16)
-		a := httpapi.NewAdmission(1, 100, 2*time.Second)
-		h := a.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			entered <- struct{}{}
-			<-release
-			w.WriteHeader(http.StatusOK)
-		}))
+		handler, entered, release := heldHandler()
+		h := httpapi.NewAdmission(1, 100, 2*time.Second).Wrap(handler)
 		holder := sendTo(h)
 		<-entered
 		next, stale := sendTo(h), sendTo(h)
@@ -266,6 +251,17 @@ func TestTheQueueIsAsLongAsDrainsWithinTheTarget(t *testing.T) {
 			}
 		}
 	}
+}
+
+// heldHandler answers 200 once the test lets it: each request it serves
+// says so on entered, then holds its slot until a value on release.
+func heldHandler() (h http.Handler, entered, release chan struct{}) {
+	entered, release = make(chan struct{}, 16), make(chan struct{}, 16)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		<-release
+		w.WriteHeader(http.StatusOK)
+	}), entered, release
 }
 
 // sendTo sends a create to h in the background; its status arrives on the
