@@ -104,10 +104,17 @@ func TestWaitingClientsThatHangUpLeaveNothingBehind(t *testing.T) {
 		n := apptest.GoroutinesIn("idempotency.(*Waiter).Await")
 		return n == 0, strconv.Itoa(n) + " goroutines still in Await"
 	})
-	if n := apptest.Count(t, m.DB, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-		AND application_name = 'orderservice' AND state IN ('active', 'idle in transaction')`); n > 2 {
-		t.Errorf("%d connections busy after the waiters hung up (this count's own included)", n)
-	}
+	// A waiter cut off mid-query leaves its connection to pgx's cancel
+	// request, which PostgreSQL acts on a moment later: busy connections
+	// must drain, not be gone the instant the clients are.
+	apptest.Eventually(t, 2*time.Second, "at most 2 connections busy (this query's own included)", func() (bool, string) {
+		var busy []string
+		if err := m.DB.Raw(`SELECT state || ': ' || left(query, 60) FROM pg_stat_activity WHERE datname = current_database()
+			AND application_name = 'orderservice' AND state IN ('active', 'idle in transaction')`).Scan(&busy).Error; err != nil {
+			return false, err.Error()
+		}
+		return len(busy) <= 2, strings.Join(busy, " | ")
+	})
 	t.Logf("goroutines: %d before the 50 waiters, %d after they hung up", before, runtime.NumGoroutine())
 	release()
 	if orig := first(); orig.Status != http.StatusOK {
