@@ -18,15 +18,20 @@ import (
 // load that shows how soon the service is back to normal.
 type overloadResult struct {
 	// Capacity is the most creates/s the service's process answered 201
-	// in a closed loop, at CapacityAt: scenario 1's best concurrency, not
-	// its highest, where the admission limit refuses part of the loop.
-	// InProcess is scenario 1's figure there, for the in-process service.
-	Capacity   float64
-	CapacityAt int
-	InProcess  float64
-	Factor     int
-	Rate       int // Factor × Capacity
-	For        time.Duration
+	// in a closed loop as long as the overload, at CapacityAt: scenario
+	// 1's best concurrency, not its highest, where the admission limit
+	// refuses part of the loop. It is the higher of two loops, one before
+	// the overloads (CapacityBefore) and one after them in the same
+	// process (CapacityAfter), so a slow moment of the machine's does not
+	// make it low. InProcess is scenario 1's figure there, for the
+	// in-process service.
+	Capacity                      float64
+	CapacityBefore, CapacityAfter float64
+	CapacityAt                    int
+	InProcess                     float64
+	Factor                        int
+	Rate                          int // Factor × Capacity
+	For                           time.Duration
 	// Normal is the open loop at NormalRate before any overload: what
 	// "back to normal" is compared with.
 	NormalRate   int
@@ -83,7 +88,10 @@ type overloadRun struct {
 	Healthz point
 }
 
-const healthzRate = 50
+// healthzRate is high enough for the probe's p99 to be a figure (two
+// thousand samples in a 20 s overload), low enough to cost the overload
+// nothing it would notice.
+const healthzRate = 100
 
 const recoveryBucket = 250 * time.Millisecond
 
@@ -111,23 +119,16 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 	client := &http.Client{Timeout: ov.ClientTimeout, Transport: &http.Transport{MaxIdleConns: 0, MaxIdleConnsPerHost: 4096, IdleConnTimeout: time.Minute}}
 	defer client.CloseIdleConnections()
 	// at runs fn against the service started with extra, then stops it.
-	// A fresh process has cold PostgreSQL backends; warm, when set, runs
-	// them in at the capacity's concurrency first (unmeasured), as the
-	// first run's capacity point ran in the defaults' process.
-	at := func(extra map[string]string, warm bool, fn func(svc *serviceProcess) error) error {
+	at := func(extra map[string]string, fn func(svc *serviceProcess) error) error {
 		client.CloseIdleConnections()
 		svc, err := startProcess(bin, b.serviceEnv(o.Pool, extra))
 		if err != nil {
 			return err
 		}
-		if warm && o.Warmup > 0 {
-			b.fire(ctx, shot{name: "overload-warmup", client: b.client, workers: ov.CapacityAt,
-				targeter: freshCreates(svc.url+"/v1/orders", &b.keys), duration: o.Warmup})
-		}
 		return errors.Join(fn(svc), svc.Close())
 	}
 
-	err = at(nil, false, func(svc *serviceProcess) error {
+	err = at(nil, func(svc *serviceProcess) error {
 		// The capacity: the most creates/s this process answered 201 in a
 		// closed loop, at scenario 1's best concurrency (all of them when
 		// scenario 1 did not run).
@@ -138,27 +139,32 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 			}
 		}
 		for _, c := range levels {
-			p, err := b.measure(ctx, shot{name: fmt.Sprintf("capacity-c%d", c), client: b.client, workers: c,
-				targeter: freshCreates(svc.url+"/v1/orders", &b.keys), duration: o.Duration, service: svc.pid()})
+			p, err := b.capacity(ctx, svc, c, ov.For)
 			if err != nil {
 				return err
 			}
-			b.progress("  capacity of the service's process at c=%d: %s", c, perSecond(p.Throughput))
-			if p.Throughput > ov.Capacity {
-				ov.Capacity, ov.CapacityAt = p.Throughput, c
+			if p > ov.CapacityBefore {
+				ov.CapacityBefore, ov.CapacityAt = p, c
 			}
 		}
+		ov.Capacity = ov.CapacityBefore
 		ov.Rate = int(float64(ov.Factor) * ov.Capacity)
 		ov.NormalRate = max(1, int(ov.Capacity/2))
 		cfg := svc.config
 		ov.Limits = fmt.Sprintf("HTTP_MAX_IN_FLIGHT=%d, HTTP_MAX_QUEUE=%d, HTTP_QUEUE_TIMEOUT=%s", cfg.HTTPMaxInFlight, cfg.HTTPMaxQueue, cfg.HTTPQueueTimeout)
-		if err := b.reset(ctx); err != nil {
+		if err := b.prime(ctx, svc, ov.CapacityAt); err != nil {
 			return err
 		}
 		ov.Normal = b.fire(ctx, shot{name: "normal", client: client, rate: rate(ov.NormalRate),
 			targeter: freshCreates(svc.url+"/v1/orders", &b.keys), duration: o.Duration / 2, service: svc.pid()})
 		b.progress("  normal load %d/s: p50 %s p99 %s", ov.NormalRate, ms(ov.Normal.P50), ms(ov.Normal.P99))
-		ov.Shed, err = b.overloadRun(ctx, client, ov, svc, "admission limit (defaults)")
+		if ov.Shed, err = b.overloadRun(ctx, client, ov, svc, "admission limit (defaults)"); err != nil {
+			return err
+		}
+		// The same closed loop once more, after the overload: the
+		// capacity the goodputs are held against is the higher of the two.
+		ov.CapacityAfter, err = b.capacity(ctx, svc, ov.CapacityAt, ov.For)
+		ov.Capacity = max(ov.CapacityBefore, ov.CapacityAfter)
 		return err
 	})
 	if err != nil {
@@ -175,7 +181,7 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 		others = append(others, variable{"DB_MAX_CONNS", strconv.Itoa(pool)})
 	}
 	for _, v := range others {
-		err := at(map[string]string{v.name: v.value}, true, func(svc *serviceProcess) error {
+		err := at(map[string]string{v.name: v.value}, func(svc *serviceProcess) error {
 			run, err := b.overloadRun(ctx, client, ov, svc, v.name+"="+v.value)
 			ov.Limited = append(ov.Limited, run)
 			return err
@@ -184,7 +190,7 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 			return err
 		}
 	}
-	return at(map[string]string{"HTTP_MAX_IN_FLIGHT": "0"}, true, func(svc *serviceProcess) error {
+	return at(map[string]string{"HTTP_MAX_IN_FLIGHT": "0"}, func(svc *serviceProcess) error {
 		var err error
 		ov.Unshed, err = b.overloadRun(ctx, client, ov, svc, "no admission control")
 		return err
@@ -195,7 +201,7 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overloadResult, svc *serviceProcess, setting string) (overloadRun, error) {
 	run := overloadRun{Setting: setting}
 	name := "overload " + setting
-	if err := b.reset(ctx); err != nil {
+	if err := b.prime(ctx, svc, ov.CapacityAt); err != nil {
 		return run, err
 	}
 	url := svc.url + "/v1/orders"
@@ -214,13 +220,23 @@ func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overlo
 	probe := make(chan point, 1)
 	go func() {
 		// The service's cheapest answer, meanwhile: what any answer costs
-		// on this machine under the overload, admission or not.
-		probe <- shot{name: name + "-healthz", client: b.client, rate: rate(healthzRate),
-			targeter: vegeta.NewStaticTargeter(vegeta.Target{Method: http.MethodGet, URL: svc.url + "/healthz"}), duration: ov.For}.fire(ctx)
+		// on this machine under the overload, admission or not. It goes
+		// through the overload's own client (its transport, its
+		// connections), so that it and the refusals differ only in route.
+		probe <- shot{name: name + "-healthz", client: client, rate: rate(healthzRate),
+			targeter: vegeta.NewStaticTargeter(vegeta.Target{Method: http.MethodGet, URL: svc.url + "/healthz"}), duration: ov.For, keepSamples: true}.fire(ctx)
 	}()
 	run.Point = b.fire(ctx, shot{name: name, client: client, rate: rate(ov.Rate), targeter: freshCreates(url, &b.keys),
 		duration: ov.For, keepSamples: true, service: svc.pid()})
 	run.Healthz = <-probe
+	// The probe's quantiles as the refusals' are taken (exact, from every
+	// sample), so that the two compare like with like.
+	probed := make([]time.Duration, len(run.Healthz.Samples))
+	for i, s := range run.Healthz.Samples {
+		probed[i] = s.Latency
+	}
+	slices.Sort(probed)
+	run.Healthz.P50, run.Healthz.P90, run.Healthz.P99, run.Healthz.Samples = quantile(probed, 0.5), quantile(probed, 0.9), quantile(probed, 0.99), nil
 	run.After = <-after
 	if err := ctx.Err(); err != nil {
 		return run, err
@@ -253,6 +269,38 @@ func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overlo
 		run.Timeout, run.Other, run.Goodput, run.BackToNormal.Round(time.Millisecond), run.Recovered)
 	b.progress("  %s: GET /healthz meanwhile: p50 %s p99 %s", name, ms(run.Healthz.P50), ms(run.Healthz.P99))
 	return run, nil
+}
+
+// prime empties the tables, then runs creates in a closed loop at c (at
+// least the pool's size) for the warm-up, unmeasured, so that every
+// connection of the service's pool
+// has planned its statements on the new tables: a PostgreSQL backend
+// rebuilds its caches of a table after TRUNCATE, and a measurement that
+// starts on cold backends starts with a stall that is the benchmark's doing,
+// not the service's. Every measurement of this scenario starts here.
+func (b *bench) prime(ctx context.Context, svc *serviceProcess, c int) error {
+	if err := b.reset(ctx); err != nil {
+		return err
+	}
+	if b.opts.Warmup > 0 {
+		w := b.fire(ctx, shot{name: "overload-warmup", client: b.client, workers: max(c, b.opts.Pool),
+			targeter: freshCreates(svc.url+"/v1/orders", &b.keys), duration: b.opts.Warmup})
+		if w.Throughput == 0 && ctx.Err() == nil {
+			return fmt.Errorf("overload warm-up: no create succeeded: %s %v", statuses(w), w.Errors)
+		}
+	}
+	return ctx.Err()
+}
+
+// capacity is the creates/s svc answers 201 in a closed loop at c, for d.
+func (b *bench) capacity(ctx context.Context, svc *serviceProcess, c int, d time.Duration) (float64, error) {
+	if err := b.prime(ctx, svc, c); err != nil {
+		return 0, err
+	}
+	p := b.fire(ctx, shot{name: fmt.Sprintf("capacity-c%d", c), client: b.client, workers: c,
+		targeter: freshCreates(svc.url+"/v1/orders", &b.keys), duration: d, service: svc.pid()})
+	b.progress("  capacity of the service's process at c=%d: %s", c, perSecond(p.Throughput))
+	return p.Throughput, ctx.Err()
 }
 
 // start is when the first request of p was sent.
