@@ -189,6 +189,49 @@ func TestWALWaitsAreSplitByTheWindowsWithARefusal(t *testing.T) {
 	}
 }
 
+// The service is back to normal where a whole hold of normal pieces
+// begins; a slow piece after it is a hiccup, counted, not a later
+// recovery; a load with no such hold has not recovered.
+func TestBackToNormalIsWhereAHoldOfNormalPiecesBegins(t *testing.T) {
+	start := time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC)
+	limit := 20 * time.Millisecond
+	// load builds a load of 250ms pieces, one answer each: 201 in time
+	// unless the piece's letter says slow (s) or refused (r).
+	load := func(pieces string) point {
+		var p point
+		for i, c := range pieces {
+			s := sample{At: start.Add(time.Duration(i) * recoveryBucket), Code: 201, Latency: time.Millisecond}
+			switch c {
+			case 's':
+				s.Latency = 2 * limit
+			case 'r':
+				s.Code = 503
+			}
+			p.Samples = append(p.Samples, s)
+		}
+		return p
+	}
+	for _, c := range []struct {
+		pieces    string
+		want      time.Duration
+		recovered bool
+		slowAfter int
+	}{
+		{"ssr.............", 750 * time.Millisecond, true, 0},
+		{"s.........s.....", 250 * time.Millisecond, true, 1},
+		{"................", 0, true, 0},
+		{"s........s......", 250 * time.Millisecond, true, 1},
+		{"ss......s........", 2250 * time.Millisecond, true, 0},
+		{"s......s......s.", 4 * time.Second, false, 0},
+	} {
+		got, recovered, slowAfter := backToNormal(slowBuckets(load(c.pieces), start, limit))
+		if got != c.want || recovered != c.recovered || slowAfter != c.slowAfter {
+			t.Errorf("%s: back to normal %s (recovered %v, %d slow after), want %s (%v, %d)",
+				c.pieces, got, recovered, slowAfter, c.want, c.recovered, c.slowAfter)
+		}
+	}
+}
+
 // The phase-by-phase ratio pairs each phase with the cleanup job with the
 // phase without it right after, and leaves phase 0 out.
 func TestThePhaseByPhaseP99PairsEachCleanupPhaseWithTheNext(t *testing.T) {

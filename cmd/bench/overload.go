@@ -34,9 +34,12 @@ type overloadResult struct {
 	For                           time.Duration
 	// Normal is the open loop at NormalRate before any overload: what
 	// "back to normal" is compared with.
-	NormalRate   int
-	Normal       point
-	Shed, Unshed overloadRun
+	NormalRate int
+	Normal     point
+	// NormalSlow is how many of the normal load's NormalBuckets were slow
+	// by the measure BackToNormal takes: the machine's own hiccups.
+	NormalSlow, NormalBuckets int
+	Shed, Unshed              overloadRun
 	// Limited is the same overload with the service restarted at each
 	// HTTP_MAX_IN_FLIGHT of -overload-limits and each DB_MAX_CONNS of
 	// -overload-pools.
@@ -79,10 +82,12 @@ type overloadRun struct {
 	After   point
 	// BackToNormal is when, after the overload stopped sending, the normal
 	// load's answers were all 201 again and no slower than twice the normal
-	// p99, in buckets of recoveryBucket; Recovered false means not within
-	// the load after it.
+	// p99 for recoveryHold in a row, in buckets of recoveryBucket;
+	// Recovered false means not within the load after it. SlowAfter counts
+	// the slow buckets after that.
 	BackToNormal time.Duration
 	Recovered    bool
+	SlowAfter    int
 	// Healthz is GET /healthz at healthzRate during the overload: no
 	// admission, no database, the cheapest answer the service gives.
 	Healthz point
@@ -94,6 +99,11 @@ type overloadRun struct {
 const healthzRate = 100
 
 const recoveryBucket = 250 * time.Millisecond
+
+// recoveryHold is how long the service must answer normally for it to be
+// back to normal: one slow bucket later is a hiccup (counted), not the
+// overload still being worked off.
+const recoveryHold = 2 * time.Second
 
 // overload is scenario 8. Its service runs in a process of its own, the
 // binary cmd/orderservice builds with the bench's configuration (see
@@ -156,7 +166,9 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 			return err
 		}
 		ov.Normal = b.fire(ctx, shot{name: "normal", client: client, rate: rate(ov.NormalRate),
-			targeter: freshCreates(svc.url+"/v1/orders", &b.keys), duration: o.Duration / 2, service: svc.pid()})
+			targeter: freshCreates(svc.url+"/v1/orders", &b.keys), duration: o.Duration / 2, service: svc.pid(), keepSamples: true})
+		slow := slowBuckets(ov.Normal, start(ov.Normal), ov.normalLimit())
+		ov.NormalSlow, ov.NormalBuckets, ov.Normal.Samples = trues(slow), len(slow), nil
 		b.progress("  normal load %d/s: p50 %s p99 %s", ov.NormalRate, ms(ov.Normal.P50), ms(ov.Normal.P99))
 		if ov.Shed, err = b.overloadRun(ctx, client, ov, svc, "admission limit (defaults)"); err != nil {
 			return err
@@ -263,7 +275,7 @@ func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overlo
 	// Accepted answers per second from the first request sent to the last
 	// answer received: a backlog answered late does not count as capacity.
 	run.Goodput = float64(run.Accepted) / max(run.Point.Drain, ov.For).Seconds()
-	run.BackToNormal, run.Recovered = backToNormal(run.After, start(run.After), 2*max(ov.Normal.P99, 5*time.Millisecond))
+	run.BackToNormal, run.Recovered, run.SlowAfter = backToNormal(slowBuckets(run.After, start(run.After), ov.normalLimit()))
 	b.progress("  %s at %d/s: %d accepted (p50 %s p99 %s), %d refused (p99 %s), %d timeouts, %d other; goodput %.0f/s; back to normal after %s (%v)",
 		name, ov.Rate, run.Accepted, ms(run.AcceptedP50), ms(run.AcceptedP99), run.Refused, ms(run.RefusedP99),
 		run.Timeout, run.Other, run.Goodput, run.BackToNormal.Round(time.Millisecond), run.Recovered)
@@ -317,33 +329,54 @@ func start(p point) time.Time {
 	return first
 }
 
-// backToNormal finds the end of the last bucket (by send time, from
-// origin) with an answer other than 201 or a p90 slower than limit.
-// Recovered is false when that is the last bucket of the load.
-func backToNormal(p point, origin time.Time, limit time.Duration) (time.Duration, bool) {
-	if len(p.Samples) == 0 {
-		return 0, false
-	}
-	buckets := map[int][]time.Duration{}
-	last, lastBad := 0, -1
+// normalLimit is the slowest p90 a bucket of the normal load may have:
+// twice the normal load's p99 (at least 10ms).
+func (ov *overloadResult) normalLimit() time.Duration {
+	return 2 * max(ov.Normal.P99, 5*time.Millisecond)
+}
+
+// slowBuckets cuts p into buckets of recoveryBucket by send time from
+// origin and tells, for each, whether it was slow: an answer other than
+// 201, or a p90 above limit.
+func slowBuckets(p point, origin time.Time, limit time.Duration) []bool {
+	var buckets [][]time.Duration
+	var bad []bool
 	for _, s := range p.Samples {
-		i := int(s.At.Sub(origin) / recoveryBucket)
-		last = max(last, i)
-		buckets[i] = append(buckets[i], s.Latency)
-		if s.Code != http.StatusCreated {
-			lastBad = max(lastBad, i)
+		i := max(0, int(s.At.Sub(origin)/recoveryBucket))
+		for len(buckets) <= i {
+			buckets, bad = append(buckets, nil), append(bad, false)
 		}
+		buckets[i] = append(buckets[i], s.Latency)
+		bad[i] = bad[i] || s.Code != http.StatusCreated
 	}
 	for i, lat := range buckets {
 		slices.Sort(lat)
-		if quantile(lat, 0.9) > limit {
-			lastBad = max(lastBad, i)
+		bad[i] = bad[i] || quantile(lat, 0.9) > limit
+	}
+	return bad
+}
+
+// backToNormal is the end of the last slow bucket before the first
+// recoveryHold of buckets that are all normal, and how many slow buckets
+// came after that hold began. Recovered is false when no such hold came
+// within the load; the duration is then the load's length.
+func backToNormal(slow []bool) (d time.Duration, recovered bool, slowAfter int) {
+	hold := int(recoveryHold / recoveryBucket)
+	for i := 0; i+hold <= len(slow); i++ {
+		if !slices.Contains(slow[i:i+hold], true) {
+			return time.Duration(i) * recoveryBucket, true, trues(slow[i:])
 		}
 	}
-	if lastBad == last {
-		return time.Duration(last+1) * recoveryBucket, false
+	return time.Duration(len(slow)) * recoveryBucket, false, 0
+}
+
+// trues is how many of bs are true.
+func trues(bs []bool) int {
+	n := 0
+	for _, b := range bs {
+		n += btoi(b)
 	}
-	return time.Duration(lastBad+1) * recoveryBucket, true
+	return n
 }
 
 func btoi(b bool) int {

@@ -36,10 +36,10 @@ type reportData struct {
 	*results
 	Chart string // the chart's file name; empty: no chart
 
-	NoisyCores                                                     float64
-	AdmissionMemory, RecoveryBucket, RefusalWindow, WALSampleEvery time.Duration
-	HealthzRate                                                    int
-	Tenant                                                         string
+	NoisyCores                                                                   float64
+	AdmissionMemory, RecoveryBucket, RecoveryHold, RefusalWindow, WALSampleEvery time.Duration
+	HealthzRate                                                                  int
+	Tenant                                                                       string
 }
 
 // render writes the whole report as Markdown: the machine, the method and
@@ -47,7 +47,7 @@ type reportData struct {
 func render(res *results, chartFile string) (string, error) {
 	var b strings.Builder
 	err := reportTemplate.Execute(&b, reportData{results: res, Chart: chartFile,
-		NoisyCores: noisyCores, AdmissionMemory: admissionMemory, RecoveryBucket: recoveryBucket, RefusalWindow: refusalWindow,
+		NoisyCores: noisyCores, AdmissionMemory: admissionMemory, RecoveryBucket: recoveryBucket, RecoveryHold: recoveryHold, RefusalWindow: refusalWindow,
 		WALSampleEvery: walSampleEvery, HealthzRate: healthzRate, Tenant: benchTenant})
 	return b.String(), err
 }
