@@ -266,6 +266,59 @@ func TestSupersededOwnerCannotWrite(t *testing.T) {
 		wantError(t, "the superseded owner's answer", late.err, problem.RequestInProgress)
 	})
 
+	// The fence is the first thing phase 3 checks: a superseded owner is
+	// stopped before it takes the order's lock, so it neither waits behind
+	// its successor nor holds up anyone else.
+	t.Run("the superseded owner is stopped before it waits for the order", func(t *testing.T) {
+		a := newAcquirer()
+		s := useCases(t, a.channel(), 5*time.Second)
+		id, key := placeOrder(t, s), newKey("R2-before-lock")
+		reached, release := blockFirstSettle(t, &s.Hooks)
+
+		firstOwner := payInBackground(s, acme(key), id, payment.MethodOK)
+		<-reached
+		leaseRunsOut(t, s, order.OpPay, key)
+		in := idempotency.Intent{Scope: idempotency.Scope{TenantID: "acme", Operation: order.OpPay, Key: key},
+			Fingerprint: recordOf(t, s, order.OpPay, key).Fingerprint}
+		if held, err := s.Records.ClaimOrReplay(s.DB, in); err != nil || held.Token() != 2 {
+			t.Fatalf("successor's takeover = %+v, %v", held, err)
+		}
+		// Someone else holds the order's row until the first owner answers.
+		locker := s.DB.Begin()
+		t.Cleanup(func() { locker.Rollback() })
+		var locked, lockerPID int
+		if err := locker.Raw("SELECT 1 FROM orders WHERE id = ? FOR UPDATE", id).Scan(&locked).Error; err != nil || locked != 1 {
+			t.Fatalf("lock the order: %v (%d rows)", err, locked)
+		}
+		if err := locker.Raw("SELECT pg_backend_pid()").Scan(&lockerPID).Error; err != nil {
+			t.Fatal(err)
+		}
+		release()
+		// Until it answers, nobody may wait for the order's lock
+		// (lock_timeout would turn such a wait into the same 409, so the
+		// answer alone does not show it).
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+	waiting:
+		for {
+			select {
+			case late := <-firstOwner:
+				wantError(t, "the superseded owner's answer", late.err, problem.RequestInProgress)
+				break waiting
+			case <-tick.C:
+				if n := count(t, s.DB, `SELECT count(*) FROM pg_stat_activity WHERE ? = ANY(pg_blocking_pids(pid))`, lockerPID); n > 0 {
+					t.Fatal("the superseded owner waits for the order's lock: phase 3 did not stop it at the fence first")
+				}
+			}
+		}
+		// The successor dies; a retry finishes the intent, one charge.
+		locker.Rollback()
+		leaseRunsOut(t, s, order.OpPay, key)
+		done, err := s.Pay(t.Context(), acme(key), id, payWith(payment.MethodOK))
+		wantOutcome(t, "retry after the successor's lease", done, err, idempotency.OutcomeDone)
+		wantCounted(t, a, ledger{charges: 1, declined: 0, refunds: 0, requests: 1, lookups: 1, duplicates: 0})
+	})
+
 	t.Run("the first owner's settle is refused while a successor holds the intent", func(t *testing.T) {
 		a := newAcquirer()
 		s := useCases(t, a.channel(), 5*time.Second)
