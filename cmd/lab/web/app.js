@@ -152,6 +152,7 @@ function onEvent(e) {
       return;
     case "lesson_start":
       state.shown = e.lesson;
+      delete $("main").dataset.lessonDone; // it marks the lesson shown as finished
       timeline.clear(e);
       select(e.lesson, false);
       setStatus(e.lesson, "running");
