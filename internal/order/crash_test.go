@@ -266,16 +266,16 @@ func TestSupersededOwnerCannotWrite(t *testing.T) {
 		wantError(t, "the superseded owner's answer", late.err, problem.RequestInProgress)
 	})
 
-	// The fence is the first thing phase 3 checks: a superseded owner is
-	// stopped before it takes the order's lock, so it neither waits behind
-	// its successor nor holds up anyone else.
-	t.Run("the superseded owner is stopped before it waits for the order", func(t *testing.T) {
-		a := newAcquirer()
-		s := useCases(t, a.channel(), 5*time.Second)
-		id, key := placeOrder(t, s), newKey("R2-before-lock")
+	// takenOverBeforeSettle starts a pay whose first owner stops right
+	// after the channel answered; its lease runs out and a successor takes
+	// the intent over (token 2) without settling it. release lets the first
+	// owner go on to phase 3; firstOwner is its answer.
+	takenOverBeforeSettle := func(t *testing.T, prefix string) (a *acquirer, s *order.Service, id, key string, release func(), firstOwner <-chan answer) {
+		a = newAcquirer()
+		s = useCases(t, a.channel(), 5*time.Second)
+		id, key = placeOrder(t, s), newKey(prefix)
 		reached, release := blockFirstSettle(t, &s.Hooks)
-
-		firstOwner := payInBackground(s, acme(key), id, payment.MethodOK)
+		firstOwner = payInBackground(s, acme(key), id, payment.MethodOK)
 		<-reached
 		leaseRunsOut(t, s, order.OpPay, key)
 		in := idempotency.Intent{Scope: idempotency.Scope{TenantID: "acme", Operation: order.OpPay, Key: key},
@@ -283,6 +283,14 @@ func TestSupersededOwnerCannotWrite(t *testing.T) {
 		if held, err := s.Records.ClaimOrReplay(s.DB, in); err != nil || held.Token() != 2 {
 			t.Fatalf("successor's takeover = %+v, %v", held, err)
 		}
+		return a, s, id, key, release, firstOwner
+	}
+
+	// The fence is the first thing phase 3 checks: a superseded owner is
+	// stopped before it takes the order's lock, so it neither waits behind
+	// its successor nor holds up anyone else.
+	t.Run("the superseded owner is stopped before it waits for the order", func(t *testing.T) {
+		a, s, id, key, release, firstOwner := takenOverBeforeSettle(t, "R2-before-lock")
 		// Someone else holds the order's row until the first owner answers.
 		locker := s.DB.Begin()
 		t.Cleanup(func() { locker.Rollback() })
@@ -320,21 +328,7 @@ func TestSupersededOwnerCannotWrite(t *testing.T) {
 	})
 
 	t.Run("the first owner's settle is refused while a successor holds the intent", func(t *testing.T) {
-		a := newAcquirer()
-		s := useCases(t, a.channel(), 5*time.Second)
-		id, key := placeOrder(t, s), newKey("R2-held")
-		reached, release := blockFirstSettle(t, &s.Hooks)
-
-		firstOwner := payInBackground(s, acme(key), id, payment.MethodOK)
-		<-reached
-		leaseRunsOut(t, s, order.OpPay, key)
-		// A successor takes the intent over and has not settled yet.
-		in := idempotency.Intent{Scope: idempotency.Scope{TenantID: "acme", Operation: order.OpPay, Key: key},
-			Fingerprint: recordOf(t, s, order.OpPay, key).Fingerprint}
-		held, err := s.Records.ClaimOrReplay(s.DB, in)
-		if err != nil || held.Token() != 2 {
-			t.Fatalf("successor's takeover = %+v, %v", held, err)
-		}
+		a, s, id, key, release, firstOwner := takenOverBeforeSettle(t, "R2-held")
 		release()
 		late := <-firstOwner
 		wantError(t, "the superseded owner's answer", late.err, problem.RequestInProgress)
