@@ -92,9 +92,9 @@ type Config struct {
 	// 8). Beyond the bound a request is refused at once.
 	HTTPMaxQueue int `env:"HTTP_MAX_QUEUE" envDefault:"1024"`
 	// HTTPQueueTimeout is the longest wait for a slot; when every waiter for
-	// a fifth of it waited longer than a tenth of it (a standing queue), the
-	// waiters queued longer than that tenth and new arrivals are refused at
-	// once (docs/concepts.md §9).
+	// a fifth of it waited longer than a tenth of it (a standing queue), new
+	// arrivals that find no free slot are refused at once, and those already
+	// queued are still served (docs/concepts.md §9).
 	HTTPQueueTimeout time.Duration `env:"HTTP_QUEUE_TIMEOUT" envDefault:"1s"`
 
 	// Lease is how long an owner may work on an intent before it can be

@@ -32,7 +32,8 @@ import (
 // The bound is never below the slots (nor 8), nor above MaxQueue.
 //
 // The average starts afresh when a queue forms in an empty one, so a burst
-// is judged by how fast its own requests leave, not by the last one's. A
+// is judged by how fast its own requests leave, not by the last one's
+// (once a few have: see queueLimit). A
 // burst that arrives at once queues whole: its quick requests (duplicates
 // that give their slot back to wait for the first) keep the bound high.
 // At the onset of overload the slots are soon seen held for tens of
@@ -44,20 +45,23 @@ import (
 // whose waiters have all waited longer than a target for a whole interval
 // (QueueTimeout/10 and QueueTimeout/5: 100ms and 200ms by default). Then,
 // and for CongestedFor after it or after any refusal, a request that finds
-// no free slot is refused at once instead of waiting, and the waiters
-// already queued longer than the target are refused too (CoDel drops from
-// the head of the queue), so the requests served wait little and the
-// refusals are fast. A refusal costs a few microseconds (no routing, no
-// per-request log line: the refusals are counted, and logged at most once
-// a second), so the excess does not eat the capacity the accepted requests
-// need.
+// no free slot is refused at once instead of waiting. A place in the queue
+// is a promise: the bound keeps what is queued within the target of being
+// served, so the waiters already queued are served, not sent away after
+// waiting (CoDel drops from the head of a queue it does not bound), and
+// every refusal is decided as the request arrives, with nothing waited for
+// (the queue timeout, for an estimate gone wrong, is the one exception). A
+// refusal costs a few microseconds (no routing, no per-request log line:
+// the refusals are counted, and logged at most once a second), so the
+// excess does not eat the capacity the accepted requests need.
 type Admission struct {
 	slots       *semaphore.Weighted
 	maxInFlight int64
 	maxQueue    int64
-	// holdNanos is a moving average of how long a request holds its slot
-	// (0: none was held yet).
+	// holdNanos is a moving average of how long a request holds its slot,
+	// over holds slots given back since the queue last formed (0: none).
 	holdNanos    atomic.Int64
+	holds        atomic.Int64
 	queueTimeout time.Duration
 	queued       atomic.Int64
 	// congestedUntil is a UnixNano time; before it, nobody queues.
@@ -69,9 +73,6 @@ type Admission struct {
 	// waited longer than target for a whole interval, if none waits less
 	// meanwhile (0: the last one waited less).
 	aboveUntil atomic.Int64
-	// flush is done when the queue is found standing: the waiters queued
-	// longer than target then give up their place.
-	flush atomic.Pointer[flushSignal]
 
 	// OnShed, when set, is told of every refusal (for metrics).
 	OnShed func()
@@ -92,10 +93,8 @@ func NewAdmission(maxInFlight, maxQueue int, queueTimeout time.Duration) *Admiss
 	if maxInFlight <= 0 {
 		return nil
 	}
-	a := &Admission{slots: semaphore.NewWeighted(int64(maxInFlight)), maxInFlight: int64(maxInFlight), maxQueue: int64(maxQueue), queueTimeout: queueTimeout,
+	return &Admission{slots: semaphore.NewWeighted(int64(maxInFlight)), maxInFlight: int64(maxInFlight), maxQueue: int64(maxQueue), queueTimeout: queueTimeout,
 		target: queueTimeout / 10, interval: queueTimeout / 5}
-	a.flush.Store(newFlushSignal())
-	return a
 }
 
 // overloaded is the refusal's body, rendered once.
@@ -142,6 +141,7 @@ func (a *Admission) acquire(ctx context.Context) bool {
 	if n == 1 {
 		// A queue forming in an empty one may be a burst: how long slots
 		// were held before says nothing of how fast this queue drains.
+		a.holds.Store(0)
 		a.holdNanos.Store(0)
 	}
 	if n > a.queueLimit() {
@@ -149,35 +149,25 @@ func (a *Admission) acquire(ctx context.Context) bool {
 		return false
 	}
 	wait, cancel := context.WithTimeout(ctx, a.queueTimeout)
-	// A flush of the queue takes this waiter out if it waited too long.
-	stop := context.AfterFunc(a.flush.Load().ctx, func() {
-		if time.Since(time.Unix(0, enqueued)) > a.target {
-			cancel()
-		}
-	})
 	err := a.slots.Acquire(wait, 1)
-	stop()
 	cancel()
 	a.queued.Add(-1)
 	if err != nil {
 		return false
 	}
-	now := time.Now().UnixNano()
-	if now < a.congestedUntil.Load() && time.Duration(now-enqueued) > a.target {
-		a.slots.Release(1) // queued too long while the queue stands: refused, the slot goes on
-		return false
-	}
-	a.waited(now, enqueued)
+	a.waited(time.Now().UnixNano(), enqueued)
 	return true
 }
 
-// held adds one slot's holding time to the moving average (weight 1/8).
+// held adds one slot's holding time to the moving average: the mean of
+// the first eight since the queue formed, then a weight of 1/8.
 func (a *Admission) held(d time.Duration) {
+	w := min(a.holds.Add(1), 8)
 	for {
 		old := a.holdNanos.Load()
 		avg := int64(d)
 		if old != 0 {
-			avg = old + (int64(d)-old)/8
+			avg = old + (int64(d)-old)/w
 		}
 		if a.holdNanos.CompareAndSwap(old, max(avg, 1)) {
 			return
@@ -186,10 +176,13 @@ func (a *Admission) held(d time.Duration) {
 }
 
 // queueLimit is how many may wait for a slot now: as many as get one
-// within the target, at the rate slots come free.
+// within the target, at the rate slots come free. Until as many slots as
+// the service has (at most eight) were given back since the queue formed,
+// there is no bound but MaxQueue: one request's hold, slowed by the very
+// burst it belongs to, is no estimate of how fast that burst drains.
 func (a *Admission) queueLimit() int64 {
 	hold := a.holdNanos.Load()
-	if hold == 0 {
+	if hold == 0 || a.holds.Load() < min(a.maxInFlight, 8) {
 		return a.maxQueue
 	}
 	return min(a.maxQueue, max(a.maxInFlight, minQueue, a.maxInFlight*int64(a.target)/hold))
@@ -213,9 +206,6 @@ func (a *Admission) waited(now, enqueued int64) {
 	case until == 0:
 		a.aboveUntil.CompareAndSwap(0, now+int64(a.interval))
 	case now >= until:
-		if now >= a.congestedUntil.Load() {
-			a.flush.Swap(newFlushSignal()).done()
-		}
 		a.congestedUntil.Store(now + int64(CongestedFor))
 	}
 }
@@ -239,18 +229,6 @@ func (a *Admission) refuse(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodHead {
 		_, _ = w.Write(overloaded)
 	}
-}
-
-// flushSignal is done once, when the queue it was current for is found
-// standing.
-type flushSignal struct {
-	ctx  context.Context
-	done context.CancelFunc
-}
-
-func newFlushSignal() *flushSignal {
-	ctx, done := context.WithCancel(context.Background())
-	return &flushSignal{ctx, done}
 }
 
 // underV1 reports whether path is one of the /v1 routes, the API that
