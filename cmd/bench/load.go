@@ -166,6 +166,30 @@ func quantile(sorted []time.Duration, q float64) time.Duration {
 	return sorted[max(0, min(i, len(sorted)-1))]
 }
 
+// quantileHigh is an upper bound, at 95 % confidence, on the q quantile of
+// the distribution the samples in sorted were drawn from. The r-th
+// smallest sample lies at or above that quantile when fewer than r samples
+// fell below it, that is when at least n-r+1 fell above it: a binomial
+// count (n, 1-q). The bound is the r-th smallest for the smallest r whose
+// chance is at least 95 %, summed exactly (no normal approximation: at
+// q = 0.99 the count above is small and skewed).
+func quantileHigh(sorted []time.Duration, q float64) time.Duration {
+	n := len(sorted)
+	if n == 0 {
+		return 0
+	}
+	p := 1 - q
+	// below is P(count above < m), summed while it leaves 95 % for "at
+	// least m above".
+	pmf, below, m := math.Pow(1-p, float64(n)), 0.0, 0
+	for m < n && below+pmf <= 0.05 {
+		below += pmf
+		pmf *= float64(n-m) / float64(m+1) * p / (1 - p)
+		m++
+	}
+	return sorted[max(0, n-m)] // the (n-m+1)-th smallest
+}
+
 // stopAfter ends an attack once hits requests were sent: vegeta then fires
 // exactly that many, however many workers are ready.
 type stopAfter struct {

@@ -18,9 +18,10 @@ import (
 // load that shows how soon the service is back to normal.
 type overloadResult struct {
 	// Capacity is the most creates/s the service's process answered 201
-	// in a closed loop as long as the overload, at CapacityAt: scenario
-	// 1's best concurrency, not its highest, where the admission limit
-	// refuses part of the loop. It is the higher of two loops, one before
+	// in a closed loop as long as the overload, at CapacityAt: the better
+	// of CapacityLevels, scenario 1's best concurrency and the service's
+	// in-flight limit (none above it, where the admission limit refuses
+	// part of the loop). It is the higher of two loops, one before
 	// the overloads (CapacityBefore) and one after them in the same
 	// process (CapacityAfter), so a slow moment of the machine's does not
 	// make it low. InProcess is scenario 1's figure there, for the
@@ -28,6 +29,7 @@ type overloadResult struct {
 	Capacity                      float64
 	CapacityBefore, CapacityAfter float64
 	CapacityAt                    int
+	CapacityLevels                []int
 	InProcess                     float64
 	Factor                        int
 	Rate                          int // Factor × Capacity
@@ -46,6 +48,9 @@ type overloadResult struct {
 	Limited       []overloadRun
 	ClientTimeout time.Duration
 	Limits        string // the admission settings of the shedding run
+	// Cores is how the machine's CPUs were split between the load
+	// generator and the service.
+	Cores cores
 }
 
 // Runs are the overloads in the order they ran: the defaults, the other
@@ -90,8 +95,18 @@ type overloadRun struct {
 	SlowAfter    int
 	// Healthz is GET /healthz at healthzRate during the overload: no
 	// admission, no database, the cheapest answer the service gives.
-	Healthz point
+	// HealthzP99High is an upper bound on its p99 at 95 % confidence: a
+	// p99 no higher is one the probe's samples cannot tell from the floor's.
+	Healthz        point
+	HealthzP99High time.Duration
 }
+
+// FloorMet reports whether the refusals were answered no slower than the
+// machine's floor: their p99 no higher than the highest p99 /healthz's
+// samples leave possible. The refusals' p99 comes from ten times as many
+// samples as the probe's; judged against the probe's p99 alone, two
+// answers drawn from one distribution would fail half the time.
+func (r overloadRun) FloorMet() bool { return r.RefusedP99 <= r.HealthzP99High }
 
 // healthzRate is high enough for the probe's p99 to be a figure (two
 // thousand samples in a 20 s overload), low enough to cost the overload
@@ -126,6 +141,11 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 		b.svc, svcErr = b.startService(ctx, o.Pool, nil)
 		err = errors.Join(err, svcErr)
 	}()
+	ov.Cores = splitCores()
+	if err := ov.Cores.toGenerator(); err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, ov.Cores.restore()) }()
 	client := &http.Client{Timeout: ov.ClientTimeout, Transport: &http.Transport{MaxIdleConns: 0, MaxIdleConnsPerHost: 4096, IdleConnTimeout: time.Minute}}
 	defer client.CloseIdleConnections()
 	// at runs fn against the service started with extra, then stops it.
@@ -135,19 +155,31 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 		if err != nil {
 			return err
 		}
+		svc.cores = ov.Cores
+		if err := svc.cores.toService(svc.pid()); err != nil {
+			return errors.Join(err, svc.Close())
+		}
 		return errors.Join(fn(svc), svc.Close())
 	}
 
 	err = at(nil, func(svc *serviceProcess) error {
 		// The capacity: the most creates/s this process answered 201 in a
 		// closed loop, at scenario 1's best concurrency (all of them when
-		// scenario 1 did not run).
+		// scenario 1 did not run) and at the service's in-flight limit,
+		// the concurrency the overload runs it at; none above that limit,
+		// where the loop's excess queues and is refused.
 		levels := o.Concurrency
 		for _, l := range res.Levels {
 			if l.Service.Throughput > ov.InProcess {
 				ov.InProcess, levels = l.Service.Throughput, []int{l.Concurrency}
 			}
 		}
+		limit := svc.config.HTTPMaxInFlight
+		levels = slices.DeleteFunc(slices.Clone(levels), func(c int) bool { return c > limit })
+		if !slices.Contains(levels, limit) {
+			levels = append(levels, limit)
+		}
+		ov.CapacityLevels = levels
 		for _, c := range levels {
 			p, err := b.capacity(ctx, svc, c, ov.For)
 			if err != nil {
@@ -249,6 +281,7 @@ func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overlo
 	}
 	slices.Sort(probed)
 	run.Healthz.P50, run.Healthz.P90, run.Healthz.P99, run.Healthz.Samples = quantile(probed, 0.5), quantile(probed, 0.9), quantile(probed, 0.99), nil
+	run.HealthzP99High = quantileHigh(probed, 0.99)
 	run.After = <-after
 	if err := ctx.Err(); err != nil {
 		return run, err
@@ -279,7 +312,7 @@ func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overlo
 	b.progress("  %s at %d/s: %d accepted (p50 %s p99 %s), %d refused (p99 %s), %d timeouts, %d other; goodput %.0f/s; back to normal after %s (%v)",
 		name, ov.Rate, run.Accepted, ms(run.AcceptedP50), ms(run.AcceptedP99), run.Refused, ms(run.RefusedP99),
 		run.Timeout, run.Other, run.Goodput, run.BackToNormal.Round(time.Millisecond), run.Recovered)
-	b.progress("  %s: GET /healthz meanwhile: p50 %s p99 %s", name, ms(run.Healthz.P50), ms(run.Healthz.P99))
+	b.progress("  %s: GET /healthz meanwhile: p50 %s p99 %s (bound at 95 %% confidence %s)", name, ms(run.Healthz.P50), ms(run.Healthz.P99), ms(run.HealthzP99High))
 	return run, nil
 }
 
@@ -300,6 +333,11 @@ func (b *bench) prime(ctx context.Context, svc *serviceProcess, c int) error {
 		if w.Throughput == 0 && ctx.Err() == nil {
 			return fmt.Errorf("overload warm-up: no create succeeded: %s %v", statuses(w), w.Errors)
 		}
+	}
+	// The pool's connections are open now: their backends go to the
+	// service's CPUs.
+	if err := svc.cores.toService(b.backendPIDs()...); err != nil {
+		return err
 	}
 	return ctx.Err()
 }

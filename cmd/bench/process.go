@@ -22,6 +22,8 @@ type serviceProcess struct {
 	config app.Config
 	proc   *testproc.Process
 	output bytes.Buffer // what it printed, for an error
+	// cores, when split, are the CPUs it and its backends run on.
+	cores cores
 }
 
 const servicePackage = "github.com/orderservice/orderservice/cmd/orderservice"

@@ -94,7 +94,7 @@ func (r *results) Summary() summary {
 	s.ScrapeMet = g.ScrapeBig < 50*time.Millisecond
 	s.CleanupMet = g.Cleanup.PerSecond() >= 20000 && g.Cleanup.P99Up() < 0.25
 	ov, shed := r.Overload, r.Overload.Shed
-	s.OverloadMet = shed.AcceptedP99 < 250*time.Millisecond && shed.RefusedP99 <= shed.Healthz.P99 && shed.Goodput >= 0.9*ov.Capacity &&
+	s.OverloadMet = shed.AcceptedP99 < 250*time.Millisecond && shed.FloorMet() && shed.Goodput >= 0.9*ov.Capacity &&
 		shed.Timeout == 0 && shed.Recovered && shed.BackToNormal < 5*time.Second && shed.NoRetryAfter == 0
 	return s
 }

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// cores splits the machine for scenario 8, as two machines would be: the
+// load generator (this process) on one CPU, the service's process and its
+// PostgreSQL backends on the others. On two shared cores, answering the
+// excess of an overload costs the generator as much CPU as the service
+// (sending, reading and tallying each answer), and that CPU would come out
+// of the service's capacity: the goodput would measure the generator.
+type cores struct {
+	all, generator, service unix.CPUSet
+	// Split is false on a machine with one CPU (or no affinity): then
+	// everything shares it, and the report says so.
+	Split bool
+	// Generator and Service name the CPUs, for the report.
+	Generator, Service string
+}
+
+// splitCores gives the last CPU this process may run on to the generator
+// and the rest to the service.
+func splitCores() cores {
+	var c cores
+	if err := unix.SchedGetaffinity(0, &c.all); err != nil || c.all.Count() < 2 {
+		return c
+	}
+	c.service = c.all
+	for cpu := len(c.all)*64 - 1; cpu >= 0; cpu-- {
+		if c.all.IsSet(cpu) {
+			c.service.Clear(cpu)
+			c.generator.Set(cpu)
+			c.Generator = strconv.Itoa(cpu)
+			break
+		}
+	}
+	c.Split = true
+	c.Service = cpuList(c.service)
+	return c
+}
+
+// toGenerator moves this process to the generator's CPU; restore undoes it.
+func (c cores) toGenerator() error {
+	if !c.Split {
+		return nil
+	}
+	return pin("self", c.generator)
+}
+
+func (c cores) restore() error {
+	if !c.Split {
+		return nil
+	}
+	return pin("self", c.all)
+}
+
+// toService moves the processes of pids (the service's, its backends) to
+// the service's CPUs.
+func (c cores) toService(pids ...int) error {
+	if !c.Split {
+		return nil
+	}
+	var errs []error
+	for _, pid := range pids {
+		errs = append(errs, pin(strconv.Itoa(pid), c.service))
+	}
+	return errors.Join(errs...)
+}
+
+// pin sets the CPUs of every thread of a process ("self" or a pid). A
+// thread started meanwhile takes its starter's CPUs, so a second pass
+// catches one started by a thread not yet moved.
+func pin(pid string, set unix.CPUSet) error {
+	for range 2 {
+		tasks, err := os.ReadDir("/proc/" + pid + "/task")
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // it exited: nothing left to move
+		}
+		if err != nil {
+			return fmt.Errorf("CPU affinity of %s: %w", pid, err)
+		}
+		for _, t := range tasks {
+			tid, _ := strconv.Atoi(t.Name())
+			if err := unix.SchedSetaffinity(tid, &set); err != nil && !errors.Is(err, unix.ESRCH) {
+				return fmt.Errorf("CPU affinity of %s's thread %d: %w", pid, tid, err)
+			}
+		}
+	}
+	return nil
+}
+
+// cpuList names the CPUs of set: "0", "0,1,2".
+func cpuList(set unix.CPUSet) string {
+	s := ""
+	for cpu := range len(set) * 64 {
+		if set.IsSet(cpu) {
+			if s != "" {
+				s += ","
+			}
+			s += strconv.Itoa(cpu)
+		}
+	}
+	return s
+}
