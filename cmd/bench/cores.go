@@ -46,7 +46,9 @@ func splitCores() cores {
 	return c
 }
 
-// toGenerator moves this process to the generator's CPU; restore undoes it.
+// toGenerator moves this process to the generator's CPU; restore undoes it,
+// and gives the processes of pids (backends moved to the service's CPUs
+// that outlive the scenario: the bench's own) every CPU again.
 func (c cores) toGenerator() error {
 	if !c.Split {
 		return nil
@@ -54,11 +56,15 @@ func (c cores) toGenerator() error {
 	return pin("self", c.generator)
 }
 
-func (c cores) restore() error {
+func (c cores) restore(pids ...int) error {
 	if !c.Split {
 		return nil
 	}
-	return pin("self", c.all)
+	errs := []error{pin("self", c.all)}
+	for _, pid := range pids {
+		errs = append(errs, pin(strconv.Itoa(pid), c.all))
+	}
+	return errors.Join(errs...)
 }
 
 // toService moves the processes of pids (the service's, its backends) to

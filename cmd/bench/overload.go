@@ -145,7 +145,7 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 	if err := ov.Cores.toGenerator(); err != nil {
 		return err
 	}
-	defer func() { err = errors.Join(err, ov.Cores.restore()) }()
+	defer func() { err = errors.Join(err, ov.Cores.restore(b.backendPIDs()...)) }()
 	client := &http.Client{Timeout: ov.ClientTimeout, Transport: &http.Transport{MaxIdleConns: 0, MaxIdleConnsPerHost: 4096, IdleConnTimeout: time.Minute}}
 	defer client.CloseIdleConnections()
 	// at runs fn against the service started with extra, then stops it.
