@@ -172,7 +172,10 @@ func quantile(sorted []time.Duration, q float64) time.Duration {
 // fell below it, that is when at least n-r+1 fell above it: a binomial
 // count (n, 1-q). The bound is the r-th smallest for the smallest r whose
 // chance is at least 95 %, summed exactly (no normal approximation: at
-// q = 0.99 the count above is small and skewed).
+// q = 0.99 the count above is small and skewed). With too few samples for
+// any bound at 95 % (fewer than 299 at q = 0.99: then even the largest is
+// below the quantile more than 5 % of the time) it is the largest, and no
+// bound: a quick run's figure, not a full one's.
 func quantileHigh(sorted []time.Duration, q float64) time.Duration {
 	n := len(sorted)
 	if n == 0 {
@@ -187,7 +190,7 @@ func quantileHigh(sorted []time.Duration, q float64) time.Duration {
 		pmf *= float64(n-m) / float64(m+1) * p / (1 - p)
 		m++
 	}
-	return sorted[max(0, n-m)] // the (n-m+1)-th smallest
+	return sorted[min(n-1, n-m)] // the (n-m+1)-th smallest
 }
 
 // stopAfter ends an attack once hits requests were sent: vegeta then fires
