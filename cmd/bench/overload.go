@@ -318,11 +318,12 @@ func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overlo
 
 // prime empties the tables, then runs creates in a closed loop at c (at
 // least the pool's size) for the warm-up, unmeasured, so that every
-// connection of the service's pool
-// has planned its statements on the new tables: a PostgreSQL backend
-// rebuilds its caches of a table after TRUNCATE, and a measurement that
-// starts on cold backends starts with a stall that is the benchmark's doing,
-// not the service's. Every measurement of this scenario starts here.
+// connection of the service's pool has planned its statements on the new
+// tables: a PostgreSQL backend rebuilds its caches of a table after
+// TRUNCATE, and a measurement that starts on cold backends starts with a
+// stall that is the benchmark's doing, not the service's. Every
+// measurement of this scenario starts here, and leaves the pool's backends
+// on the service's CPUs.
 func (b *bench) prime(ctx context.Context, svc *serviceProcess, c int) error {
 	if err := b.reset(ctx); err != nil {
 		return err

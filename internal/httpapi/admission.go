@@ -33,9 +33,9 @@ import (
 //
 // The average starts afresh when a queue forms in an empty one, so a burst
 // is judged by how fast its own requests leave, not by the last one's
-// (once a few have: see queueLimit). A
-// burst that arrives at once queues whole: its quick requests (duplicates
-// that give their slot back to wait for the first) keep the bound high.
+// (once a few have: see queueLimit). A burst that arrives at once queues
+// whole: its quick requests (duplicates that give their slot back to wait
+// for the first) keep the bound high.
 // At the onset of overload the slots are soon seen held for tens of
 // milliseconds, and the excess is refused as it arrives, in microseconds,
 // rather than after waiting.
