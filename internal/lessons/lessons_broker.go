@@ -242,7 +242,11 @@ func deadLetterReplayed(ctx context.Context, s *Session) error {
 		}
 		s.got("dead-lettered after %.1fs (orderservice_messages_dead_lettered_total{op=\"pay\"} +1)", time.Since(start).Seconds())
 	}
-	parked, err := s.record(ctx, r2, "order.pay")
+	// The record between attempts: the last delivery may have met a retry
+	// of the sweeper's still holding the intent (its 409 is the reason
+	// above), and that retry records FAILED_RETRYABLE again when the
+	// channel refuses it.
+	parked, err := s.settledRecord(ctx, r2, "order.pay", 10*time.Second)
 	if err != nil {
 		return err
 	}

@@ -203,6 +203,25 @@ func (s *Session) record(ctx context.Context, key, operation string) (client.Ide
 	return client.IdempotencyRecord{}, fmt.Errorf("no %s record for key %s", operation, key)
 }
 
+// settledRecord is record read until no attempt holds it (not PROCESSING),
+// for at most d: the record as it stands between attempts. A retry (the
+// sweeper's, a redelivery's) holds it PROCESSING for a moment; after d it
+// is shown as it is.
+func (s *Session) settledRecord(ctx context.Context, key, operation string, d time.Duration) (client.IdempotencyRecord, error) {
+	deadline := time.Now().Add(d)
+	for {
+		r, err := s.record(ctx, key, operation)
+		if err != nil || r.State != "PROCESSING" || time.Now().After(deadline) {
+			return r, err
+		}
+		select {
+		case <-ctx.Done():
+			return r, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 // records are the service's records of key, one per operation, as the
 // timeline's record lane shows them.
 func (s *Session) records(ctx context.Context, key string) ([]Record, error) {
