@@ -46,38 +46,38 @@ func splitCores() cores {
 	return c
 }
 
-// toGenerator moves this process to the generator's CPU; restore undoes it,
-// and gives the processes of pids (backends moved to the service's CPUs
-// that outlive the scenario: the bench's own) every CPU again.
-func (c cores) toGenerator() error {
-	if !c.Split {
-		return nil
-	}
-	return pin("self", c.generator)
-}
-
-func (c cores) restore(pids ...int) error {
-	if !c.Split {
-		return nil
-	}
-	errs := []error{pin("self", c.all)}
-	for _, pid := range pids {
-		errs = append(errs, pin(strconv.Itoa(pid), c.all))
-	}
-	return errors.Join(errs...)
-}
+// toGenerator moves this process to the generator's CPU.
+func (c cores) toGenerator() error { return c.move(c.generator, "self") }
 
 // toService moves the processes of pids (the service's, its backends) to
 // the service's CPUs.
-func (c cores) toService(pids ...int) error {
+func (c cores) toService(pids ...int) error { return c.move(c.service, procs(pids)...) }
+
+// restore gives this process, and the processes of pids (backends moved to
+// the service's CPUs that outlive the scenario: the bench's own), every CPU
+// again.
+func (c cores) restore(pids ...int) error { return c.move(c.all, append(procs(pids), "self")...) }
+
+// move pins each process of names ("self" or a pid) to set, when the
+// machine is split.
+func (c cores) move(set unix.CPUSet, names ...string) error {
 	if !c.Split {
 		return nil
 	}
 	var errs []error
-	for _, pid := range pids {
-		errs = append(errs, pin(strconv.Itoa(pid), c.service))
+	for _, name := range names {
+		errs = append(errs, pin(name, set))
 	}
 	return errors.Join(errs...)
+}
+
+// procs names pids as /proc does.
+func procs(pids []int) []string {
+	names := make([]string, len(pids))
+	for i, pid := range pids {
+		names[i] = strconv.Itoa(pid)
+	}
+	return names
 }
 
 // pin sets the CPUs of every thread of a process ("self" or a pid). A
