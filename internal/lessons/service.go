@@ -204,14 +204,15 @@ func (s *Session) record(ctx context.Context, key, operation string) (client.Ide
 }
 
 // settledRecord is record read until no attempt holds it (not PROCESSING),
-// for at most d: the record as it stands between attempts. A retry (the
+// for at most d (counted, as every wait of a lesson is, from the learner's
+// last resume): the record as it stands between attempts. A retry (the
 // sweeper's, a redelivery's) holds it PROCESSING for a moment; after d it
 // is shown as it is.
 func (s *Session) settledRecord(ctx context.Context, key, operation string, d time.Duration) (client.IdempotencyRecord, error) {
-	deadline := time.Now().Add(d)
+	start := time.Now()
 	for {
 		r, err := s.record(ctx, key, operation)
-		if err != nil || r.State != "PROCESSING" || time.Now().After(deadline) {
+		if err != nil || r.State != "PROCESSING" || time.Now().After(s.deadline(start, d)) {
 			return r, err
 		}
 		select {
