@@ -18,9 +18,11 @@ import (
 // of the service's capacity: the goodput would measure the generator.
 type cores struct {
 	all, generator, service unix.CPUSet
-	// Split is false on a machine with one CPU (or no affinity): then
-	// everything shares it, and the report says so.
+	// Split is false on a machine with one CPU, without affinity, or
+	// when the bench is not root (PostgreSQL's backends belong to another
+	// user): then everything shares the CPUs, and the report says why.
 	Split bool
+	Why   string
 	// Generator and Service name the CPUs, for the report.
 	Generator, Service string
 }
@@ -29,7 +31,15 @@ type cores struct {
 // and the rest to the service.
 func splitCores() cores {
 	var c cores
-	if err := unix.SchedGetaffinity(0, &c.all); err != nil || c.all.Count() < 2 {
+	switch err := unix.SchedGetaffinity(0, &c.all); {
+	case err != nil:
+		c.Why = "the CPU affinity could not be read: " + err.Error()
+		return c
+	case c.all.Count() < 2:
+		c.Why = "there is one CPU"
+		return c
+	case os.Geteuid() != 0:
+		c.Why = "the bench is not root, and PostgreSQL's backends belong to another user"
 		return c
 	}
 	c.service = c.all
