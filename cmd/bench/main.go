@@ -73,6 +73,9 @@ type options struct {
 	BigRecords  int
 	BigOrders   int
 	OverloadFor time.Duration
+	// OverloadRounds is how many slices the overload is sent in, each
+	// after a slice of the closed loop that measures the capacity.
+	OverloadRounds int
 	// OverloadLimits are the other HTTP_MAX_IN_FLIGHT the overload is run
 	// at again, besides the default: what the limit trades.
 	OverloadLimits intList
@@ -123,6 +126,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs.IntVar(&o.BigRecords, "records", 10_000_000, "idempotency records generated for the big-table scenario")
 	fs.IntVar(&o.BigOrders, "orders", 2_000_000, "orders (two items and an event each) generated for the big-table scenario")
 	fs.DurationVar(&o.OverloadFor, "overload-duration", 20*time.Second, "length of the overload at three times capacity")
+	fs.IntVar(&o.OverloadRounds, "overload-rounds", 4, "slices the overload is sent in, each after a slice of the capacity's closed loop")
 	fs.Var(&o.OverloadLimits, "overload-limits", "HTTP_MAX_IN_FLIGHT values the overload is also run at, comma-separated")
 	fs.Var(&o.OverloadPools, "overload-pools", "DB_MAX_CONNS values the overload is also run at, comma-separated")
 	fs.BoolVar(&o.Quick, "quick", false, "a smoke-test run: short points, concurrencies 1 and 4, a storm of 50, 16 pays in flight, 20 000 records, 200 webhooks")
@@ -160,6 +164,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 			"orders":            func() { o.BigOrders = 4_000 },
 			"overload-duration": func() { o.OverloadFor = time.Second },
 			"overload-limits":   func() { o.OverloadLimits = []int{16} },
+			"overload-rounds":   func() { o.OverloadRounds = 2 },
 			"commands":          func() { o.Commands = 200 },
 			"wait-duplicates":   func() { o.WaitDuplicates = 100 },
 			"webhooks":          func() { o.Webhooks = 200 },
@@ -175,8 +180,8 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	switch {
 	case o.Duration <= 0 || o.Warmup < 0 || o.RateDuration <= 0 || o.OverloadFor <= 0 || o.Slice <= 0:
 		return o, errors.New("-duration, -slice, -rate-duration and -overload-duration must be positive, -warmup not negative")
-	case o.Rounds < 1:
-		return o, errors.New("-rounds must be at least 1")
+	case o.Rounds < 1 || o.OverloadRounds < 1:
+		return o, errors.New("-rounds and -overload-rounds must be at least 1")
 	case o.BigRecords < 10 || o.BigOrders < 1:
 		return o, errors.New("-records must be at least 10, -orders at least 1")
 	case len(o.Concurrency) == 0:

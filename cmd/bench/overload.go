@@ -10,32 +10,36 @@ import (
 	"time"
 
 	vegeta "github.com/tsenart/vegeta/v12/lib"
+
+	"github.com/orderservice/orderservice/internal/httpapi"
 )
 
-// overloadResult is scenario 8: an open loop at OverloadFactor times the
-// capacity measured in scenario 1, against the service with its admission
-// limit (its defaults) and with the limit off, each followed by a normal
-// load that shows how soon the service is back to normal.
+// overloadResult is scenario 8: an open loop at Factor times the
+// capacity, sent in Rounds slices, each after a slice of the closed loop
+// that measures the capacity; against the service with its admission
+// limit (its defaults), at other settings and with the limit off, each
+// followed by a normal load that shows how soon the service is back to
+// normal.
 type overloadResult struct {
 	// Capacity is the most creates/s the service's process answered 201
 	// in a closed loop as long as the overload, at CapacityAt: the better
 	// of CapacityLevels, scenario 1's best concurrency and the service's
 	// in-flight limit (none above it, where the admission limit refuses
-	// part of the loop). It is the higher of two loops, one before
-	// the overloads (CapacityBefore) and one after them in the same
-	// process (CapacityAfter), so a slow moment of the machine's does not
-	// make it low. InProcess is scenario 1's figure there, for the
-	// in-process service.
-	Capacity                      float64
-	CapacityBefore, CapacityAfter float64
-	CapacityAt                    int
-	CapacityLevels                []int
-	InProcess                     float64
-	Factor                        int
-	Rate                          int // Factor × Capacity
-	For                           time.Duration
-	// Normal is the open loop at NormalRate before any overload: what
-	// "back to normal" is compared with.
+	// part of the loop). It sets the rate; each run's goodput is held
+	// against the capacity measured between its own slices (see
+	// overloadRun.Capacity). InProcess is scenario 1's figure there, for
+	// the in-process service.
+	Capacity       float64
+	CapacityAt     int
+	CapacityLevels []int
+	InProcess      float64
+	Factor         int
+	Rate           int // Factor × Capacity
+	For            time.Duration
+	// Rounds is how many slices of For/Rounds the overload is sent in.
+	Rounds int
+	// NormalRate is the open loop before any overload: what "back to
+	// normal" is compared with.
 	NormalRate int
 	Normal     point
 	// NormalSlow is how many of the normal load's NormalBuckets were slow
@@ -53,6 +57,10 @@ type overloadResult struct {
 	Cores cores
 }
 
+// Slice is how long each slice of the overload, and of the capacity's
+// closed loop between them, lasts.
+func (ov overloadResult) Slice() time.Duration { return ov.For / time.Duration(ov.Rounds) }
+
 // Runs are the overloads in the order they ran: the defaults, the other
 // settings, no admission control.
 func (ov overloadResult) Runs() []overloadRun {
@@ -69,11 +77,13 @@ func (ov overloadResult) RefusedWithoutRetryAfter() int {
 	return n
 }
 
-// overloadRun is one overload and the normal load right after it.
+// overloadRun is one overload, the capacity measured between its slices
+// and the normal load right after it.
 type overloadRun struct {
 	// Setting is how the service ran, as the report names it: the
 	// defaults, "NAME=value" or no admission control.
-	Setting                    string
+	Setting string
+	// Point is the overload's slices pooled: every request of every slice.
 	Point                      point
 	Accepted, Refused, Timeout int
 	Other                      int // any other answer or error
@@ -81,24 +91,43 @@ type overloadRun struct {
 	RefusedP50, RefusedP99     time.Duration
 	RefusedMax                 time.Duration
 	NoRetryAfter               int // refusals without Retry-After
-	// Goodput is accepted creates per second, first request sent to last
-	// answer received.
+	// Goodput is accepted creates per second, each slice from its first
+	// request sent to its last answer received, pooled over the slices.
 	Goodput float64
-	After   point
-	// BackToNormal is when, after the overload stopped sending, the normal
-	// load's answers were all 201 again and no slower than twice the normal
-	// p99 for recoveryHold in a row, in buckets of recoveryBucket;
-	// Recovered false means not within the load after it. SlowAfter counts
-	// the slow buckets after that.
+	// Capacity is creates/s answered 201 by the service with its defaults
+	// in the closed loop at CapacityAt, in a slice before each slice of
+	// the overload and one after the last (Capacities), pooled: a slow
+	// spell of the machine's weighs on the goodput and on what it is held
+	// against alike.
+	Capacity   float64
+	Capacities []float64
+	After      point
+	// BackToNormal is when, after the overload's last slice stopped
+	// sending, the normal load's answers were all 201 again and no slower
+	// than twice the normal p99 for recoveryHold in a row, in buckets of
+	// recoveryBucket; Recovered false means not within the load after it.
+	// SlowAfter counts the slow buckets after that.
 	BackToNormal time.Duration
 	Recovered    bool
 	SlowAfter    int
-	// Healthz is GET /healthz at healthzRate during the overload: no
-	// admission, no database, the cheapest answer the service gives.
+	// Healthz is GET /healthz at healthzRate during the overload's slices:
+	// no admission, no database, the cheapest answer the service gives.
 	// HealthzP99High is an upper bound on its p99 at 95 % confidence: a
 	// p99 no higher is one the probe's samples cannot tell from the floor's.
 	Healthz        point
 	HealthzP99High time.Duration
+}
+
+// GoodputShare is the goodput as a share of the capacity measured between
+// the overload's slices.
+func (r overloadRun) GoodputShare() float64 { return r.Goodput / max(r.Capacity, 1e-9) }
+
+// CapacitySpread is the lowest and the highest of the capacity's slices.
+func (r overloadRun) CapacitySpread() string {
+	if len(r.Capacities) == 0 {
+		return "none"
+	}
+	return fmt.Sprintf("%.0f–%.0f/s", slices.Min(r.Capacities), slices.Max(r.Capacities))
 }
 
 // FloorMet reports whether the refusals were answered no slower than the
@@ -120,14 +149,21 @@ const recoveryBucket = 250 * time.Millisecond
 // overload still being worked off.
 const recoveryHold = 2 * time.Second
 
+// settle is the pause between a slice of the overload and the capacity's
+// next slice: the admission limit refuses at once for CongestedFor after
+// any refusal, and the capacity is the service's when nothing congests it.
+const settle = httpapi.CongestedFor + 500*time.Millisecond
+
 // overload is scenario 8. Its service runs in a process of its own, the
 // binary cmd/orderservice builds with the bench's configuration (see
-// serviceProcess); the in-process service is stopped meanwhile, so only one
-// works on the database.
+// serviceProcess); the in-process service is stopped meanwhile, so only
+// they work on the database. The process with the defaults stays up for the
+// whole scenario: it measures the capacity, and it is the service of the
+// defaults' overload.
 func (b *bench) overload(ctx context.Context, res *results) (err error) {
 	o := b.opts
 	ov := &res.Overload
-	ov.Factor, ov.For, ov.ClientTimeout = 3, o.OverloadFor, 10*time.Second
+	ov.Factor, ov.For, ov.Rounds, ov.ClientTimeout = 3, o.OverloadFor, o.OverloadRounds, 10*time.Second
 	bin, err := b.serviceBinary()
 	if err != nil {
 		return err
@@ -148,74 +184,71 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 	defer func() { err = errors.Join(err, ov.Cores.restore(b.backendPIDs()...)) }()
 	client := &http.Client{Timeout: ov.ClientTimeout, Transport: &http.Transport{MaxIdleConns: 0, MaxIdleConnsPerHost: 4096, IdleConnTimeout: time.Minute}}
 	defer client.CloseIdleConnections()
-	// at runs fn against the service started with extra, then stops it.
-	at := func(extra map[string]string, fn func(svc *serviceProcess) error) error {
+	// launch starts the service with extra, its process on the service's
+	// CPUs.
+	launch := func(extra map[string]string) (*serviceProcess, error) {
 		client.CloseIdleConnections()
 		svc, err := startProcess(bin, b.serviceEnv(o.Pool, extra))
 		if err != nil {
-			return err
+			return nil, err
 		}
 		svc.cores = ov.Cores
 		if err := svc.cores.toService(svc.pid()); err != nil {
-			return errors.Join(err, svc.Close())
+			return nil, errors.Join(err, svc.Close())
 		}
-		return errors.Join(fn(svc), svc.Close())
+		return svc, nil
 	}
-
-	err = at(nil, func(svc *serviceProcess) error {
-		// The capacity: the most creates/s this process answered 201 in a
-		// closed loop, at scenario 1's best concurrency (all of them when
-		// scenario 1 did not run) and at the service's in-flight limit,
-		// the concurrency the overload runs it at; none above that limit,
-		// where the loop's excess queues and is refused.
-		levels := o.Concurrency
-		for _, l := range res.Levels {
-			if l.Service.Throughput > ov.InProcess {
-				ov.InProcess, levels = l.Service.Throughput, []int{l.Concurrency}
-			}
-		}
-		limit := svc.config.HTTPMaxInFlight
-		levels = slices.DeleteFunc(slices.Clone(levels), func(c int) bool { return c > limit })
-		if !slices.Contains(levels, limit) {
-			levels = append(levels, limit)
-		}
-		ov.CapacityLevels = levels
-		for _, c := range levels {
-			p, err := b.capacity(ctx, svc, c, ov.For)
-			if err != nil {
-				return err
-			}
-			if p > ov.CapacityBefore {
-				ov.CapacityBefore, ov.CapacityAt = p, c
-			}
-		}
-		ov.Capacity = ov.CapacityBefore
-		ov.Rate = int(float64(ov.Factor) * ov.Capacity)
-		ov.NormalRate = max(1, int(ov.Capacity/2))
-		cfg := svc.config
-		ov.Limits = fmt.Sprintf("HTTP_MAX_IN_FLIGHT=%d, HTTP_MAX_QUEUE=%d, HTTP_QUEUE_TIMEOUT=%s", cfg.HTTPMaxInFlight, cfg.HTTPMaxQueue, cfg.HTTPQueueTimeout)
-		if err := b.prime(ctx, svc, ov.CapacityAt); err != nil {
-			return err
-		}
-		ov.Normal = b.fire(ctx, shot{name: "normal", client: client, rate: rate(ov.NormalRate),
-			targeter: freshCreates(svc.url+"/v1/orders", &b.keys), duration: o.Duration / 2, service: svc.pid(), keepSamples: true})
-		slow := slowBuckets(ov.Normal, start(ov.Normal), ov.normalLimit())
-		ov.NormalSlow, ov.NormalBuckets, ov.Normal.Samples = trues(slow), len(slow), nil
-		b.progress("  normal load %d/s: p50 %s p99 %s", ov.NormalRate, ms(ov.Normal.P50), ms(ov.Normal.P99))
-		if ov.Shed, err = b.overloadRun(ctx, client, ov, svc, "admission limit (defaults)"); err != nil {
-			return err
-		}
-		// The same closed loop once more, after the overload: the
-		// capacity the goodputs are held against is the higher of the two.
-		ov.CapacityAfter, err = b.capacity(ctx, svc, ov.CapacityAt, ov.For)
-		ov.Capacity = max(ov.CapacityBefore, ov.CapacityAfter)
-		return err
-	})
+	ref, err := launch(nil)
 	if err != nil {
 		return err
 	}
+	defer func() { err = errors.Join(err, ref.Close()) }()
+
+	// The capacity that sets the rate: the most creates/s this process
+	// answered 201 in a closed loop, at scenario 1's best concurrency (all
+	// of them when scenario 1 did not run) and at the service's in-flight
+	// limit, the concurrency the overload runs it at; none above that
+	// limit, where the loop's excess queues and is refused.
+	levels := o.Concurrency
+	for _, l := range res.Levels {
+		if l.Service.Throughput > ov.InProcess {
+			ov.InProcess, levels = l.Service.Throughput, []int{l.Concurrency}
+		}
+	}
+	limit := ref.config.HTTPMaxInFlight
+	levels = slices.DeleteFunc(slices.Clone(levels), func(c int) bool { return c > limit })
+	if !slices.Contains(levels, limit) {
+		levels = append(levels, limit)
+	}
+	ov.CapacityLevels = levels
+	for _, c := range levels {
+		p, err := b.capacity(ctx, ref, c, ov.For)
+		if err != nil {
+			return err
+		}
+		if p > ov.Capacity {
+			ov.Capacity, ov.CapacityAt = p, c
+		}
+	}
+	ov.Rate = int(float64(ov.Factor) * ov.Capacity)
+	ov.NormalRate = max(1, int(ov.Capacity/2))
+	cfg := ref.config
+	ov.Limits = fmt.Sprintf("HTTP_MAX_IN_FLIGHT=%d, HTTP_MAX_QUEUE=%d, HTTP_QUEUE_TIMEOUT=%s", cfg.HTTPMaxInFlight, cfg.HTTPMaxQueue, cfg.HTTPQueueTimeout)
+	if err := b.prime(ctx, ref, ov.CapacityAt); err != nil {
+		return err
+	}
+	ov.Normal = b.fire(ctx, shot{name: "normal", client: client, rate: rate(ov.NormalRate),
+		targeter: freshCreates(ref.url+"/v1/orders", &b.keys), duration: o.Duration / 2, service: ref.pid(), keepSamples: true})
+	slow := slowBuckets(ov.Normal, start(ov.Normal), ov.normalLimit())
+	ov.NormalSlow, ov.NormalBuckets, ov.Normal.Samples = trues(slow), len(slow), nil
+	b.progress("  normal load %d/s: p50 %s p99 %s", ov.NormalRate, ms(ov.Normal.P50), ms(ov.Normal.P99))
+	if ov.Shed, err = b.overloadRun(ctx, client, ov, ref, ref, "admission limit (defaults)"); err != nil {
+		return err
+	}
+
 	// The same at other limits, then without admission control: the
-	// service as it was.
+	// service as it was. Each in a process of its own, the capacity's
+	// slices still on the defaults'.
 	type variable struct{ name, value string }
 	var others []variable
 	for _, limit := range o.OverloadLimits {
@@ -224,55 +257,102 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 	for _, pool := range o.OverloadPools {
 		others = append(others, variable{"DB_MAX_CONNS", strconv.Itoa(pool)})
 	}
+	others = append(others, variable{"HTTP_MAX_IN_FLIGHT", "0"})
 	for _, v := range others {
-		err := at(map[string]string{v.name: v.value}, func(svc *serviceProcess) error {
-			run, err := b.overloadRun(ctx, client, ov, svc, v.name+"="+v.value)
-			ov.Limited = append(ov.Limited, run)
-			return err
-		})
+		svc, err := launch(map[string]string{v.name: v.value})
 		if err != nil {
 			return err
 		}
+		setting := v.name + "=" + v.value
+		if v.value == "0" {
+			setting = "no admission control"
+		}
+		run, err := b.overloadRun(ctx, client, ov, ref, svc, setting)
+		if err = errors.Join(err, svc.Close()); err != nil {
+			return err
+		}
+		if v.value == "0" {
+			ov.Unshed = run
+		} else {
+			ov.Limited = append(ov.Limited, run)
+		}
 	}
-	return at(map[string]string{"HTTP_MAX_IN_FLIGHT": "0"}, func(svc *serviceProcess) error {
-		var err error
-		ov.Unshed, err = b.overloadRun(ctx, client, ov, svc, "no admission control")
-		return err
-	})
+	return nil
 }
 
-// overloadRun runs one overload against svc, started with setting.
-func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overloadResult, svc *serviceProcess, setting string) (overloadRun, error) {
+// overloadRun runs one overload against svc, started with setting, in
+// ov.Rounds slices; before each slice and after the last, a slice of the
+// closed loop that measures the capacity, on ref (the defaults' process).
+func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overloadResult, ref, svc *serviceProcess, setting string) (overloadRun, error) {
 	run := overloadRun{Setting: setting}
 	name := "overload " + setting
-	if err := b.prime(ctx, svc, ov.CapacityAt); err != nil {
+	if err := b.prime(ctx, ref, ov.CapacityAt); err != nil {
 		return run, err
+	}
+	if svc != ref {
+		if err := b.warm(ctx, svc, ov.CapacityAt); err != nil {
+			return run, err
+		}
+	}
+	slice := ov.Slice()
+	var capacities, sent, probes []point
+	// capacity is one slice of the closed loop on ref.
+	capacity := func(round int) {
+		p := b.fire(ctx, shot{name: fmt.Sprintf("%s-capacity-r%d", name, round), client: b.client, workers: ov.CapacityAt,
+			targeter: freshCreates(ref.url+"/v1/orders", &b.keys), duration: slice, service: ref.pid()})
+		capacities = append(capacities, p)
+		run.Capacities = append(run.Capacities, p.Throughput)
 	}
 	url := svc.url + "/v1/orders"
 	after := make(chan point, 1)
-	go func() {
-		// The normal load starts when the overload stops sending.
-		select {
-		case <-time.After(ov.For):
-		case <-ctx.Done():
+	for round := range ov.Rounds {
+		if round > 0 {
+			select {
+			case <-time.After(settle):
+			case <-ctx.Done():
+				return run, ctx.Err()
+			}
 		}
-		// Not b.fire: the overload's shot measures the CPU with the admin
-		// connection, which is not for two goroutines.
-		after <- shot{name: name + "-after", client: client, rate: rate(ov.NormalRate),
-			targeter: freshCreates(url, &b.keys), duration: max(ov.For/2, 2*time.Second), keepSamples: true}.fire(ctx)
-	}()
-	probe := make(chan point, 1)
-	go func() {
-		// The service's cheapest answer, meanwhile: what any answer costs
-		// on this machine under the overload, admission or not. It goes
-		// through the overload's own client (its transport, its
-		// connections), so that it and the refusals differ only in route.
-		probe <- shot{name: name + "-healthz", client: client, rate: rate(healthzRate),
-			targeter: vegeta.NewStaticTargeter(vegeta.Target{Method: http.MethodGet, URL: svc.url + "/healthz"}), duration: ov.For, keepSamples: true}.fire(ctx)
-	}()
-	run.Point = b.fire(ctx, shot{name: name, client: client, rate: rate(ov.Rate), targeter: freshCreates(url, &b.keys),
-		duration: ov.For, keepSamples: true, service: svc.pid()})
-	run.Healthz = <-probe
+		capacity(round)
+		if round == ov.Rounds-1 {
+			go func() {
+				// The normal load starts when the last slice stops sending.
+				select {
+				case <-time.After(slice):
+				case <-ctx.Done():
+				}
+				// Not b.fire: the overload's shot measures the CPU with the
+				// admin connection, which is not for two goroutines.
+				after <- shot{name: name + "-after", client: client, rate: rate(ov.NormalRate),
+					targeter: freshCreates(url, &b.keys), duration: max(ov.For/2, 2*time.Second), keepSamples: true}.fire(ctx)
+			}()
+		}
+		probe := make(chan point, 1)
+		go func() {
+			// The service's cheapest answer, meanwhile: what any answer
+			// costs on this machine under the overload, admission or not.
+			// It goes through the overload's own client (its transport,
+			// its connections), so that it and the refusals differ only in
+			// route.
+			probe <- shot{name: name + "-healthz", client: client, rate: rate(healthzRate),
+				targeter: vegeta.NewStaticTargeter(vegeta.Target{Method: http.MethodGet, URL: svc.url + "/healthz"}), duration: slice, keepSamples: true}.fire(ctx)
+		}()
+		p := b.fire(ctx, shot{name: fmt.Sprintf("%s-r%d", name, round), client: client, rate: rate(ov.Rate), targeter: freshCreates(url, &b.keys),
+			duration: slice, keepSamples: true, service: svc.pid()})
+		sent, probes = append(sent, p), append(probes, <-probe)
+		// Accepted answers per second from the slice's first request sent
+		// to its last answer received: a backlog answered late does not
+		// count as capacity.
+		run.Goodput += max(p.Drain, slice).Seconds()
+	}
+	run.After = <-after
+	capacity(ov.Rounds)
+	if err := ctx.Err(); err != nil {
+		return run, err
+	}
+	pooled := pool(capacities)
+	run.Capacity = pooled.Throughput
+	run.Point, run.Healthz = pool(sent), pool(probes)
 	// The probe's quantiles as the refusals' are taken (exact, from every
 	// sample), so that the two compare like with like.
 	probed := make([]time.Duration, len(run.Healthz.Samples))
@@ -282,10 +362,6 @@ func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overlo
 	slices.Sort(probed)
 	run.Healthz.P50, run.Healthz.P90, run.Healthz.P99, run.Healthz.Samples = quantile(probed, 0.5), quantile(probed, 0.9), quantile(probed, 0.99), nil
 	run.HealthzP99High = quantileHigh(probed, 0.99)
-	run.After = <-after
-	if err := ctx.Err(); err != nil {
-		return run, err
-	}
 	var accepted, refused []time.Duration
 	for _, s := range run.Point.Samples {
 		switch {
@@ -305,29 +381,63 @@ func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overlo
 	run.Accepted, run.Refused = len(accepted), len(refused)
 	run.AcceptedP50, run.AcceptedP99 = quantile(accepted, 0.5), quantile(accepted, 0.99)
 	run.RefusedP50, run.RefusedP99, run.RefusedMax = quantile(refused, 0.5), quantile(refused, 0.99), quantile(refused, 1)
-	// Accepted answers per second from the first request sent to the last
-	// answer received: a backlog answered late does not count as capacity.
-	run.Goodput = float64(run.Accepted) / max(run.Point.Drain, ov.For).Seconds()
+	run.Goodput = float64(run.Accepted) / run.Goodput
 	run.BackToNormal, run.Recovered, run.SlowAfter = backToNormal(slowBuckets(run.After, start(run.After), ov.normalLimit()))
-	b.progress("  %s at %d/s: %d accepted (p50 %s p99 %s), %d refused (p99 %s), %d timeouts, %d other; goodput %.0f/s; back to normal after %s (%v)",
+	b.progress("  %s at %d/s: %d accepted (p50 %s p99 %s), %d refused (p99 %s), %d timeouts, %d other; goodput %.0f/s = %s of the capacity between its slices (%s); back to normal after %s (%v)",
 		name, ov.Rate, run.Accepted, ms(run.AcceptedP50), ms(run.AcceptedP99), run.Refused, ms(run.RefusedP99),
-		run.Timeout, run.Other, run.Goodput, run.BackToNormal.Round(time.Millisecond), run.Recovered)
+		run.Timeout, run.Other, run.Goodput, percentage(run.GoodputShare()), perSecond(run.Capacity), run.BackToNormal.Round(time.Millisecond), run.Recovered)
 	b.progress("  %s: GET /healthz meanwhile: p50 %s p99 %s (bound at 95 %% confidence %s)", name, ms(run.Healthz.P50), ms(run.Healthz.P99), ms(run.HealthzP99High))
 	return run, nil
 }
 
-// prime empties the tables, then runs creates in a closed loop at c (at
-// least the pool's size) for the warm-up, unmeasured, so that every
-// connection of the service's pool has planned its statements on the new
-// tables: a PostgreSQL backend rebuilds its caches of a table after
-// TRUNCATE, and a measurement that starts on cold backends starts with a
-// stall that is the benchmark's doing, not the service's. Every
-// measurement of this scenario starts here, and leaves the pool's backends
-// on the service's CPUs.
+// pool is the points of one load's slices as one point: every request,
+// throughput over the slices' summed time. Its quantiles are left to the
+// caller, which takes them from the samples.
+func pool(points []point) point {
+	var p point
+	var ok float64
+	p.Statuses = map[string]int{}
+	p.CPU.OK = len(points) > 0
+	for _, q := range points {
+		p.Requests += q.Requests
+		p.Drain += q.Drain
+		p.Max = max(p.Max, q.Max)
+		p.Replayed += q.Replayed
+		p.Errors = append(p.Errors, q.Errors...)
+		p.Samples = append(p.Samples, q.Samples...)
+		for code, n := range q.Statuses {
+			p.Statuses[code] += n
+		}
+		ok += q.Throughput * q.Drain.Seconds()
+		p.CPU.Wall += q.CPU.Wall
+		p.CPU.Process += q.CPU.Process
+		p.CPU.Postgres += q.CPU.Postgres
+		p.CPU.Other += q.CPU.Other
+		p.CPU.OK = p.CPU.OK && q.CPU.OK
+	}
+	if s := p.Drain.Seconds(); s > 0 {
+		p.Throughput, p.Rate = ok/s, float64(p.Requests)/s
+	}
+	return p
+}
+
+// prime empties the tables, then warms svc (see warm). Every run of this
+// scenario starts here.
 func (b *bench) prime(ctx context.Context, svc *serviceProcess, c int) error {
 	if err := b.reset(ctx); err != nil {
 		return err
 	}
+	return b.warm(ctx, svc, c)
+}
+
+// warm runs creates in a closed loop at c (at least the pool's size) for
+// the warm-up, unmeasured, so that every connection of the service's pool
+// has planned its statements on the new tables: a PostgreSQL backend
+// rebuilds its caches of a table after TRUNCATE, and a measurement that
+// starts on cold backends starts with a stall that is the benchmark's
+// doing, not the service's. It leaves the pool's backends on the service's
+// CPUs.
+func (b *bench) warm(ctx context.Context, svc *serviceProcess, c int) error {
 	if b.opts.Warmup > 0 {
 		w := b.fire(ctx, shot{name: "overload-warmup", client: b.client, workers: max(c, b.opts.Pool),
 			targeter: freshCreates(svc.url+"/v1/orders", &b.keys), duration: b.opts.Warmup})

@@ -36,10 +36,10 @@ type reportData struct {
 	*results
 	Chart string // the chart's file name; empty: no chart
 
-	NoisyCores                                                                   float64
-	AdmissionMemory, RecoveryBucket, RecoveryHold, RefusalWindow, WALSampleEvery time.Duration
-	HealthzRate                                                                  int
-	Tenant                                                                       string
+	NoisyCores                                                                           float64
+	AdmissionMemory, RecoveryBucket, RecoveryHold, RefusalWindow, Settle, WALSampleEvery time.Duration
+	HealthzRate                                                                          int
+	Tenant                                                                               string
 }
 
 // render writes the whole report as Markdown: the machine, the method and
@@ -47,7 +47,7 @@ type reportData struct {
 func render(res *results, chartFile string) (string, error) {
 	var b strings.Builder
 	err := reportTemplate.Execute(&b, reportData{results: res, Chart: chartFile,
-		NoisyCores: noisyCores, AdmissionMemory: admissionMemory, RecoveryBucket: recoveryBucket, RecoveryHold: recoveryHold, RefusalWindow: refusalWindow,
+		NoisyCores: noisyCores, AdmissionMemory: admissionMemory, RecoveryBucket: recoveryBucket, RecoveryHold: recoveryHold, RefusalWindow: refusalWindow, Settle: settle,
 		WALSampleEvery: walSampleEvery, HealthzRate: healthzRate, Tenant: benchTenant})
 	return b.String(), err
 }
@@ -93,8 +93,8 @@ func (r *results) Summary() summary {
 	s.BigTablesMet = s.BigTables >= 0.8
 	s.ScrapeMet = g.ScrapeBig < 50*time.Millisecond
 	s.CleanupMet = g.Cleanup.PerSecond() >= 20000 && g.Cleanup.P99Up() < 0.25
-	ov, shed := r.Overload, r.Overload.Shed
-	s.OverloadMet = shed.AcceptedP99 < 250*time.Millisecond && shed.FloorMet() && shed.Goodput >= 0.9*ov.Capacity &&
+	shed := r.Overload.Shed
+	s.OverloadMet = shed.AcceptedP99 < 250*time.Millisecond && shed.FloorMet() && shed.GoodputShare() >= 0.9 &&
 		shed.Timeout == 0 && shed.Recovered && shed.BackToNormal < 5*time.Second && shed.NoRetryAfter == 0
 	return s
 }
