@@ -57,8 +57,9 @@ type overloadResult struct {
 	Cores cores
 }
 
-// Slice is how long each slice of the overload, and of the capacity's
-// closed loop between them, lasts.
+
+// Slice is how long each slice of an overload with admission control,
+// and of the capacity's closed loop between them, lasts.
 func (ov overloadResult) Slice() time.Duration { return ov.For / time.Duration(ov.Rounds) }
 
 // Runs are the overloads in the order they ran: the defaults, the other
@@ -83,6 +84,13 @@ type overloadRun struct {
 	// Setting is how the service ran, as the report names it: the
 	// defaults, "NAME=value" or no admission control.
 	Setting string
+	// Rounds is how many slices of Slice the overload was sent in: the
+	// scenario's Rounds, but one without admission control, whose backlog
+	// grows for as long as the overload lasts; in slices, each slice's
+	// backlog would drain in the pause after it, and the service would
+	// look better than a sustained overload leaves it.
+	Rounds int
+	Slice  time.Duration
 	// Point is the overload's slices pooled: every request of every slice.
 	Point                      point
 	Accepted, Refused, Timeout int
@@ -281,10 +289,15 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 }
 
 // overloadRun runs one overload against svc, started with setting, in
-// ov.Rounds slices; before each slice and after the last, a slice of the
+// run.Rounds slices; before each slice and after the last, a slice of the
 // closed loop that measures the capacity, on ref (the defaults' process).
 func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overloadResult, ref, svc *serviceProcess, setting string) (overloadRun, error) {
-	run := overloadRun{Setting: setting}
+	run := overloadRun{Setting: setting, Rounds: ov.Rounds}
+	if svc.config.HTTPMaxInFlight == 0 {
+		run.Rounds = 1
+	}
+	run.Slice = ov.For / time.Duration(run.Rounds)
+	slice := run.Slice
 	name := "overload " + setting
 	if err := b.prime(ctx, ref, ov.CapacityAt); err != nil {
 		return run, err
@@ -294,7 +307,6 @@ func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overlo
 			return run, err
 		}
 	}
-	slice := ov.Slice()
 	var capacities, sent, probes []point
 	// capacity is one slice of the closed loop on ref.
 	capacity := func(round int) {
@@ -305,7 +317,7 @@ func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overlo
 	}
 	url := svc.url + "/v1/orders"
 	after := make(chan point, 1)
-	for round := range ov.Rounds {
+	for round := range run.Rounds {
 		if round > 0 {
 			select {
 			case <-time.After(settle):
@@ -314,7 +326,7 @@ func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overlo
 			}
 		}
 		capacity(round)
-		if round == ov.Rounds-1 {
+		if round == run.Rounds-1 {
 			go func() {
 				// The normal load starts when the last slice stops sending.
 				select {
@@ -346,7 +358,7 @@ func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overlo
 		run.Goodput += max(p.Drain, slice).Seconds()
 	}
 	run.After = <-after
-	capacity(ov.Rounds)
+	capacity(run.Rounds)
 	if err := ctx.Err(); err != nil {
 		return run, err
 	}

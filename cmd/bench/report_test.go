@@ -120,7 +120,7 @@ func sampleRun(full bool) *results {
 	run := func(setting string, accepted, refused, timeouts, other int) overloadRun {
 		return overloadRun{Setting: setting, Point: samplePoint(0, 0, 0, uint64(accepted+refused+timeouts+other), map[string]int{"201": accepted, "503": refused, "0": timeouts, "500": other}),
 			Accepted: accepted, Refused: refused, Timeout: timeouts, Other: other, AcceptedP50: 49 * ms, AcceptedP99: 143 * ms, RefusedP50: 5 * ms, RefusedP99: 39 * ms,
-			RefusedMax: 118 * ms, Goodput: 630, Capacity: 701, Capacities: []float64{688, 725, 690, 699, 703}, BackToNormal: 250 * ms, Recovered: true, Healthz: samplePoint(50, 5*ms, 32*ms, 1000, map[string]int{"200": 1000})}
+			RefusedMax: 118 * ms, Goodput: 630, Capacity: 701, Capacities: []float64{688, 725, 690, 699, 703}, Rounds: 4, Slice: 5 * time.Second, BackToNormal: 250 * ms, Recovered: true, Healthz: samplePoint(50, 5*ms, 32*ms, 1000, map[string]int{"200": 1000})}
 	}
 	res.Overload = overloadResult{Capacity: 725, CapacityAt: 4, InProcess: 881, Factor: 3, Rate: 2175, For: 20 * time.Second, Rounds: 4, NormalRate: 362,
 		Normal: samplePoint(362, 50*ms, 156*ms, 3620, ok(3620)), Shed: run("admission limit (defaults)", 12698, 30802, 0, 0),
