@@ -266,16 +266,23 @@ func TestSupersededOwnerCannotWrite(t *testing.T) {
 		wantError(t, "the superseded owner's answer", late.err, problem.RequestInProgress)
 	})
 
-	// takenOverBeforeSettle starts a pay whose first owner stops right
-	// after the channel answered; its lease runs out and a successor takes
-	// the intent over (token 2) without settling it. release lets the first
-	// owner go on to phase 3; firstOwner is its answer.
-	takenOverBeforeSettle := func(t *testing.T, prefix string) (a *acquirer, s *order.Service, id, key string, release func(), firstOwner <-chan answer) {
-		a = newAcquirer()
-		s = useCases(t, a.channel(), 5*time.Second)
-		id, key = placeOrder(t, s), newKey(prefix)
+	// tookOver is a pay whose first owner stopped right after the channel
+	// answered, and whose intent a successor then took over (token 2)
+	// without settling it. release lets the first owner go on to phase 3;
+	// firstOwner is its answer.
+	type tookOver struct {
+		a          *acquirer
+		s          *order.Service
+		id, key    string
+		release    func()
+		firstOwner <-chan answer
+	}
+	takenOverBeforeSettle := func(t *testing.T, prefix string) tookOver {
+		a := newAcquirer()
+		s := useCases(t, a.channel(), 5*time.Second)
+		id, key := placeOrder(t, s), newKey(prefix)
 		reached, release := blockFirstSettle(t, &s.Hooks)
-		firstOwner = payInBackground(s, acme(key), id, payment.MethodOK)
+		firstOwner := payInBackground(s, acme(key), id, payment.MethodOK)
 		<-reached
 		leaseRunsOut(t, s, order.OpPay, key)
 		in := idempotency.Intent{Scope: idempotency.Scope{TenantID: "acme", Operation: order.OpPay, Key: key},
@@ -283,14 +290,15 @@ func TestSupersededOwnerCannotWrite(t *testing.T) {
 		if held, err := s.Records.ClaimOrReplay(s.DB, in); err != nil || held.Token() != 2 {
 			t.Fatalf("successor's takeover = %+v, %v", held, err)
 		}
-		return a, s, id, key, release, firstOwner
+		return tookOver{a, s, id, key, release, firstOwner}
 	}
 
 	// The fence is the first thing phase 3 checks: a superseded owner is
 	// stopped before it takes the order's lock, so it neither waits behind
 	// its successor nor holds up anyone else.
 	t.Run("the superseded owner is stopped before it waits for the order", func(t *testing.T) {
-		a, s, id, key, release, firstOwner := takenOverBeforeSettle(t, "R2-before-lock")
+		pay := takenOverBeforeSettle(t, "R2-before-lock")
+		a, s, id, key := pay.a, pay.s, pay.id, pay.key
 		// Someone else holds the order's row until the first owner answers.
 		locker := s.DB.Begin()
 		t.Cleanup(func() { locker.Rollback() })
@@ -301,7 +309,7 @@ func TestSupersededOwnerCannotWrite(t *testing.T) {
 		if err := locker.Raw("SELECT pg_backend_pid()").Scan(&lockerPID).Error; err != nil {
 			t.Fatal(err)
 		}
-		release()
+		pay.release()
 		// Until it answers, nobody may wait for the order's lock
 		// (lock_timeout would turn such a wait into the same 409, so the
 		// answer alone does not show it).
@@ -310,7 +318,7 @@ func TestSupersededOwnerCannotWrite(t *testing.T) {
 	waiting:
 		for {
 			select {
-			case late := <-firstOwner:
+			case late := <-pay.firstOwner:
 				wantError(t, "the superseded owner's answer", late.err, problem.RequestInProgress)
 				break waiting
 			case <-tick.C:
@@ -328,9 +336,10 @@ func TestSupersededOwnerCannotWrite(t *testing.T) {
 	})
 
 	t.Run("the first owner's settle is refused while a successor holds the intent", func(t *testing.T) {
-		a, s, id, key, release, firstOwner := takenOverBeforeSettle(t, "R2-held")
-		release()
-		late := <-firstOwner
+		pay := takenOverBeforeSettle(t, "R2-held")
+		a, s, id, key := pay.a, pay.s, pay.id, pay.key
+		pay.release()
+		late := <-pay.firstOwner
 		wantError(t, "the superseded owner's answer", late.err, problem.RequestInProgress)
 		wantRetryAfter(t, "request_in_progress", late.err)
 		if got := orderNow(t, s, id).Status; got != "PAYMENT_PENDING" {
