@@ -6,6 +6,8 @@ import (
 	"io/fs"
 	"os"
 	"strconv"
+	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -79,6 +81,50 @@ func (c cores) move(set unix.CPUSet, names ...string) error {
 		errs = append(errs, pin(name, set))
 	}
 	return errors.Join(errs...)
+}
+
+// keepOnService moves, every interval until stop, each process of list()
+// that is not on the service's CPUs there. A PostgreSQL backend started
+// after the others were moved starts on the postmaster's CPUs, all of
+// them: the service's pool replaces each connection after
+// DB_CONN_MAX_LIFETIME (2 min), and a replaced backend left there would
+// give the service the generator's CPU too. stop ends the watch and says
+// how many processes it moved.
+func (c cores) keepOnService(list func() []int, interval time.Duration) (stop func() (moved int, err error)) {
+	if !c.Split {
+		return func() (int, error) { return 0, nil }
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	var moved int
+	var errs []error
+	wg.Go(func() {
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			for _, pid := range list() {
+				var set unix.CPUSet
+				if err := unix.SchedGetaffinity(pid, &set); err != nil || set == c.service {
+					continue // gone, or already there
+				}
+				if err := pin(strconv.Itoa(pid), c.service); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				moved++
+			}
+		}
+	})
+	return func() (int, error) {
+		close(done)
+		wg.Wait()
+		return moved, errors.Join(errs...)
+	}
 }
 
 // procs names pids as /proc does.

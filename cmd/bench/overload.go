@@ -53,10 +53,12 @@ type overloadResult struct {
 	ClientTimeout time.Duration
 	Limits        string // the admission settings of the shedding run
 	// Cores is how the machine's CPUs were split between the load
-	// generator and the service.
-	Cores cores
+	// generator and the service; Repinned counts the backends started
+	// during the scenario that were moved to the service's CPUs within
+	// repinEvery of their start.
+	Cores    cores
+	Repinned int
 }
-
 
 // Slice is how long each slice of an overload with admission control,
 // and of the capacity's closed loop between them, lasts.
@@ -162,6 +164,10 @@ const recoveryHold = 2 * time.Second
 // any refusal, and the capacity is the service's when nothing congests it.
 const settle = httpapi.CongestedFor + 500*time.Millisecond
 
+// repinEvery is how often the backends are looked at for one started
+// off the service's CPUs.
+const repinEvery = 100 * time.Millisecond
+
 // overload is scenario 8. Its service runs in a process of its own, the
 // binary cmd/orderservice builds with the bench's configuration (see
 // serviceProcess); the in-process service is stopped meanwhile, so only
@@ -190,6 +196,21 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, ov.Cores.restore(b.backendPIDs()...)) }()
+	// Backends started later (a connection the pool replaced) go to the
+	// service's CPUs too; the watch has a connection of its own, as the
+	// admin connection is for one goroutine.
+	watch, err := b.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer watch.Close(context.Background())
+	stopWatch := ov.Cores.keepOnService(func() []int { return backendPIDs(watch) }, repinEvery)
+	defer func() {
+		var watchErr error
+		ov.Repinned, watchErr = stopWatch()
+		b.progress("  %d backends started during the scenario were moved to the service's CPUs", ov.Repinned)
+		err = errors.Join(err, watchErr)
+	}()
 	client := &http.Client{Timeout: ov.ClientTimeout, Transport: &http.Transport{MaxIdleConns: 0, MaxIdleConnsPerHost: 4096, IdleConnTimeout: time.Minute}}
 	defer client.CloseIdleConnections()
 	// launch starts the service with extra, its process on the service's

@@ -36,10 +36,10 @@ type reportData struct {
 	*results
 	Chart string // the chart's file name; empty: no chart
 
-	NoisyCores                                                                           float64
-	AdmissionMemory, RecoveryBucket, RecoveryHold, RefusalWindow, Settle, WALSampleEvery time.Duration
-	HealthzRate                                                                          int
-	Tenant                                                                               string
+	NoisyCores                                                                                       float64
+	AdmissionMemory, RecoveryBucket, RecoveryHold, RefusalWindow, Settle, RepinEvery, WALSampleEvery time.Duration
+	HealthzRate                                                                                      int
+	Tenant                                                                                           string
 }
 
 // render writes the whole report as Markdown: the machine, the method and
@@ -47,7 +47,7 @@ type reportData struct {
 func render(res *results, chartFile string) (string, error) {
 	var b strings.Builder
 	err := reportTemplate.Execute(&b, reportData{results: res, Chart: chartFile,
-		NoisyCores: noisyCores, AdmissionMemory: admissionMemory, RecoveryBucket: recoveryBucket, RecoveryHold: recoveryHold, RefusalWindow: refusalWindow, Settle: settle,
+		NoisyCores: noisyCores, AdmissionMemory: admissionMemory, RecoveryBucket: recoveryBucket, RecoveryHold: recoveryHold, RefusalWindow: refusalWindow, Settle: settle, RepinEvery: repinEvery,
 		WALSampleEvery: walSampleEvery, HealthzRate: healthzRate, Tenant: benchTenant})
 	return b.String(), err
 }

@@ -183,8 +183,12 @@ func (b *bench) fire(ctx context.Context, s shot) point {
 
 // backendPIDs lists the PostgreSQL backends connected to the benchmark's
 // database, but for the admin connection.
-func (b *bench) backendPIDs() []int {
-	rows, _ := b.admin.Query(context.Background(),
+func (b *bench) backendPIDs() []int { return backendPIDs(b.admin) }
+
+// backendPIDs lists the PostgreSQL backends connected to conn's database,
+// but for conn's own.
+func backendPIDs(conn *pgx.Conn) []int {
+	rows, _ := conn.Query(context.Background(),
 		`SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`)
 	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
 	if err != nil {
