@@ -93,6 +93,7 @@ lint-openapi: ## lint api/openapi.yaml (Redocly; Spectral with OWASP's ruleset, 
 	npm ci --prefix tools/openapi-lint --no-audit --no-fund
 	npx --prefix tools/openapi-lint redocly lint --config api/redocly.yaml api/openapi.yaml
 	cd tools/openapi-lint && npx spectral lint --ruleset spectral.yaml --fail-severity error --display-only-failures ../../api/openapi.yaml
+	cd tools/openapi-lint && npx spectral lint --ruleset spectral.yaml --quiet -f json ../../api/openapi.yaml | node warnings.mjs ../../docs/api-lint.md
 	bash tools/openapi-gen/check.sh
 
 fmt: ## gofmt every Go file
