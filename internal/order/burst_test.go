@@ -11,9 +11,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"gorm.io/gorm"
 
 	"github.com/orderservice/orderservice/internal/app"
 	"github.com/orderservice/orderservice/internal/apptest"
+	"github.com/orderservice/orderservice/internal/httpapi"
 )
 
 // A burst is not overload. On an idle instance with the default admission
@@ -36,6 +38,7 @@ func TestBurstsAreServedNotShed(t *testing.T) {
 		"HTTP_MAX_IN_FLIGHT": fmt.Sprint(defaults.HTTPMaxInFlight), "HTTP_MAX_QUEUE": fmt.Sprint(defaults.HTTPMaxQueue)})
 	c := apptest.NewClient(m, apptest.KeyAcme)
 	c.HTTP = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxConnsPerHost: 0}}
+	databaseIsIdle(t, m.DB)
 
 	burst := func(t *testing.T, n int, send func(i int) (apptest.Response, error)) map[int]int {
 		t.Helper()
@@ -66,6 +69,12 @@ func TestBurstsAreServedNotShed(t *testing.T) {
 		}
 		sort.Ints(keys)
 		t.Logf("statuses: %v", statuses)
+		if statuses[http.StatusServiceUnavailable] > 0 {
+			// A refusal congests the instance for CongestedFor: the next
+			// burst starts on an idle instance again, so that its verdict
+			// is its own.
+			time.Sleep(httpapi.CongestedFor)
+		}
 		return statuses
 	}
 	only := func(t *testing.T, got map[int]int, allowed ...int) {
@@ -134,4 +143,37 @@ func TestBurstsAreServedNotShed(t *testing.T) {
 			t.Errorf("orders = %d, want 1", n)
 		}
 	})
+}
+
+// databaseIsIdle waits until no other session of the PostgreSQL server is
+// running a statement, then takes a checkpoint, so that the bursts do not
+// share the database with whatever ran before them (in CI, `make test`'s
+// packages dropping their databases, each DROP DATABASE a checkpoint). A
+// database busy writing makes the first holds of a burst slow, and the
+// admission limit, which bounds its queue by how fast slots come free,
+// then rightly refuses part of it (a concurrent 3-million-row INSERT here:
+// 149 of 200 identical creates served, 51 refused with 503): the burst is
+// not the one the issue describes, on an idle instance.
+func databaseIsIdle(t *testing.T, db *gorm.DB) {
+	t.Helper()
+	start := time.Now()
+	var busy []string
+	for quiet := 0; quiet < 5; time.Sleep(100 * time.Millisecond) {
+		busy = nil
+		if err := db.Raw(`SELECT left(datname || ': ' || query, 120) FROM pg_stat_activity
+			WHERE state = 'active' AND backend_type = 'client backend' AND pid <> pg_backend_pid()`).Scan(&busy).Error; err != nil {
+			t.Fatal(err)
+		}
+		quiet++
+		if len(busy) > 0 {
+			quiet = 0
+		}
+		if time.Since(start) > time.Minute {
+			t.Fatalf("PostgreSQL was not idle for a minute; the bursts need an idle database. Still running: %v", busy)
+		}
+	}
+	if err := db.Exec("CHECKPOINT").Error; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("PostgreSQL idle and checkpointed after %s", time.Since(start).Round(time.Millisecond))
 }
