@@ -292,15 +292,16 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 		if err != nil {
 			return err
 		}
+		unshed := v.value == "0"
 		setting := v.name + "=" + v.value
-		if v.value == "0" {
+		if unshed {
 			setting = "no admission control"
 		}
 		run, err := b.overloadRun(ctx, client, ov, ref, svc, setting)
 		if err = errors.Join(err, svc.Close()); err != nil {
 			return err
 		}
-		if v.value == "0" {
+		if unshed {
 			ov.Unshed = run
 		} else {
 			ov.Limited = append(ov.Limited, run)
@@ -329,8 +330,9 @@ func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overlo
 		}
 	}
 	var capacities, sent, probes []point
-	// capacity is one slice of the closed loop on ref.
-	capacity := func(round int) {
+	var sending time.Duration // the slices' time, for the goodput
+	// capacitySlice is one slice of the closed loop on ref.
+	capacitySlice := func(round int) {
 		p := b.fire(ctx, shot{name: fmt.Sprintf("%s-capacity-r%d", name, round), client: b.client, workers: ov.CapacityAt,
 			targeter: freshCreates(ref.url+"/v1/orders", &b.keys), duration: slice, service: ref.pid()})
 		capacities = append(capacities, p)
@@ -346,7 +348,7 @@ func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overlo
 				return run, ctx.Err()
 			}
 		}
-		capacity(round)
+		capacitySlice(round)
 		if round == run.Rounds-1 {
 			go func() {
 				// The normal load starts when the last slice stops sending.
@@ -376,10 +378,10 @@ func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overlo
 		// Accepted answers per second from the slice's first request sent
 		// to its last answer received: a backlog answered late does not
 		// count as capacity.
-		run.Goodput += max(p.Drain, slice).Seconds()
+		sending += max(p.Drain, slice)
 	}
 	run.After = <-after
-	capacity(run.Rounds)
+	capacitySlice(run.Rounds)
 	if err := ctx.Err(); err != nil {
 		return run, err
 	}
@@ -414,7 +416,7 @@ func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overlo
 	run.Accepted, run.Refused = len(accepted), len(refused)
 	run.AcceptedP50, run.AcceptedP99 = quantile(accepted, 0.5), quantile(accepted, 0.99)
 	run.RefusedP50, run.RefusedP99, run.RefusedMax = quantile(refused, 0.5), quantile(refused, 0.99), quantile(refused, 1)
-	run.Goodput = float64(run.Accepted) / run.Goodput
+	run.Goodput = float64(run.Accepted) / sending.Seconds()
 	run.BackToNormal, run.Recovered, run.SlowAfter = backToNormal(slowBuckets(run.After, start(run.After), ov.normalLimit()))
 	b.progress("  %s at %d/s: %d accepted (p50 %s p99 %s), %d refused (p99 %s), %d timeouts, %d other; goodput %.0f/s = %s of the capacity between its slices (%s); back to normal after %s (%v)",
 		name, ov.Rate, run.Accepted, ms(run.AcceptedP50), ms(run.AcceptedP99), run.Refused, ms(run.RefusedP99),
