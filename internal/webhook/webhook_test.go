@@ -1,7 +1,11 @@
 package webhook_test
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -139,6 +143,21 @@ func TestVerify(t *testing.T) {
 		}
 	})
 
+	t.Run("refuses a timestamp at the extremes of the clock", func(t *testing.T) {
+		// The millisecond Unix time that got through once, the largest
+		// int64, and zero: each far beyond the tolerance, neither way
+		// overflows into "near".
+		// Each is signed as it stands, so only the clock can refuse it.
+		for _, unix := range []int64{99999999999, 1614265330000, math.MaxInt64, 0} {
+			h := vectorHeaders()
+			h.Set(webhook.HeaderTimestamp, strconv.FormatInt(unix, 10))
+			h.Set(webhook.HeaderSignature, signAt(t, unix))
+			if err := verify([]string{vectorSecret}, h, vectorBody, vectorTime); !errors.Is(err, webhook.ErrStale) {
+				t.Errorf("timestamp %d: Verify = %v, want ErrStale", unix, err)
+			}
+		}
+	})
+
 	t.Run("names the missing header", func(t *testing.T) {
 		for _, name := range []string{webhook.HeaderID, webhook.HeaderTimestamp, webhook.HeaderSignature} {
 			h := vectorHeaders()
@@ -207,4 +226,18 @@ func TestSignThenVerify(t *testing.T) {
 	if err := webhook.Verify([]string{vectorSecret}, h, body, now, time.Minute); !errors.Is(err, webhook.ErrNoMatch) {
 		t.Errorf("with another secret: Verify = %v, want ErrNoMatch", err)
 	}
+}
+
+// signAt is the v1 signature of the vector's id and body at Unix time unix,
+// computed here as the specification says, since Sign takes a time.Time,
+// which cannot hold every int64 of seconds.
+func signAt(t *testing.T, unix int64) string {
+	t.Helper()
+	key, err := webhook.ParseSecret(vectorSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := hmac.New(sha256.New, key)
+	h.Write([]byte(vectorID + "." + strconv.FormatInt(unix, 10) + "." + vectorBody))
+	return "v1," + base64.StdEncoding.EncodeToString(h.Sum(nil))
 }
