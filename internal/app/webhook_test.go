@@ -333,3 +333,42 @@ func TestAWebhookIsAHintAndTheChannelIsAsked(t *testing.T) {
 	}
 	waitForStatus(t, c, id, "PAID")
 }
+
+// A delivery signed by the channel whose id, type or key PostgreSQL cannot
+// store as text (NUL, invalid UTF-8) is refused with 400 and changes
+// nothing: a 500 would be retried by the channel for days.
+func TestASignedWebhookWithWordsPostgreSQLCannotStoreIsRefused(t *testing.T) {
+	m := apptest.Start(t, dbURL, map[string]string{"PAYMENT_ASYNC_DELAY": "200ms", "PAYMENT_PENDING_CHECK_EVERY": "1h"})
+	dropChannelWebhooks(t, m)
+	c := apptest.NewClient(m, apptest.KeyAcme)
+	id := asyncPay(t, c, payment.MethodAsyncOK)
+	charge := settledCharge(t, m, id)
+	inbox := apptest.Count(t, m.DB, "SELECT count(*) FROM webhook_inbox")
+	withKey := func(key string) payment.Charge { ch := charge; ch.IdempotencyKey = key; return ch }
+	for name, d := range map[string]struct {
+		id, eventType string
+		charge        payment.Charge
+		field         string
+	}{
+		"an id with invalid UTF-8": {"msg_\xff\xfe", payment.EventChargeSucceeded, charge, webhook.HeaderID},
+		"a type with NUL":          {"msg_nul_type", payment.EventChargeSucceeded + "\x00", charge, "type"},
+		"a key with NUL":           {"msg_nul_key", payment.EventChargeSucceeded, withKey(charge.IdempotencyKey + "\x00"), "data.idempotency_key"},
+	} {
+		body, h := signedDelivery(t, d.id, d.eventType, d.charge, time.Now())
+		r, err := (&apptest.Client{BaseURL: m.URL(), HTTP: http.DefaultClient}).Send(http.MethodPost, "/webhooks/payment-channel", "", body, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Status != http.StatusBadRequest || !strings.Contains(string(r.Body), d.field) {
+			t.Errorf("%s: %d %s, want 400 naming %s", name, r.Status, r.Body, d.field)
+		}
+	}
+	if n := apptest.Count(t, m.DB, "SELECT count(*) FROM webhook_inbox"); n != inbox {
+		t.Errorf("the inbox went from %d to %d rows, want unchanged", inbox, n)
+	}
+	var status string
+	m.DB.Raw("SELECT status FROM orders WHERE id = ?", id).Scan(&status)
+	if status != "PAYMENT_PENDING" {
+		t.Errorf("after refused deliveries the order is %s, want PAYMENT_PENDING", status)
+	}
+}

@@ -13,7 +13,9 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
 	"gorm.io/gorm"
@@ -97,15 +99,32 @@ func readEvent(id string, body []byte) (channelEvent, error) {
 	switch {
 	case len(id) > maxWebhookID:
 		return ev, invalidField(webhook.HeaderID, "must be at most %d characters", maxWebhookID)
+	case !storable(id):
+		return ev, invalidField(webhook.HeaderID, notStorable)
 	case json.Unmarshal(body, &ev) != nil:
 		return ev, invalidField("body", "is not a payment channel event (JSON with type and data)")
 	case ev.Type == "" || len(ev.Type) > maxEventType:
 		return ev, invalidField("type", "must be 1 to %d characters", maxEventType)
+	case !storable(ev.Type):
+		return ev, invalidField("type", notStorable)
 	case len(ev.Data.IdempotencyKey) > maxChannelKey:
 		return ev, invalidField("data.idempotency_key", "must be at most %d characters", maxChannelKey)
+	case !storable(ev.Data.IdempotencyKey):
+		return ev, invalidField("data.idempotency_key", notStorable)
 	}
 	return ev, nil
 }
+
+// storable reports whether PostgreSQL can hold s as text: valid UTF-8
+// without NUL. A signature proves who sent a delivery, not that its words
+// can be stored; one that cannot is refused here, with 400, rather than
+// failing its transaction (SQLSTATE 22021) and coming back as a 500 the
+// channel would retry for days.
+func storable(s string) bool {
+	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+}
+
+const notStorable = "must be valid UTF-8 without NUL"
 
 func invalidField(field, why string, args ...any) error {
 	return problem.Errorf(problem.InvalidRequest, "%s: "+why, append([]any{field}, args...)...).With("field", field)
