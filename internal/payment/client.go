@@ -20,9 +20,10 @@ var (
 	// ErrUnavailable means the outcome is unknown (5xx, 429, timeout, lost
 	// connection): retry with the same key, or look the key up.
 	ErrUnavailable = errors.New("payment channel unavailable, outcome unknown")
-	// ErrRejected means the channel refused the request without acting on it
-	// (400, 404 charge unknown, 422 idempotency key reused, 422 refund
-	// refused, …): a definitive outcome, as final as a decline.
+	// ErrRejected means the channel refused a charge or refund without
+	// acting on it (400, 404 charge unknown, 422 idempotency key reused, 422
+	// refund refused, …): a definitive outcome, as final as a decline. Only
+	// a POST is refused so; a lookup is found, ErrNotFound, or unknown.
 	ErrRejected = errors.New("payment channel rejected the request")
 	// ErrNotFound means a lookup found nothing under the key: the channel
 	// never acted on it.
@@ -67,6 +68,10 @@ func (e *StatusError) Unwrap() error {
 	switch {
 	case e.StatusCode == http.StatusNotFound && e.Lookup:
 		return ErrNotFound
+	case e.Lookup:
+		// Any other failed lookup (400, 403, 410, 422, a gateway's answer)
+		// says nothing of the charge under the key: it is no refusal of it.
+		return ErrUnavailable
 	case e.StatusCode == http.StatusRequestTimeout,
 		e.StatusCode == http.StatusConflict, // request_in_progress: the first attempt is still running
 		e.StatusCode == http.StatusTooEarly,

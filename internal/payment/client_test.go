@@ -222,6 +222,32 @@ func TestClientLookupCharge(t *testing.T) {
 	})
 }
 
+// What an answer that is not the definitive one means, for a POST and for
+// a lookup by key: only a POST can be refused; a lookup finds the charge,
+// finds nothing (404), or tells nothing.
+func TestStatusErrorClassifiesByMethod(t *testing.T) {
+	for _, c := range []struct {
+		status       int
+		post, lookup error
+	}{
+		{400, payment.ErrRejected, payment.ErrUnavailable},
+		{403, payment.ErrRejected, payment.ErrUnavailable},
+		{404, payment.ErrRejected, payment.ErrNotFound},
+		{409, payment.ErrUnavailable, payment.ErrUnavailable},
+		{410, payment.ErrRejected, payment.ErrUnavailable},
+		{422, payment.ErrRejected, payment.ErrUnavailable},
+		{429, payment.ErrUnavailable, payment.ErrUnavailable},
+		{502, payment.ErrUnavailable, payment.ErrUnavailable},
+	} {
+		if err := (&payment.StatusError{StatusCode: c.status}); !errors.Is(err, c.post) {
+			t.Errorf("POST answered %d: %v, want %v", c.status, errors.Unwrap(err), c.post)
+		}
+		if err := (&payment.StatusError{StatusCode: c.status, Lookup: true}); !errors.Is(err, c.lookup) {
+			t.Errorf("lookup answered %d: %v, want %v", c.status, errors.Unwrap(err), c.lookup)
+		}
+	}
+}
+
 func TestClientRefund(t *testing.T) {
 	ctx := context.Background()
 	c, srv := newClient(t, channel.Options{})
