@@ -44,8 +44,13 @@ import (
 // slot (their sojourn), as CoDel judges a queue: a standing queue is one
 // whose waiters have all waited longer than a target for a whole interval
 // (QueueTimeout/10 and QueueTimeout/5: 100ms and 200ms by default). Then,
-// and for CongestedFor after it or after any refusal, a request that finds
-// no free slot is refused at once instead of waiting. A place in the queue
+// and for CongestedFor after it or after an arrival the queue had no room
+// for, a request that finds no free slot is refused at once instead of
+// waiting. Those refusals are no new sign of overload and do not prolong
+// it: the congestion ends CongestedFor after the last sign, arrivals queue
+// again, and the queue is judged afresh. (Were every refusal a sign, clients
+// that honour Retry-After would keep the service shedding after the
+// overload is gone: a refusal congests, the congestion refuses.) A place in the queue
 // is a promise: the bound keeps what is queued within the target of being
 // served, so the waiters already queued are served, not sent away after
 // waiting (CoDel drops from the head of a queue it does not bound), and
@@ -135,6 +140,9 @@ func (a *Admission) acquire(ctx context.Context) bool {
 	}
 	enqueued := time.Now().UnixNano()
 	if enqueued < a.congestedUntil.Load() {
+		// Refused for the congestion alone: no new sign of overload, so
+		// it does not prolong the congestion. Once it ends, arrivals queue
+		// again and the queue judges afresh.
 		return false
 	}
 	n := a.queued.Add(1)
@@ -146,6 +154,7 @@ func (a *Admission) acquire(ctx context.Context) bool {
 	}
 	if n > a.queueLimit() {
 		a.queued.Add(-1)
+		a.congest(enqueued) // the queue is as long as drains within the target
 		return false
 	}
 	wait, cancel := context.WithTimeout(ctx, a.queueTimeout)
@@ -153,6 +162,9 @@ func (a *Admission) acquire(ctx context.Context) bool {
 	cancel()
 	a.queued.Add(-1)
 	if err != nil {
+		if ctx.Err() == nil { // a client that gave up is no sign of overload
+			a.congest(time.Now().UnixNano()) // the queue timeout: the estimate was wrong
+		}
 		return false
 	}
 	a.waited(time.Now().UnixNano(), enqueued)
@@ -206,15 +218,19 @@ func (a *Admission) waited(now, enqueued int64) {
 	case until == 0:
 		a.aboveUntil.CompareAndSwap(0, now+int64(a.interval))
 	case now >= until:
-		a.congestedUntil.Store(now + int64(CongestedFor))
+		a.congest(now)
 	}
+}
+
+// congest marks the service overloaded for CongestedFor from now: a sign
+// of overload was seen (a standing queue, an arrival the queue had no
+// room for, a queue timeout).
+func (a *Admission) congest(now int64) {
+	a.congestedUntil.Store(now + int64(CongestedFor))
 }
 
 func (a *Admission) refuse(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
-	if r.Context().Err() == nil { // a client that gave up is no sign of overload
-		a.congestedUntil.Store(now.Add(CongestedFor).UnixNano())
-	}
 	if a.OnShed != nil {
 		a.OnShed()
 	}

@@ -290,6 +290,92 @@ func TestOneSlowHoldSetsNoBound(t *testing.T) {
 	}
 }
 
+// Shedding ends with the overload. Forty (and sixty-four) clients, each sending its next
+// request when the last is answered and waiting Retry-After when refused,
+// against the defaults (32 slots, QueueTimeout 1s) and a service that takes
+// 5ms a request, until the database stalls for 1.5s: the stall is overload,
+// and requests are refused. Once it is gone the queue drains at once, and
+// from CongestedFor after the stall on (what the refusals during it may
+// still congest, and a margin) no request is refused. Refusals that came of
+// the congestion itself once renewed it: forty clients kept it up for good.
+// (Sixty-four fit too: 32 slots and a queue never shorter than the slots.)
+func TestSheddingEndsWhenTheStallDoes(t *testing.T) {
+	for _, clients := range []int{40, 64} {
+		t.Run(strconv.Itoa(clients)+" clients", func(t *testing.T) {
+			t.Parallel()
+			sheddingAfterAStall(t, clients)
+		})
+	}
+}
+
+func sheddingAfterAStall(t *testing.T, clients int) {
+	var stalled sync.Mutex // held while the database stalls
+	h := httpapi.NewAdmission(32, 1024, time.Second).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		stalled.Lock()
+		stalled.Unlock() //nolint:staticcheck // waits out the stall
+		time.Sleep(5 * time.Millisecond)
+		w.WriteHeader(http.StatusOK)
+	}))
+	var (
+		mu        sync.Mutex
+		refusedAt []time.Time
+		served    int
+		stop      = make(chan struct{})
+		wg        sync.WaitGroup
+	)
+	for range clients {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/orders", nil))
+				refused := rec.Code == http.StatusServiceUnavailable
+				mu.Lock()
+				if refused {
+					refusedAt = append(refusedAt, time.Now())
+				} else {
+					served++
+				}
+				mu.Unlock()
+				if refused {
+					after, _ := strconv.Atoi(rec.Header().Get("Retry-After"))
+					time.Sleep(time.Duration(after) * time.Second)
+				}
+			}
+		})
+	}
+	time.Sleep(500 * time.Millisecond)
+	stalled.Lock()
+	time.Sleep(1500 * time.Millisecond)
+	stalled.Unlock()
+	stallEnd := time.Now()
+	time.Sleep(6 * time.Second)
+	close(stop)
+	wg.Wait()
+
+	calm := stallEnd.Add(httpapi.CongestedFor + 500*time.Millisecond)
+	during, after := 0, 0
+	for _, at := range refusedAt {
+		if at.After(calm) {
+			after++
+		} else {
+			during++
+		}
+	}
+	t.Logf("%d served, %d refused up to %s after the stall, %d after that", served, during, calm.Sub(stallEnd), after)
+	if during == 0 {
+		t.Error("nothing was refused during the stall: the test did not overload the service")
+	}
+	if after != 0 {
+		t.Errorf("%d requests refused in the %s after the stall was gone (from %s after it), want none: the clients honour Retry-After and fit in the slots and the queue",
+			after, time.Since(calm).Round(time.Second), calm.Sub(stallEnd))
+	}
+}
+
 // heldHandler answers 200 once the test lets it: each request it serves
 // says so on entered, then holds its slot until a value on release.
 func heldHandler() (h http.Handler, entered, release chan struct{}) {
