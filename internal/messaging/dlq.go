@@ -12,17 +12,71 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// deadLetter moves a command to ORDER_COMMANDS_DLQ with its headers and
-// body unchanged, adding only the Dead-Letter-* headers and, once, when it
-// was first published (HeaderFirstPublished), and then terminates it in
-// ORDER_COMMANDS. If the DLQ publish fails the command is left
-// unacknowledged, to be redelivered and dead-lettered again: a dead letter
-// is never dropped.
+// deadLetter moves a command to ORDER_COMMANDS_DLQ and terminates it in
+// ORDER_COMMANDS. The letter is the command as its tenant sent it, body
+// and the headers a copy may carry (see copyable), plus the Dead-Letter-*
+// headers and, once, when it was first published (HeaderFirstPublished).
+//
+// A dead letter is never dropped silently, and never holds up the
+// consumer for good: a command not yet acknowledged or terminated takes
+// one of the consumer's MaxAckPending places, and a thousand of them stop
+// every tenant's commands. So:
+//   - the DLQ refuses the letter as it is (too large, say): a smaller
+//     letter is stored, with only the body, the Idempotency-Key and our
+//     headers, and its reason says so;
+//   - the DLQ cannot be reached: the command is left unacknowledged and
+//     tried again on a later delivery, up to deadLetterDeliveries;
+//   - past those, the command is terminated with an error log that names
+//     it: ORDER_COMMANDS keeps it, readable by its sequence, until its
+//     max_age.
 func (c *Consumer) deadLetter(ctx context.Context, d delivery, op, reason string) {
+	msg := d.msg
+	duplicate, err := c.storeLetter(ctx, letter(d, reason, copyable))
+	if refused(err) {
+		reason = fmt.Sprintf("%s; stored without its other headers, %s refused the letter as it was: %v", reason, DLQStream, err)
+		duplicate, err = c.storeLetter(ctx, letter(d, reason, isKey))
+	}
+	if err != nil && d.count < c.deadLetterDeliveries() {
+		c.logger().Error("messaging: could not dead-letter a command; it stays in "+CommandsStream+" and is tried again",
+			"subject", msg.Subject(), "sequence", d.seq, "delivery", d.count, "err", err)
+		_ = msg.NakWithDelay(c.Backoff.Delay(d.count))
+		return
+	}
+	if err != nil {
+		c.logger().Error("messaging: dead letter given up; the command is terminated, and kept in "+CommandsStream+" until its max_age",
+			"subject", msg.Subject(), "sequence", d.seq, "key", msg.Headers().Get(HeaderKey), "reason", reason, "deliveries", d.count, "err", err)
+		_ = msg.TermWithReason("not dead-lettered: " + reason)
+		return
+	}
+	if duplicate { // an earlier delivery stored it, and its term was lost
+		c.logger().Info("messaging: command already dead-lettered", "subject", msg.Subject(), "sequence", d.seq)
+	} else {
+		c.logger().Warn("messaging: command dead-lettered", "subject", msg.Subject(), "key", msg.Headers().Get(HeaderKey),
+			"reason", reason, "deliveries", d.count)
+		observer(c.Observe).MessageDeadLettered(op)
+	}
+	if err := msg.TermWithReason("dead-lettered: " + reason); err != nil {
+		c.logger().Warn("messaging: term of a dead-lettered command lost", "err", err)
+	}
+}
+
+// letter is the dead letter of d: its body, those of its headers keep
+// lets through, and ours.
+//
+// Its Nats-Msg-Id is its own, named after the command's sequence in
+// ORDER_COMMANDS, which no other command shares: two commands are two
+// letters whatever ids their tenants gave them, and a command delivered
+// again after its term was lost is recognised as the letter it already is.
+func letter(d delivery, reason string, keep func(header string) bool) *nats.Msg {
 	msg := d.msg
 	m := nats.NewMsg(dlqSubject(msg.Subject()))
 	for k, vs := range msg.Headers() {
-		m.Header[k] = append([]string(nil), vs...)
+		if keep(k) {
+			m.Header[k] = append([]string(nil), vs...)
+		}
+	}
+	if d.seq > 0 {
+		m.Header.Set(HeaderMsgID, "dead-letter-"+strconv.FormatUint(d.seq, 10))
 	}
 	m.Header.Set(HeaderReason, reason)
 	m.Header.Set(HeaderDLSubject, msg.Subject())
@@ -30,20 +84,50 @@ func (c *Consumer) deadLetter(ctx context.Context, d delivery, op, reason string
 	m.Header.Set(HeaderDLSequence, strconv.FormatUint(d.seq, 10))
 	m.Header.Set(HeaderFirstPublished, d.published.UTC().Format(time.RFC3339Nano))
 	m.Data = msg.Data()
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if _, err := c.JS.PublishMsg(pctx, m); err != nil {
-		c.logger().Error("messaging: could not dead-letter a command; it stays in "+CommandsStream, "subject", msg.Subject(), "err", err)
-		_ = msg.NakWithDelay(c.Backoff.Max)
-		return
-	}
-	c.logger().Warn("messaging: command dead-lettered", "subject", msg.Subject(), "key", msg.Headers().Get(HeaderKey),
-		"reason", reason, "deliveries", d.count)
-	if err := msg.TermWithReason("dead-lettered: " + reason); err != nil {
-		c.logger().Warn("messaging: term of a dead-lettered command lost", "err", err)
-	}
-	observer(c.Observe).MessageDeadLettered(op)
+	return m
 }
+
+// storeLetter publishes a dead letter; duplicate when the DLQ already had
+// it (see letter).
+func (c *Consumer) storeLetter(ctx context.Context, m *nats.Msg) (duplicate bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	ack, err := c.JS.PublishMsg(ctx, m)
+	if err != nil {
+		return false, err
+	}
+	return ack.Duplicate, nil
+}
+
+// refused reports whether err says that this letter, as it is, will not
+// be stored: the DLQ answered with an error (its max_msg_size, say), or
+// the letter is larger than the server accepts. Sending it again would
+// fail again; a smaller letter may not.
+func refused(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) || errors.Is(err, nats.ErrMaxPayload)
+}
+
+// deadLetterDeliveries is how many deliveries a command gets in all
+// before its dead letter is given up: COMMAND_MAX_DELIVER to run, and as
+// many again to be dead-lettered.
+func (c *Consumer) deadLetterDeliveries() int { return 2 * max(c.MaxDeliver, 1) }
+
+// copyable reports whether a copy of a command, its dead letter or the
+// replay of that, may carry the header as it is. Not the broker's Nats-*
+// control headers: they spoke to ORDER_COMMANDS when the tenant published,
+// and on a copy they would make the other stream refuse it
+// (Nats-Expected-Stream) or drop it as a duplicate (Nats-Msg-Id). Not the
+// Dead-Letter-* ones either: each dead letter writes its own, and a replay
+// is a command again.
+func copyable(header string) bool {
+	h := strings.ToLower(header)
+	return !strings.HasPrefix(h, "nats-") && !strings.HasPrefix(h, "dead-letter-")
+}
+
+// isKey reports whether header is Idempotency-Key: all a smaller dead
+// letter keeps of its command's headers, since a replay needs it.
+func isKey(header string) bool { return strings.EqualFold(header, HeaderKey) }
 
 // firstPublished is when a command was first published: the time its
 // stream stored this copy, or the earlier time a dead letter carried into
@@ -143,11 +227,11 @@ type Replayed struct {
 
 // Replay publishes the dead letters with the given sequences (all of them
 // when none is given) to their original subjects, with what their tenant
-// sent: the body and headers, less the Dead-Letter-* ones and the broker's
-// Nats-* control headers (an expected sequence or a message id would make
-// the stream refuse or drop the copy). HeaderFirstPublished goes along, so
-// the consumer knows the command's age too. Each dead letter is deleted
-// from the DLQ once ORDER_COMMANDS holds its copy.
+// sent: the body and the headers a copy may carry (see copyable: not the
+// Dead-Letter-* ones, nor the broker's Nats-* control headers, which would
+// make the stream refuse or drop the copy). HeaderFirstPublished goes
+// along, so the consumer knows the command's age too. Each dead letter is
+// deleted from the DLQ once ORDER_COMMANDS holds its copy.
 //
 // A dead letter first published more than horizon ago is refused, not
 // replayed: the record of its intent may have been removed, and the copy
@@ -191,7 +275,7 @@ func (q *DLQ) replay(ctx context.Context, s jetstream.Stream, d DeadLetter, hori
 	}
 	m := nats.NewMsg(d.Subject)
 	for k, vs := range d.Header {
-		if !strings.HasPrefix(k, "Dead-Letter-") && !strings.HasPrefix(strings.ToLower(k), "nats-") {
+		if copyable(k) {
 			m.Header[k] = vs
 		}
 	}

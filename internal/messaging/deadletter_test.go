@@ -1,0 +1,288 @@
+package messaging_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/orderservice/orderservice/internal/messaging"
+)
+
+// A tenant's commands carry a broker control header
+// (Nats-Expected-Stream: ORDER_COMMANDS is what a careful publisher adds)
+// and are malformed. Their dead letters must not carry that header into
+// ORDER_COMMANDS_DLQ, which would refuse them (wrong expected stream), and
+// as many of them as the consumer may hold unacknowledged (MaxAckPending)
+// must not hold up another tenant's command.
+func TestCommandsWithBrokerHeadersAreDeadLetteredWithoutHoldingUpOtherTenants(t *testing.T) {
+	w := newWorld(t)
+	w.consumer(messaging.ConsumerHooks{}, nil)
+	acmeJS, err := jetstream.New(w.tenantConn("acme"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	globex := w.tenantConn("globex")
+	globexJS, err := jetstream.New(globex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	results := subscribe(t, globex, messaging.ResultSubject("globex", "create"))
+
+	poison := messaging.ConsumerConfig(time.Second).MaxAckPending
+	for i := range poison {
+		m := nats.NewMsg(messaging.CommandSubject("acme", "create"))
+		m.Header.Set(messaging.HeaderKey, fmt.Sprintf("poison-%d", i))
+		m.Header.Set("Nats-Expected-Stream", messaging.CommandsStream)
+		m.Header.Set("X-Trace", "poison")
+		m.Data = []byte(`{"customer_id":`) // not JSON: dead-lettered at once
+		if _, err := acmeJS.PublishMsgAsync(m); err != nil {
+			t.Fatalf("publish poison %d: %v", i, err)
+		}
+	}
+	select {
+	case <-acmeJS.PublishAsyncComplete():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the poison commands were not all stored")
+	}
+	key := fmt.Sprintf("globex-after-poison-%d", time.Now().UnixNano())
+	publish(t, globexJS, messaging.CommandSubject("globex", "create"), key, createBody("cus_"+key))
+
+	t.Run("another tenant's create gets its result promptly", func(t *testing.T) {
+		r := within(t, results, 30*time.Second, fmt.Sprintf("result of globex's create, behind %d poison commands of acme", poison))
+		if r.Header.Get(messaging.HeaderStatus) != "201" || r.Header.Get(messaging.HeaderKey) != key {
+			t.Errorf("globex's create = %v %s", r.Header, r.Data)
+		}
+	})
+	t.Run("every poison command is in the DLQ, without the broker's headers", func(t *testing.T) {
+		waitDLQDepth(t, w, uint64(poison))
+		letters, err := (&messaging.DLQ{JS: w.js}).List(context.Background())
+		if err != nil || len(letters) != poison {
+			t.Fatalf("dlq list: %d letters, %v; want %d", len(letters), err, poison)
+		}
+		d := letters[0]
+		if d.Header.Get("Nats-Expected-Stream") != "" {
+			t.Errorf("the dead letter kept Nats-Expected-Stream: %v", d.Header)
+		}
+		if !strings.HasPrefix(d.Header.Get(messaging.HeaderKey), "poison-") || d.Header.Get("X-Trace") != "poison" ||
+			!strings.Contains(d.Reason(), "not JSON") || d.Header.Get(messaging.HeaderDLSubject) != messaging.CommandSubject("acme", "create") {
+			t.Errorf("the tenant's own headers or the dead-letter ones are wrong: %v", d.Header)
+		}
+	})
+}
+
+// In general, a dead letter the DLQ refuses as it
+// is (here: larger than the DLQ's max_msg_size, for a header the tenant
+// added) is stored in a smaller form, with the body, the Idempotency-Key
+// and the dead-letter headers, and says so; it does not stay in
+// ORDER_COMMANDS to be redelivered and refused forever.
+func TestADeadLetterTheDLQRefusesAsItIsIsStoredWithoutTheTenantsOtherHeaders(t *testing.T) {
+	w := newWorld(t)
+	limitStream(t, w, messaging.DLQStream, func(c *jetstream.StreamConfig) { c.MaxMsgSize = 2048 })
+	w.consumer(messaging.ConsumerHooks{}, nil)
+	body := `{"customer_id":`
+	publish(t, w.js, messaging.CommandSubject("acme", "create"), "too-big-letter", body, "X-Blob", strings.Repeat("x", 4000))
+
+	// Read from the stream: a core subscriber also sees the refused publish.
+	waitDLQDepth(t, w, 1)
+	letters, err := (&messaging.DLQ{JS: w.js}).List(context.Background())
+	if err != nil || len(letters) != 1 {
+		t.Fatalf("dlq list: %+v, %v", letters, err)
+	}
+	d := letters[0]
+	if d.Header.Get("X-Blob") != "" {
+		t.Fatalf("the stored letter is the refused one: %d header bytes", len(d.Header.Get("X-Blob")))
+	}
+	if string(d.Data) != body || d.Header.Get(messaging.HeaderKey) != "too-big-letter" ||
+		d.Header.Get(messaging.HeaderDLSubject) != messaging.CommandSubject("acme", "create") {
+		t.Errorf("the smaller letter lost what a replay needs: %v %s", d.Header, d.Data)
+	}
+	if reason := d.Reason(); !strings.Contains(reason, "not JSON") || !strings.Contains(reason, "without its other headers") {
+		t.Errorf("Dead-Letter-Reason = %q, want the reason and that the letter is incomplete", reason)
+	}
+	waitAckPending(t, w, 0)
+}
+
+// The last resort: a dead letter that cannot be stored
+// at all (here the DLQ stream is gone) is tried again on a bounded number
+// of deliveries, and then the command is terminated with an error log
+// naming it; it stays readable in ORDER_COMMANDS until its max_age. It
+// never holds a place among the consumer's unacknowledged commands forever.
+func TestADeadLetterThatCannotBeStoredIsGivenUpLoudlyNotRetriedForever(t *testing.T) {
+	w := newWorld(t)
+	if err := w.js.DeleteStream(context.Background(), messaging.DLQStream); err != nil {
+		t.Fatal(err)
+	}
+	errs := &errorLog{records: make(chan slog.Record, 64)}
+	w.consumer(messaging.ConsumerHooks{}, nil, func(c *messaging.Consumer) {
+		c.MaxDeliver = 2
+		c.Backoff = messaging.Backoff{Base: 20 * time.Millisecond, Max: 100 * time.Millisecond}
+		c.Logger = slog.New(errs)
+	})
+	publish(t, w.js, messaging.CommandSubject("acme", "create"), "", createBody("cus_no_dlq")) // no key: malformed
+
+	waitAckPending(t, w, 0)
+	seen := map[string]bool{}
+	for len(errs.records) > 0 {
+		r := <-errs.records
+		seen[r.Message] = true
+		if strings.Contains(r.Message, "given up") {
+			attrs := map[string]string{}
+			r.Attrs(func(a slog.Attr) bool { attrs[a.Key] = a.Value.String(); return true })
+			if attrs["sequence"] != "1" || attrs["subject"] != messaging.CommandSubject("acme", "create") || !strings.Contains(attrs["reason"], "Idempotency-Key") {
+				t.Errorf("the error log does not name the command: %v", attrs)
+			}
+			return
+		}
+	}
+	t.Errorf("no error log says the dead letter was given up; error logs: %v", seen)
+}
+
+// Two distinct bad commands carry the same client
+// Nats-Msg-Id, published further apart than ORDER_COMMANDS's duplicate
+// window so that the broker keeps both. Each gets its own dead letter:
+// the DLQ must not drop the second as a duplicate of the first.
+func TestTwoBadCommandsWithTheSameClientMsgIdAreBothDeadLettered(t *testing.T) {
+	w := newWorld(t)
+	const window = 100 * time.Millisecond // the shortest JetStream allows
+	limitStream(t, w, messaging.CommandsStream, func(c *jetstream.StreamConfig) { c.Duplicates = window })
+	w.consumer(messaging.ConsumerHooks{}, nil)
+
+	bodies := []string{`{"customer_id":"first"`, `{"customer_id":"second"`} // not JSON
+	for _, body := range bodies {
+		m := nats.NewMsg(messaging.CommandSubject("acme", "create"))
+		m.Header.Set(messaging.HeaderKey, "same-client-id")
+		m.Header.Set(messaging.HeaderMsgID, "client-msg-1")
+		m.Data = []byte(body)
+		ack, err := w.js.PublishMsg(context.Background(), m)
+		if err != nil || ack.Duplicate {
+			t.Fatalf("publish %s: %+v %v; the test needs both commands in %s", body, ack, err, messaging.CommandsStream)
+		}
+		time.Sleep(3 * window)
+	}
+	for range bodies {
+		select {
+		case <-w.counters.deadCh:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the two commands were not both dead-lettered")
+		}
+	}
+	waitAckPending(t, w, 0)
+	letters, err := (&messaging.DLQ{JS: w.js}).List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, l := range letters {
+		got = append(got, string(l.Data))
+	}
+	if len(letters) != 2 || got[0] != bodies[0] || got[1] != bodies[1] {
+		t.Errorf("the DLQ holds %d letters %q; want both commands %q", len(letters), got, bodies)
+	}
+}
+
+// The other way round: a command dead-lettered again
+// after its term was lost (its instance died in between) is the letter the
+// DLQ already holds, not a second one, and is counted once.
+func TestACommandDeadLetteredAgainAfterItsTermWasLostIsOneLetter(t *testing.T) {
+	w := newWorld(t)
+	// What an earlier delivery of ORDER_COMMANDS's first command left
+	// behind before it died: its letter, with the id the letter's are given.
+	m := nats.NewMsg(messaging.DLQPrefix + "commands.acme.create")
+	m.Header.Set(messaging.HeaderMsgID, "dead-letter-1")
+	m.Header.Set(messaging.HeaderReason, "body is not JSON")
+	m.Data = []byte(`{"customer_id":`)
+	if _, err := w.js.PublishMsg(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	w.consumer(messaging.ConsumerHooks{}, nil)
+	publish(t, w.js, messaging.CommandSubject("acme", "create"), "dead-twice", `{"customer_id":`)
+
+	waitAckPending(t, w, 0)
+	waitDLQDepth(t, w, 1)
+	if got := w.counters.get(w.counters.dead, "create"); got != 0 {
+		t.Errorf("dead-lettered = %d, want 0: the earlier delivery counted it", got)
+	}
+}
+
+// within waits at most d for the next message on ch.
+func within(t *testing.T, ch chan *nats.Msg, d time.Duration, what string) *nats.Msg {
+	t.Helper()
+	select {
+	case m := <-ch:
+		return m
+	case <-time.After(d):
+		t.Fatalf("no %s within %s", what, d)
+		return nil
+	}
+}
+
+// limitStream changes one setting of a stream the world created.
+func limitStream(t *testing.T, w *world, name string, change func(*jetstream.StreamConfig)) {
+	t.Helper()
+	ctx := context.Background()
+	s, err := w.js.Stream(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	change(&cfg)
+	if _, err := w.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatalf("update stream %s: %v", name, err)
+	}
+}
+
+// waitDLQDepth waits until the DLQ holds n dead letters.
+func waitDLQDepth(t *testing.T, w *world, n uint64) {
+	t.Helper()
+	q := &messaging.DLQ{JS: w.js}
+	var depth uint64
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		var err error
+		if depth, err = q.Depth(context.Background()); err == nil && depth == n {
+			return
+		}
+	}
+	t.Fatalf("the DLQ holds %d dead letters, want %d", depth, n)
+}
+
+// waitAckPending waits until the durable consumer holds n commands
+// delivered and not yet acknowledged or terminated.
+func waitAckPending(t *testing.T, w *world, n int) {
+	t.Helper()
+	ctx := context.Background()
+	cons, err := w.js.Consumer(ctx, messaging.CommandsStream, messaging.ConsumerName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info *jetstream.ConsumerInfo
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if info, err = cons.Info(ctx); err == nil && info.NumAckPending == n && info.NumPending == 0 {
+			return
+		}
+	}
+	if info == nil {
+		t.Fatalf("consumer info: %v", err)
+	}
+	t.Fatalf("the consumer still holds %d unacknowledged commands (%d not delivered), want %d",
+		info.NumAckPending, info.NumPending, n)
+}
+
+// errorLog is a slog.Handler that keeps the error records.
+type errorLog struct{ records chan slog.Record }
+
+func (h *errorLog) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelError }
+func (h *errorLog) Handle(_ context.Context, r slog.Record) error {
+	select {
+	case h.records <- r.Clone():
+	default:
+	}
+	return nil
+}
+func (h *errorLog) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *errorLog) WithGroup(string) slog.Handler      { return h }
