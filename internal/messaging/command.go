@@ -86,9 +86,10 @@ func opLabel(subject string) string {
 // parseCommand reads a command message, or says why it cannot be run at
 // all (the reason it is dead-lettered at once): a subject that is not
 // orders.commands.<tenant>.<op> with a known tenant and op, a missing or
-// malformed Idempotency-Key, a body that is not JSON, or a command on an
-// order without its order_id. A body that is JSON but not a valid request
-// is not malformed: it gets the 400 HTTP would send, as a result.
+// malformed Idempotency-Key, a Nats-Msg-Id (see msgIDRefused), a body
+// that is not JSON, or a command on an order without its order_id. A body
+// that is JSON but not a valid request is not malformed: it gets the 400
+// HTTP would send, as a result.
 func parseCommand(subject string, header nats.Header, data []byte, tenants map[string]string) (command, string) {
 	parts := strings.Split(subject, ".")
 	if len(parts) != 4 || parts[0]+"."+parts[1]+"." != CommandPrefix {
@@ -107,6 +108,9 @@ func parseCommand(subject string, header nats.Header, data []byte, tenants map[s
 		return cmd, "Idempotency-Key: " + answer.Problem(err).Detail
 	}
 	cmd.key = key
+	if len(headerValues(header, HeaderMsgID)) > 0 {
+		return cmd, msgIDRefused
+	}
 	if len(bytes.TrimSpace(data)) > 0 && !stdjson.Valid(data) {
 		return cmd, "body is not JSON"
 	}
@@ -119,6 +123,15 @@ func parseCommand(subject string, header nats.Header, data []byte, tenants map[s
 	}
 	return cmd, ""
 }
+
+// msgIDRefused is why a command may not carry a Nats-Msg-Id. JetStream
+// drops a message whose id it saw in the stream's duplicate window, and
+// that window spans all of ORDER_COMMANDS: one tenant's id would drop
+// another tenant's command before the service sees it, and the broker
+// cannot scope ids by subject. Refused, a tenant learns it at its first
+// command; and a tenant that sends none never loses a command to another's.
+const msgIDRefused = "Nats-Msg-Id: a command may not carry one, since JetStream deduplicates it across every tenant's commands; " +
+	"its Idempotency-Key already makes sending it again safe"
 
 // headerValues is every value of the header name, whatever the case its
 // publisher wrote it in: NATS header names are case-sensitive, HTTP's are
