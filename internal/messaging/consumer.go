@@ -90,6 +90,10 @@ type Observer interface {
 	MessageAcked(ctx context.Context, op string, replayed bool, took time.Duration)
 	// MessageDeadLettered counts a command moved to the DLQ.
 	MessageDeadLettered(op string)
+	// DeadLetterGivenUp counts a command terminated because its dead
+	// letter could not be stored: in neither stream's hands but
+	// ORDER_COMMANDS's, until its max_age.
+	DeadLetterGivenUp(op string)
 	// OutboxPublished counts events the relay published, and how many of
 	// them JetStream already had (duplicates dropped by Nats-Msg-Id).
 	OutboxPublished(published, duplicates int)
@@ -100,6 +104,7 @@ type noObserver struct{}
 func (noObserver) MessageReceived(string, bool)                              {}
 func (noObserver) MessageAcked(context.Context, string, bool, time.Duration) {}
 func (noObserver) MessageDeadLettered(string)                                {}
+func (noObserver) DeadLetterGivenUp(string)                                  {}
 func (noObserver) OutboxPublished(int, int)                                  {}
 
 func observer(o Observer) Observer {

@@ -137,6 +137,11 @@ func TestADeadLetterThatCannotBeStoredIsGivenUpLoudlyNotRetriedForever(t *testin
 			if attrs["sequence"] != "1" || attrs["subject"] != messaging.CommandSubject("acme", "create") || !strings.Contains(attrs["reason"], "Idempotency-Key") {
 				t.Errorf("the error log does not name the command: %v", attrs)
 			}
+			w.counters.mu.Lock()
+			defer w.counters.mu.Unlock()
+			if n := w.counters.givenUp["create"]; n != 1 {
+				t.Errorf("%d dead letters counted as given up, want 1 (orderservice_messages_dead_letters_given_up_total)", n)
+			}
 			return
 		}
 	}

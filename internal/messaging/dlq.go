@@ -46,6 +46,7 @@ func (c *Consumer) deadLetter(ctx context.Context, d delivery, op, reason string
 		c.logger().Error("messaging: dead letter given up; the command is terminated, and kept in "+CommandsStream+" until its max_age",
 			"subject", msg.Subject(), "sequence", d.seq, "key", msg.Headers().Get(HeaderKey), "reason", reason, "deliveries", d.count, "err", err)
 		_ = msg.TermWithReason("not dead-lettered: " + reason)
+		observer(c.Observe).DeadLetterGivenUp(op)
 		return
 	}
 	if duplicate { // an earlier delivery stored it, and its term was lost

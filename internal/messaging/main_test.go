@@ -84,9 +84,9 @@ func newWorld(t *testing.T) *world {
 		Margin: 24 * time.Hour, MoneyFloor: 2160 * time.Hour, MoneyOperations: order.MoneyOperations, Operations: order.Operations,
 	}
 	records := &idempotency.Store{Lease: 3 * time.Second, Policy: policy}
-	svc := &order.Service{DB: db, Records: records, Logger: logger,
+	svc := order.NewService(order.Deps{DB: db, Records: records, Logger: logger,
 		Channel: payment.NewClient(ch.URL, &http.Client{}),
-		Money:   order.MoneyConfig{ChannelTimeout: 2 * time.Second, RetryAfter: time.Second}}
+		Money:   order.MoneyConfig{ChannelTimeout: 2 * time.Second, RetryAfter: time.Second}})
 	api := httptest.NewServer((&httpapi.Server{Orders: svc, Records: records, DB: db, Logger: logger,
 		Tenants: httpapi.NewTenants(tenants), Policy: policy, Metrics: metrics.New(func(ctx context.Context) (idempotency.Gauges, error) { return records.Gauges(db.WithContext(ctx)) }, logger, order.Operations, order.MoneyOperations)}).Handler())
 	t.Cleanup(api.Close)
@@ -219,15 +219,15 @@ func (w *world) channelStats() map[string]any {
 
 // counters is an Observer that counts, for exact assertions.
 type counters struct {
-	mu                                           sync.Mutex
-	received, redelivered, acked, replayed, dead map[string]int
-	published, duplicates                        int
-	ackedCh, deadCh                              chan string
+	mu                                                    sync.Mutex
+	received, redelivered, acked, replayed, dead, givenUp map[string]int
+	published, duplicates                                 int
+	ackedCh, deadCh                                       chan string
 }
 
 func newCounters() *counters {
 	return &counters{received: map[string]int{}, redelivered: map[string]int{}, acked: map[string]int{},
-		replayed: map[string]int{}, dead: map[string]int{}, ackedCh: make(chan string, 1024), deadCh: make(chan string, 1024)}
+		replayed: map[string]int{}, dead: map[string]int{}, givenUp: map[string]int{}, ackedCh: make(chan string, 1024), deadCh: make(chan string, 1024)}
 }
 
 func (c *counters) MessageReceived(op string, redelivered bool) {
@@ -254,6 +254,12 @@ func (c *counters) MessageDeadLettered(op string) {
 	c.dead[op]++
 	c.mu.Unlock()
 	c.deadCh <- op
+}
+
+func (c *counters) DeadLetterGivenUp(op string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.givenUp[op]++
 }
 
 func (c *counters) OutboxPublished(published, duplicates int) {

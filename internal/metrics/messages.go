@@ -13,8 +13,8 @@ var messageOps = []string{"create", "pay", "cancel", "ship", "deliver", "unknown
 
 // messages are the collectors of the message transport and the outbox.
 type messages struct {
-	received, acked, redelivered, deadLettered, replayed *prometheus.CounterVec
-	relayed                                              *prometheus.CounterVec
+	received, acked, redelivered, deadLettered, givenUp, replayed *prometheus.CounterVec
+	relayed                                                       *prometheus.CounterVec
 	// duration is a command's time from its delivery to its answer, by op.
 	duration *prometheus.HistogramVec
 }
@@ -28,7 +28,9 @@ func newMessages() messages {
 		acked:        counter("orderservice_messages_acked_total", "Commands answered on the results subject and acknowledged, by op."),
 		redelivered:  counter("orderservice_messages_redelivered_total", "Command deliveries that JetStream had delivered before (a nak, a lost ack or a dead instance), by op."),
 		deadLettered: counter("orderservice_messages_dead_lettered_total", "Commands moved to ORDER_COMMANDS_DLQ: malformed, or still failing after COMMAND_MAX_DELIVER deliveries, by op."),
-		replayed:     counter("orderservice_messages_replayed_total", "Commands answered with a stored outcome (Idempotent-Replayed), by op."),
+		givenUp: counter("orderservice_messages_dead_letters_given_up_total",
+			"Commands terminated because their dead letter could not be stored in ORDER_COMMANDS_DLQ (the DLQ unreachable through every delivery), by op: kept in ORDER_COMMANDS until its max_age, and logged."),
+		replayed: counter("orderservice_messages_replayed_total", "Commands answered with a stored outcome (Idempotent-Replayed), by op."),
 		relayed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "orderservice_outbox_relay_publishes_total",
 			Help: "Outbox events the relay published; result is published, or duplicate when JetStream already had the event id."}, []string{"result"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "orderservice_command_duration_seconds",
@@ -36,7 +38,7 @@ func newMessages() messages {
 			Buckets: prometheus.DefBuckets}, []string{"op"}),
 	}
 	for _, op := range messageOps {
-		for _, c := range []*prometheus.CounterVec{m.received, m.acked, m.redelivered, m.deadLettered, m.replayed} {
+		for _, c := range []*prometheus.CounterVec{m.received, m.acked, m.redelivered, m.deadLettered, m.givenUp, m.replayed} {
 			c.WithLabelValues(op)
 		}
 		m.duration.WithLabelValues(op)
@@ -80,6 +82,15 @@ func (m *Metrics) MessageDeadLettered(op string) {
 		return
 	}
 	m.messages.deadLettered.WithLabelValues(op).Inc()
+}
+
+// DeadLetterGivenUp counts one command whose dead letter could not be
+// stored, terminated with an error log.
+func (m *Metrics) DeadLetterGivenUp(op string) {
+	if m == nil {
+		return
+	}
+	m.messages.givenUp.WithLabelValues(op).Inc()
 }
 
 // OutboxPublished counts events the relay published.
