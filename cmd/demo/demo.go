@@ -25,6 +25,8 @@ func (t *terminal) play(ctx context.Context, s *lessons.Session, cfg config, lis
 	t.printf("%s\n", t.paint(bold, "Request idempotency, lesson by lesson"))
 	t.printf("service %s · channel %s · broker %s as %s · run id %s (every key below starts with it)\n",
 		cfg.BaseURL, cfg.ChannelURL, cfg.NATSURL, cfg.Tenant, s.RunID())
+	// The names the lessons' titles use, before the first title uses them.
+	t.printf("%s\n", t.paint(dim, wrap(legend, 80, "")))
 
 	var passed, failed []string
 	pitfalls := false
@@ -61,6 +63,11 @@ func (t *terminal) play(ctx context.Context, s *lessons.Session, cfg config, lis
 	}
 	return nil
 }
+
+// legend explains the names the lessons use from their first title on, as
+// the seed's story does.
+const legend = "R1, R2, R3 name a lesson's Idempotency-Keys, one per intent (sent as <run id>-<lesson>-R1, …). " +
+	"O9 is the order a lesson creates under R1; O10 would be a second order for the same intent, which a retry must never make."
 
 // event prints one event of the narration.
 func (t *terminal) event(e lessons.Event) {

@@ -67,6 +67,21 @@ func TestDemoPassesAgainstTheRealService(t *testing.T) {
 		if strings.Contains(out, "\x1b[") {
 			t.Errorf("plain output (not a terminal) contains ANSI escapes:\n%q", out)
 		}
+		// A newcomer meets each name explained before it is used.
+		first := strings.Index(out, "\n1. ")
+		for _, name := range []string{"R1", "O9", "O10"} {
+			if i := strings.Index(out, name); i < 0 || i > first {
+				t.Errorf("%s is used before it is explained: the header before lesson 1 says\n%s", name, out[:max(first, 0)])
+			}
+		}
+		// Lesson 11's note does not call its replay "not replayed".
+		if strings.Contains(out, "Not replayed: the replay") {
+			t.Errorf("lesson 11 still says \"Not replayed: the replay resumed…\":\n%s", out)
+		}
+		// Lesson 15's table shows the ignored webhooks, and says why.
+		if strings.Contains(out, `outcome="ignored"}`) && !strings.Contains(out, `outcome="ignored" +`) {
+			t.Errorf("lesson 15 shows webhooks with outcome=\"ignored\" and does not say why:\n%s", out[strings.Index(out, "\n15. "):])
+		}
 	})
 
 	t.Run("a second run against the same database passes too", func(t *testing.T) {

@@ -78,9 +78,11 @@ type page struct {
 	} `json:"charges"`
 	Messages []brokerRow `json:"messages"`
 	Orders   []string    `json:"orders"`
-	Tables   int         `json:"tables"`
-	Charts   int         `json:"charts"`
-	Waits    int         `json:"waits"`
+	// Says are the narration's lines on the timeline.
+	Says   []string `json:"says"`
+	Tables int      `json:"tables"`
+	Charts int      `json:"charts"`
+	Waits  int      `json:"waits"`
 }
 
 const readPage = `(() => {
@@ -102,6 +104,7 @@ const readPage = `(() => {
       status: +li.dataset.status, replayed: li.dataset.replayed === "true", duplicate: li.dataset.duplicate === "true",
       msgId: li.dataset.msgId, deliveries: +li.dataset.deliveries })),
     orders: q('#rows li[data-kind="ord"]').map((li) => li.dataset.order),
+    says: q('#rows li[data-kind="say"]').map((li) => li.textContent),
     tables: q('#rows li[data-kind="tbl"]').length,
     waits: q("#rows li.wait").length,
     charts: q("#metrics .chart").length,
@@ -137,6 +140,31 @@ func TestLabInABrowser(t *testing.T) {
 	); err != nil {
 		t.Fatalf("the lab's page did not load in Chromium: %v", err)
 	}
+
+	t.Run("the page loads without a 404 and says that a click runs a lesson", func(t *testing.T) {
+		// The icon the page names, and the one a browser asks for unasked.
+		icons, err := chromedp.Run(browser, chromedp.Evaluate[[]string](`Promise.all([document.querySelector('link[rel="icon"]').href, "/favicon.ico"].map((u) =>
+  fetch(u).then((r) => r.status + " " + r.headers.get("Content-Type"))))`, chromedp.EvalAwaitPromise))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, got := range icons {
+			if !strings.HasPrefix(got, "200 image/svg+xml") {
+				t.Errorf("the lab's icon: %q, want 200 image/svg+xml (a browser asks for it on every load)", got)
+			}
+		}
+		intro := evaluate[string](t, browser, `document.getElementById("intro").textContent`)
+		if !strings.Contains(intro, "Click it in the list") {
+			t.Errorf("the intro = %q; a click on a lesson runs it, and the intro must say so", intro)
+		}
+		// The titles' names are explained before a lesson uses them.
+		empty := evaluate[string](t, browser, `document.querySelector("#rows .empty").textContent`)
+		for _, name := range []string{"R1", "O9", "O10"} {
+			if !strings.Contains(empty, name) {
+				t.Errorf("the empty timeline does not explain %s, which lesson 1's title uses: %q", name, empty)
+			}
+		}
+	})
 
 	// play runs lesson n from the page (by keyboard when stepping) and
 	// returns what the page shows once it is done.
@@ -187,6 +215,7 @@ func TestLabInABrowser(t *testing.T) {
 			sameKey(t, p, "order.pay", 3)
 			count(t, "charges", len(unique(chargeIDs(p))), 1)
 			states(t, p, "PROCESSING", "SUCCEEDED")
+			noStepNotes(t, p) // run with Run: nothing was stepped
 		},
 		5: func(t *testing.T, p page) {
 			for _, op := range []string{"order.create", "order.pay", "order.cancel"} {
@@ -334,6 +363,9 @@ func TestLabInABrowser(t *testing.T) {
 					until(`document.querySelectorAll('#rows li[data-kind="ans"]').length >= 5`),
 					waitVisible(`#rows li.wait`), chromedp.KeyEvent("n"))...)
 				count(t, "steps still waiting once the lesson is done", p.Waits, 0)
+				if stepNotes(p) == 0 {
+					t.Errorf("stepped, no request says that its burst went with one step: %q", p.Says)
+				}
 			} else if l.Number == 2 {
 				// Stepped from the keyboard: pick it, s, then n for each request.
 				p = play(t, 2, chromedp.KeyEvent("2"), chromedp.KeyEvent("s"),
@@ -395,6 +427,73 @@ func TestLabInABrowser(t *testing.T) {
 		// The lab draws the answer first and the order it observed after it.
 		waitFor(t, browser, func(p page) bool { return len(unique(p.Orders)) >= 2 })
 		count(t, "orders on the order lane", len(unique(read(t, browser).Orders)), 2)
+	})
+
+	t.Run("run with Run, the burst lesson says nothing of step mode", func(t *testing.T) {
+		p := play(t, checkThenInsert)
+		passed(t, p)
+		noStepNotes(t, p)
+	})
+
+	t.Run("lesson 14 sent again: a replay says it is the stored answer, a request without a key goes without one", func(t *testing.T) {
+		p := play(t, 14)
+		passed(t, p)
+		var pay, keyless int
+		for _, r := range p.Requests {
+			if r.Op == "order.pay" && r.Key != "" && pay == 0 {
+				pay = r.ID
+			}
+			if r.Key == "" && keyless == 0 {
+				keyless = r.ID
+			}
+		}
+		if pay == 0 || keyless == 0 {
+			t.Fatalf("lesson 14 has no keyed pay (%d) or no request without a key (%d): %+v", pay, keyless, p.Requests)
+		}
+		buttons := func(id int) []string {
+			return evaluate[[]string](t, browser, fmt.Sprintf(
+				`[...document.querySelectorAll('#rows li[data-kind="req"][data-request="%d"] .resend button')].map((b) => b.textContent)`, id))
+		}
+		if got := buttons(pay); len(got) != 2 || !strings.Contains(got[0], "same key") || !strings.Contains(got[1], "new key") {
+			t.Errorf("the pay's re-send buttons = %q, want same key and new key", got)
+		}
+		if got := buttons(keyless); len(got) != 1 || !strings.Contains(got[0], "send again") {
+			t.Errorf("the re-send buttons of request %d, which carried no key = %q, want one: send again", keyless, got)
+		}
+
+		// The pay of a PAID order, sent again under its key: its first
+		// answer, 202 PAYMENT_PENDING, replayed, and said to be that.
+		resent := resendAndWait(t, browser, pay, 1)
+		if want := keyOf(p, pay); resent.Key != want {
+			t.Errorf("the pay went again under %q, want its own key %q", resent.Key, want)
+		}
+		if a := answerOf(read(t, browser), resent.ID); a.Status != http.StatusAccepted || !a.Replayed {
+			t.Errorf("the pay sent again after PAID got %+v, want its first answer, 202, replayed", a)
+		}
+		if err := chromedp.Do(browser, until(fmt.Sprintf(
+			`document.querySelector('#rows li[data-kind="ans"][data-request="%d"]').dataset.orderNow === "PAID"`, resent.ID))); err != nil {
+			t.Fatal(err)
+		}
+		stored := evaluate[string](t, browser, fmt.Sprintf(`document.querySelector('#rows li[data-kind="ans"][data-request="%d"] .stored').textContent`, resent.ID))
+		for _, want := range []string{"as stored", "PAYMENT_PENDING then", "PAID now"} {
+			if !strings.Contains(stored, want) {
+				t.Errorf("the replayed 202 says %q; want %q in it: it is the stored first answer, the order is PAID", stored, want)
+			}
+		}
+		keepScreenshot(t, browser, "1440x900-lesson-14-pay-resent.png")
+		lane := evaluate[[]string](t, browser, `[...document.querySelectorAll('#rows li[data-kind="ord"]')].map((li) => li.textContent)`)
+		if len(lane) == 0 || !strings.Contains(lane[len(lane)-1], "PAID") || strings.Contains(lane[len(lane)-1], "PENDING") {
+			t.Errorf("the order lane ends with %q, want the order as it is, PAID (not the replay's PAYMENT_PENDING)", lane)
+		}
+
+		// The forged webhook, which carried no key, goes again without one.
+		again := resendAndWait(t, browser, keyless, 1)
+		if again.Key != "" {
+			t.Errorf("request %d carried no key, its re-send carries %q", keyless, again.Key)
+		}
+		if a := answerOf(read(t, browser), again.ID); a.Status == 0 {
+			t.Errorf("the re-send without a key got no answer: %+v", a)
+		}
 	})
 
 	t.Run("a request of the learner's own, twice under one key, is replayed", func(t *testing.T) {
@@ -541,6 +640,27 @@ func TestLabInABrowser(t *testing.T) {
 		if s.Top != 0 || !s.Jump {
 			t.Errorf("the learner did not scroll: the timeline is at %d (want 0, its top), the jump to new rows shown: %v (want true)", s.Top, s.Jump)
 		}
+		if covered := evaluate[[]string](t, browser, underJump); len(covered) > 0 {
+			t.Errorf("the jump button covers rows of the timeline: %q", covered)
+		}
+		keepScreenshot(t, browser, "1280x720-lesson-7-jump.png")
+		// A row brought into view by the browser (a re-send button focused
+		// from the keyboard) lands below the sticky lane headers, not under them.
+		if _, err := chromedp.Run(browser, chromedp.Evaluate[bool](`(() => {
+  const s = document.getElementById("story"), li = document.querySelectorAll('#rows li[data-kind="req"]')[0];
+  s.scrollTop += li.getBoundingClientRect().top - document.querySelector(".lanes").getBoundingClientRect().top - 2;
+  li.querySelector(".resend button").focus();
+  return true })()`)); err != nil {
+			t.Fatal(err)
+		}
+		if !evaluate[bool](t, browser, `(() => { const li = document.querySelectorAll('#rows li[data-kind="req"]')[0];
+  return li.getBoundingClientRect().top >= document.querySelector(".lanes").getBoundingClientRect().bottom - 0.5 })()`) {
+			t.Errorf("a row whose re-send button was focused stays under the sticky lane headers: %+v", readStory(t, browser))
+		}
+		keepScreenshot(t, browser, "1280x720-lesson-7-focused.png")
+		if _, err := chromedp.Run(browser, chromedp.Evaluate[bool](`(() => { document.activeElement.blur(); document.getElementById("story").scrollTop = 0; return true })()`)); err != nil {
+			t.Fatal(err)
+		}
 		// The learner scrolls to the end, then runs the rest: it follows.
 		if err := chromedp.Do(browser,
 			chromedp.Evaluate[chromedp.Void](`void (document.getElementById("story").scrollTop = 1e9)`),
@@ -657,6 +777,76 @@ func TestLabInABrowser(t *testing.T) {
 	})
 	t.Logf("the browser test took %s", time.Since(began).Round(100*time.Millisecond))
 }
+
+// stepNote is how a note begins that says a step let a request go at
+// once; only a stepped run may show one.
+const stepNote = "step mode sends #"
+
+func stepNotes(p page) int {
+	n := 0
+	for _, s := range p.Says {
+		if strings.Contains(s, stepNote) {
+			n++
+		}
+	}
+	return n
+}
+
+func noStepNotes(t *testing.T, p page) {
+	t.Helper()
+	for _, s := range p.Says {
+		if strings.Contains(s, stepNote) {
+			t.Errorf("a lesson run with Run says %q: only a stepped run may", s)
+		}
+	}
+}
+
+// resendAndWait clicks re-send button n (1: same key or send again, 2: new
+// key) of request id, and returns the request it sent once answered.
+func resendAndWait(t *testing.T, browser context.Context, id, n int) (req struct {
+	ID     int    `json:"id"`
+	Key    string `json:"key"`
+	Op     string `json:"op"`
+	Resend int    `json:"resend"`
+	Naive  string `json:"naive"`
+}) {
+	t.Helper()
+	before := countResends(read(t, browser), id)
+	if err := chromedp.Do(browser, click(
+		fmt.Sprintf(`#rows li[data-kind="req"][data-request="%d"] .resend button:nth-child(%d)`, id, n))); err != nil {
+		t.Fatalf("re-send of #%d: %v", id, err)
+	}
+	waitFor(t, browser, func(p page) bool { return countResends(p, id) == before+1 })
+	p := read(t, browser)
+	for _, r := range p.Requests {
+		if r.Resend == id {
+			req = r
+		}
+	}
+	waitAnswer(t, browser, req.ID)
+	return req
+}
+
+func keyOf(p page, id int) string {
+	for _, r := range p.Requests {
+		if r.ID == id {
+			return r.Key
+		}
+	}
+	return ""
+}
+
+// underJump lists the timeline's rows whose visible part lies under the
+// jump button ("↓ new rows below"), when it is shown.
+const underJump = `(() => {
+  const jump = document.getElementById("jump");
+  if (jump.hidden) return [];
+  const j = jump.getBoundingClientRect(), s = document.getElementById("story").getBoundingClientRect();
+  return [...document.querySelectorAll("#rows > li")].filter((li) => {
+    const r = li.getBoundingClientRect(), top = Math.max(r.top, s.top), bottom = Math.min(r.bottom, s.bottom);
+    return bottom > top && top < j.bottom && bottom > j.top && r.left < j.right && r.right > j.left;
+  }).map((li) => li.textContent.slice(0, 60));
+})()`
 
 // runControls are the controls that must be in sight at once, whatever the
 // window: the first a learner looks for.

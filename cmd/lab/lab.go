@@ -46,9 +46,15 @@ func (l *lab) play(list []lessons.Lesson, step bool) error {
 	}
 	l.running, l.stepping = true, step
 	l.hub.publish(lessons.Event{Kind: kindState, Text: "running", OK: step})
+	// Only a stepped run holds requests for a step, and only it may say
+	// that a step let one go at once: a run with Run passes no step at all.
+	var stepFn lessons.StepFunc
+	if step {
+		stepFn = l.waitForStep
+	}
 	go func() {
 		for _, ls := range list {
-			out := l.session.Play(l.ctx, ls, l.waitForStep)
+			out := l.session.Play(l.ctx, ls, stepFn)
 			l.mu.Lock()
 			l.results[ls.Number] = out.Passed
 			l.mu.Unlock()

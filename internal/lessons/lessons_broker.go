@@ -299,10 +299,14 @@ func deadLetterReplayed(ctx context.Context, s *Session) error {
 	res := got[0]
 	s.got("%s", res)
 	s.observeIntent(ctx, "pay", r2, o.ID, res)
+	// Two replays meet here: the operator's (the dead letter published
+	// again) and the record's (Idempotent-Replayed: a stored result).
 	if res.replayed() {
-		s.note("Replayed: the sweeper had already finished the intent once the channel answered again; the records absorbed it.")
+		s.note("Idempotent-Replayed: true: the sweeper had finished the intent once the channel answered again, so the")
+		s.note("record handed the operator's replay that stored result; nothing ran twice.")
 	} else {
-		s.note("Not replayed: the replay resumed the intent its record kept FAILED_RETRYABLE, under the same channel key.")
+		s.note("No Idempotent-Replayed header: a new result, not a stored one. The record held the intent FAILED_RETRYABLE,")
+		s.note("with no result to hand back, so the operator's replay resumed it, under the same channel key as before.")
 	}
 	final, err := s.record(ctx, r2, "order.pay")
 	if err != nil {

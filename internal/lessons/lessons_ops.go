@@ -117,6 +117,11 @@ func metricsMoved(ctx context.Context, s *Session) error {
 	if len(deltas) > 0 {
 		s.table(rows)
 	}
+	if n := increase(deltas, "orderservice_webhooks_received_total", `outcome="ignored"`); n > 0 {
+		s.note(`outcome="ignored" +%s: the channel tells the outcome of every charge and refund by webhook, also of those`, number(n))
+		s.note("it answered at once. The service had stored those from the answer (and knows none of another client's, such as")
+		s.note("the pitfalls' naive service), so their webhooks move nothing: only a payment still pending, lesson 14's, is applied.")
+	}
 	for _, series := range now {
 		if v, ok := series["orderservice_idempotency_processing_expired"]; ok {
 			s.note("orderservice_idempotency_processing_expired (stuck PROCESSING) is %s now: nothing was left behind", number(v))

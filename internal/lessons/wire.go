@@ -250,7 +250,16 @@ func (s *Session) observe(ctx context.Context, r Request, a Answer) {
 			}
 		}
 	}
-	if a.OrderID != "" {
+	switch {
+	case a.OrderID == "":
+	case a.Replayed && r.Naive == "":
+		// A replay is the first answer as it was stored: its order status is
+		// that moment's, not the order's now (a 202 PAYMENT_PENDING replayed
+		// after the order was PAID). The order lane shows the order as it is.
+		if o, err := s.view.GetOrder(ctx, a.OrderID); err == nil {
+			s.noteOrder(Order{ID: o.Value.ID, Status: string(o.Value.Status)})
+		}
+	default:
 		s.noteOrder(Order{ID: a.OrderID, Status: a.OrderStatus})
 	}
 	order := orderInPath(r.Path)
@@ -302,7 +311,9 @@ func (s *Session) noteCharge(c channelCharge) {
 }
 
 // Resend sends request id again, as a client would, with the same key or
-// a new one; its request and answer are emitted like the lesson's own.
+// a new one; its request and answer are emitted like the lesson's own. A
+// request that carried no key (a GET, a webhook) goes again without one:
+// inventing a key would make it another request than the one on screen.
 func (s *Session) Resend(ctx context.Context, id int, newKey bool) (Answer, error) {
 	s.mu.Lock()
 	orig, ok := s.requests[id]
@@ -311,7 +322,7 @@ func (s *Session) Resend(ctx context.Context, id int, newKey bool) (Answer, erro
 		return Answer{}, fmt.Errorf("no request %d in this session", id)
 	}
 	key := orig.Key
-	if newKey || key == "" {
+	if newKey {
 		key = fmt.Sprintf("%s-lab-%d", s.runID, time.Now().UnixNano())
 	}
 	base := s.cfg.BaseURL

@@ -91,7 +91,7 @@ function showIntro(n) {
   const l = state.lessons.find((x) => x.number === n);
   $("title").textContent = `${l.number}. ${l.title}`;
   $("intro").textContent = (l.pitfall ? `A pitfall: a naive service making the mistake "${l.pitfall}" first (its requests are marked naive), ` +
-    "then the same steps against the service. " : "") + "Press r (Run) to play it, or s (Step) to send one request at a time.";
+    "then the same steps against the service. " : "") + "Click it in the list (or press r) to run it, or press s to step through it one request at a time.";
 }
 
 function setStatus(n, status) {
@@ -316,7 +316,9 @@ async function main() {
   renderLessons();
   showIntro(state.selected);
   timeline.watch();
-  timeline.empty("No lesson yet: click one on the left to run it, or pick one with its number and Step through it (s).");
+  timeline.empty("No lesson yet: click one on the left to run it, or pick one with its number and Step through it (s). " +
+    "In the titles, R1, R2, R3 name a lesson's Idempotency-Keys, one per intent; O9 is the order it creates under R1, " +
+    "and O10 a second order for the same intent, which a retry must never make.");
   wireForms();
   wireKeys();
   renderState();

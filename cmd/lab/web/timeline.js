@@ -56,6 +56,12 @@ export function watch() {
     view.follow = s.scrollHeight > s.clientHeight && atTimelineEnd(s);
     if (view.below ? atStoryEnd(s) : atTimelineEnd(s)) seen();
   }, { passive: true });
+  // A row brought into view by focus (Tab to its buttons) lands below the
+  // sticky lane headers: the browser's own scrolling leaves it under them.
+  s.addEventListener("focusin", (ev) => {
+    const li = ev.target.closest && ev.target.closest("#rows > li");
+    if (li) bring(s, li);
+  });
   document.getElementById("jump").addEventListener("click", () => {
     if (view.below) s.scrollTop = s.scrollHeight;
     else bring(s, rows().lastElementChild);
@@ -143,6 +149,19 @@ function row(kind, e, ...cells) {
   return li;
 }
 
+// orders holds each order's last status the order lane showed.
+const orders = new Map();
+
+// storedNow says, on a replayed answer, that it is the stored first answer
+// and, when the order has moved on since, where it is now.
+function storedNow(li) {
+  const then = li.dataset.orderStatus, now = orders.get(li.dataset.order);
+  let text = "the first answer under this key, as stored" + (then ? ` (the order was ${then} then)` : "");
+  if (then && now && now !== then) text += ` · the order is ${now} now`;
+  li.dataset.orderNow = now || "";
+  li.querySelector(".stored").textContent = text;
+}
+
 // clear empties the timeline for a new lesson, which reads from its top.
 export function clear(e) {
   startedAt = e ? Date.parse(e.at) : 0;
@@ -150,6 +169,7 @@ export function clear(e) {
   story().scrollTop = 0;
   view.follow = false;
   fresh.clear();
+  orders.clear();
   seen();
 }
 
@@ -164,9 +184,13 @@ export function draw(e, resend) {
     case "request": {
       const r = e.request;
       document.querySelector(`li.wait[data-request="${r.id}"]`)?.remove();
-      const buttons = el("span", { class: "resend" },
+      // A request without a key (a GET, the channel's webhook) is sent
+      // again as it was: a key would make it another request.
+      const buttons = r.key ? el("span", { class: "resend" },
         el("button", { type: "button", title: "send this request again with the same Idempotency-Key", onclick: () => resend(r.id, false) }, "↻ same key"),
-        el("button", { type: "button", title: "send it again under a new key: a new intent", onclick: () => resend(r.id, true) }, "↻ new key"));
+        el("button", { type: "button", title: "send it again under a new key: a new intent", onclick: () => resend(r.id, true) }, "↻ new key"))
+        : el("span", { class: "resend" },
+          el("button", { type: "button", title: "send this request again as it was, without an Idempotency-Key", onclick: () => resend(r.id, false) }, "↻ send again"));
       const li = row("req", e, el("div", { class: "pill" },
         el("div", { class: "head" },
           el("b", { class: "arrow" }, `#${r.id} ${r.method} ${short(r.path)}`),
@@ -200,15 +224,22 @@ export function draw(e, resend) {
       if (a.order_id) parts.push(`order ${short(a.order_id)} ${a.order_status}`);
       if (a.location) parts.push("Location: " + short(a.location));
       parts.push(`${a.ms} ms`);
+      // A replay is the first answer as it was stored, its order status
+      // that moment's: said so, with the order's status now once known.
+      const stored = a.replayed ? el("span", { class: "sub stored" }) : null;
       const li = row("ans " + cls, e, el("div", { class: "pill" },
         el("b", {}, head),
         a.replayed ? badge("Idempotent-Replayed: true", "replayed") : null,
         a.retry_after ? badge("Retry-After: " + a.retry_after, "retry") : null,
         a.instance ? badge("instance " + a.instance) : null,
-        el("span", { class: "sub" }, parts.join(" · "))));
+        el("span", { class: "sub" }, parts.join(" · ")),
+        stored));
       li.dataset.request = String(a.request_id);
       li.dataset.status = String(a.status || 0);
       li.dataset.replayed = String(!!a.replayed);
+      li.dataset.order = a.order_id || "";
+      li.dataset.orderStatus = a.order_status || "";
+      if (stored) storedNow(li);
       if (fresh.has(a.request_id)) {
         li.classList.add("fresh");
         reveal(li);
@@ -227,8 +258,12 @@ export function draw(e, resend) {
       break;
     }
     case "order":
+      orders.set(e.order.id, e.order.status);
       row("ord", e, el("div", { class: "pill" }, el("b", {}, short(e.order.id)), " ", nw(e.order.status)))
         .dataset.order = e.order.id;
+      for (const li of document.querySelectorAll('#rows li[data-kind="ans"][data-replayed="true"]')) {
+        if (li.dataset.order === e.order.id) storedNow(li);
+      }
       break;
     case "charge": {
       const c = e.charge;
@@ -307,6 +342,6 @@ export function draw(e, resend) {
   }
 }
 
-const texts = { 200: "OK", 201: "Created", 400: "Bad Request", 402: "Payment Required", 404: "Not Found",
+const texts = { 200: "OK", 201: "Created", 202: "Accepted", 400: "Bad Request", 401: "Unauthorized", 402: "Payment Required", 404: "Not Found",
   409: "Conflict", 422: "Unprocessable Entity", 500: "Internal Server Error", 503: "Service Unavailable" };
 function statusText(s) { return texts[s] || ""; }
