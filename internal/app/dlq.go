@@ -2,9 +2,11 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -67,8 +69,12 @@ func dlq(ctx context.Context, cfg Config, args []string, stdout io.Writer) error
 		w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w, "SEQ\tDEAD-LETTERED\tSUBJECT\tIDEMPOTENCY-KEY\tDELIVERIES\tREASON")
 		for _, d := range letters {
+			key := d.Header.Get(messaging.HeaderKey)
+			if key == "" {
+				key = "(none)"
+			}
 			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\n", d.Sequence, d.Time.UTC().Format(time.RFC3339), d.Subject,
-				d.Header.Get(messaging.HeaderKey), d.Header.Get(messaging.HeaderDLDeliveries), d.Reason())
+				key, d.Header.Get(messaging.HeaderDLDeliveries), d.Reason())
 		}
 		fmt.Fprintf(w, "%d dead-lettered commands\n", len(letters))
 		return w.Flush()
@@ -83,20 +89,58 @@ func dlq(ctx context.Context, cfg Config, args []string, stdout io.Writer) error
 		switch {
 		case r.Refused != "":
 			failed++
-			fmt.Fprintf(stdout, "kept %d (Idempotency-Key %s): %s\n", r.Sequence, r.Header.Get(messaging.HeaderKey), r.Refused)
+			fmt.Fprintf(stdout, "kept %d (%s): %s\n", r.Sequence, keyOf(r.DeadLetter), r.Refused)
 		case r.Err != nil:
 			failed++
-			fmt.Fprintf(stdout, "kept %d (Idempotency-Key %s): %v\n", r.Sequence, r.Header.Get(messaging.HeaderKey), r.Err)
+			fmt.Fprintf(stdout, "kept %d (%s): %v\n", r.Sequence, keyOf(r.DeadLetter), r.Err)
 		default:
 			replayed++
-			fmt.Fprintf(stdout, "replayed %d to %s (Idempotency-Key %s)\n", r.Sequence, r.Subject, r.Header.Get(messaging.HeaderKey))
+			fmt.Fprintf(stdout, "replayed %d to %s (%s)\n", r.Sequence, r.Subject, keyOf(r.DeadLetter))
 		}
 	}
-	fmt.Fprintf(stdout, "%d dead-lettered commands replayed, %d kept\n", replayed, failed)
-	if err == nil && failed > 0 {
-		err = fmt.Errorf("dlq replay: %d of %d dead letters were not replayed", failed, len(done))
+	// The sequences asked for that could not be read (not in the DLQ, or
+	// the broker did not answer), each on its line before the sum, which
+	// counts them.
+	var unread []error
+	if err != nil {
+		if joined, ok := err.(interface{ Unwrap() []error }); ok {
+			unread = joined.Unwrap()
+		} else {
+			unread = []error{err}
+		}
 	}
-	return err
+	notFound := 0
+	for _, e := range unread {
+		if errors.Is(e, jetstream.ErrMsgNotFound) {
+			notFound++
+			fmt.Fprintf(stdout, "not found: %v (not in %s: replayed or deleted already? `orderservice dlq list` shows what is there)\n",
+				strings.TrimSuffix(e.Error(), ": "+jetstream.ErrMsgNotFound.Error()), messaging.DLQStream)
+		} else {
+			fmt.Fprintf(stdout, "not read: %v\n", e)
+		}
+	}
+	sum := fmt.Sprintf("%d dead-lettered commands replayed, %d kept", replayed, failed)
+	if notFound > 0 {
+		sum += fmt.Sprintf(", %d not found", notFound)
+	}
+	if n := len(unread) - notFound; n > 0 {
+		sum += fmt.Sprintf(", %d not read", n)
+	}
+	fmt.Fprintln(stdout, sum)
+	if failed+len(unread) > 0 {
+		// The lines above said which and why; the error only says that.
+		return fmt.Errorf("dlq replay: %d of %d dead letters were not replayed", failed+len(unread), len(done)+len(unread))
+	}
+	return nil
+}
+
+// keyOf names a dead letter's Idempotency-Key for the operator, or says it
+// had none (a malformed command, dead-lettered at once).
+func keyOf(d messaging.DeadLetter) string {
+	if k := d.Header.Get(messaging.HeaderKey); k != "" {
+		return "Idempotency-Key " + k
+	}
+	return "no Idempotency-Key"
 }
 
 // replayHorizon is the consumer's Horizon, from the policy the running
