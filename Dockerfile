@@ -8,8 +8,14 @@
 # Matches go.mod's go line; the official image sets GOTOOLCHAIN=local, so an
 # older Go here would fail the build rather than download a toolchain.
 ARG GO_VERSION=1.26.8
+# The version `orderservice version` prints. .git is not in the build
+# context, so the build cannot ask git: `make image` passes
+# --build-arg VERSION=$(git describe --always --dirty), and compose passes
+# $VERSION when it is set. Without it the image says "devel".
+ARG VERSION=devel
 
 FROM golang:${GO_VERSION}-bookworm AS build
+ARG VERSION
 WORKDIR /src
 
 # Modules first: this layer is rebuilt only when go.mod or go.sum change.
@@ -21,7 +27,7 @@ COPY . .
 ENV CGO_ENABLED=0
 RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
-    go build -trimpath -ldflags='-s -w' -o /out/orderservice ./cmd/orderservice && \
+    go build -trimpath -ldflags="-s -w -X github.com/orderservice/orderservice/internal/app.version=${VERSION}" -o /out/orderservice ./cmd/orderservice && \
     go build -trimpath -ldflags='-s -w' -o /out/paymentchannel ./cmd/paymentchannel && \
     go build -trimpath -ldflags='-s -w' -o /out/lab ./cmd/lab && \
     go build -trimpath -ldflags='-s -w' -o /out/healthcheck ./cmd/healthcheck

@@ -5,21 +5,52 @@ GO          ?= go
 DATABASE_URL ?= postgres://postgres:postgres@localhost:5432/orderservice?sslmode=disable
 export DATABASE_URL
 
-.PHONY: help run migrate cleanup test bench lint-openapi fmt vet
+# The version `orderservice version` prints: the commit, as git describes
+# it ("-dirty" with uncommitted changes). `go run` stamps none of its own,
+# and the image's build has no .git, so the builds here pass it by -ldflags.
+# Without git (a source archive) nothing is stamped and the binary says
+# "devel", or the revision Go recorded when it built it.
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null)
+LDFLAGS := $(if $(VERSION),-X github.com/orderservice/orderservice/internal/app.version=$(VERSION))
+BIN     ?= bin
+
+.PHONY: help run migrate cleanup build image version test test-tools bench lint-openapi fmt vet
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
 
 run: ## start the order service (and the embedded mock channel) on :8080
-	$(GO) run ./cmd/orderservice
+	$(GO) run -ldflags '$(LDFLAGS)' ./cmd/orderservice
 
 migrate: ## apply the database migrations and exit
-	$(GO) run ./cmd/orderservice migrate
+	$(GO) run -ldflags '$(LDFLAGS)' ./cmd/orderservice migrate
 
 cleanup: ## one pass of the retention job by hand: delete expired records, archive money ones
-	$(GO) run ./cmd/orderservice cleanup
+	$(GO) run -ldflags '$(LDFLAGS)' ./cmd/orderservice cleanup
 
-test: ## every test, with the race detector, against real PostgreSQL
+build: ## the image's four binaries in bin/ (BIN=dir: elsewhere), static and stamped with the version
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o $(BIN)/ ./cmd/orderservice ./cmd/paymentchannel ./cmd/lab ./cmd/healthcheck
+
+image: ## the Docker image orderservice:local (the one compose runs), stamped with the version
+	docker build --build-arg VERSION=$(or $(VERSION),devel) -t orderservice:local .
+
+version: ## print the version the builds stamp
+	@echo $(or $(VERSION),devel)
+
+# What `make test` needs besides Go and PostgreSQL: Chromium for the lab's
+# browser test and promtool for the alert rules' tests. Each fails, not
+# skips, without them, so they are installed first when missing, as CI does.
+TEST_TOOLS := chromium:chromium promtool:prometheus
+
+test-tools: ## install what make test needs besides Go and PostgreSQL (chromium, promtool) when missing (apt-get: Debian, as root)
+	@missing=""; for p in $(TEST_TOOLS); do command -v "$${p%%:*}" >/dev/null 2>&1 || missing="$$missing $${p#*:}"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "test-tools: installing$$missing with apt-get"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq$$missing >/dev/null; } || \
+	  { echo "test-tools: could not install$$missing; install it yourself (Debian's packages:$$missing)"; exit 1; }; \
+	fi
+
+test: test-tools ## every test, with the race detector, against real PostgreSQL (installs chromium and promtool first when missing)
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -p 4 -timeout 8m ./...
 

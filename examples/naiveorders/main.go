@@ -7,15 +7,18 @@
 //
 //	go run ./examples/naiveorders -mistake check-then-insert
 //	ORDER='{"customer_id":"cus_1","currency":"EUR","items":[{"sku":"SKU-1","quantity":1,"unit_price":1250}]}'
+//	curl -s -X POST 'localhost:8099/admin/hold?n=5'   # the race made certain
 //	seq 5 | xargs -P5 -I{} curl -s localhost:8099/v1/orders -H 'Idempotency-Key: R1' -d "$ORDER"
 //	curl -s 'localhost:8099/v1/orders?customer_id=cus_1'   # five orders for one intent
 //
+// docs/lab.md ("Pitfalls") has the same as one paste, with fresh keys.
 // -mistake takes a comma-separated list (none: the minimal correct
-// version); docs/lab.md ("Pitfalls") tells what each one breaks. Its data
-// is in PostgreSQL, in a schema named after its mistakes
-// (naive_check_then_insert, …); POST /admin/advance?by=48h moves its clock
-// on and POST /admin/cleanup applies its retention, for the mistakes that
-// need time to pass.
+// version); docs/lab.md tells what each one breaks. Its data is in
+// PostgreSQL, in a schema named after its mistakes
+// (naive_check_then_insert, …); POST /admin/hold?n=5 holds the window of
+// check-then-insert open until five requests are in it, POST
+// /admin/advance?by=48h moves its clock on and POST /admin/cleanup applies
+// its retention, for the mistakes that need time to pass.
 package main
 
 import (
@@ -48,11 +51,18 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("naiveorders", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	listen := fs.String("listen", "localhost:8099", "address to serve on")
+	orEnv := func(name, def string) string {
+		if v := os.Getenv(name); v != "" {
+			return v
+		}
+		return def
+	}
+	listen := fs.String("listen", orEnv("NAIVE_ADDR", "localhost:8099"), "address to serve on (env NAIVE_ADDR)")
 	mistakes := fs.String("mistake", "", "comma-separated mistakes to make: "+strings.Join(naive.Names(), ", "))
-	dbURL := fs.String("database", "postgres://postgres:postgres@localhost:5432/naiveorders?sslmode=disable",
-		"PostgreSQL for its orders and records (the database is created if missing)")
-	channelURL := fs.String("channel", "http://127.0.0.1:8081", "the mock payment channel (`make run` embeds one here)")
+	dbURL := fs.String("database", orEnv("NAIVE_DATABASE_URL", "postgres://postgres:postgres@localhost:5432/naiveorders?sslmode=disable"),
+		"PostgreSQL for its orders and records, the database created if missing (env NAIVE_DATABASE_URL)")
+	channelURL := fs.String("channel", orEnv("NAIVE_CHANNEL_URL", "http://127.0.0.1:8081"),
+		"the mock payment channel, `make run` embeds one here (env NAIVE_CHANNEL_URL)")
 	ttl := fs.Duration("cache-ttl", naive.DefaultCacheTTL, "the TTL of the expiring-cache mistake")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -28,7 +28,7 @@ import (
 // the trace backend is a loopback OTLP receiver of the test's.
 func TestBinariesWithComposeConfiguration(t *testing.T) {
 	p := loadCompose(t)
-	bins := buildImageBinaries(t)
+	bins := buildImageBinaries(t, buildArgs(t, service(t, p, svcReplica1)))
 
 	dbURL, drop, err := testdb.Create("deploy")
 	if err != nil {
@@ -194,9 +194,10 @@ func TestBinariesWithComposeConfiguration(t *testing.T) {
 }
 
 // buildImageBinaries builds every binary the image contains, with the
-// Dockerfile's own go build flags, and maps each image path (/orderservice)
-// to the binary built here.
-func buildImageBinaries(t *testing.T) map[string]string {
+// Dockerfile's own go build flags, its ARGs given args (the build
+// arguments; the others keep their defaults), and maps each image path
+// (/orderservice) to the binary built here.
+func buildImageBinaries(t *testing.T, args map[string]string) map[string]string {
 	t.Helper()
 	d := parseDockerfile(t)
 	dir := t.TempDir()
@@ -205,7 +206,7 @@ func buildImageBinaries(t *testing.T) map[string]string {
 	for imagePath, pkg := range d.imageBinaries(t) {
 		for _, b := range d.builds {
 			if b.pkg == pkg {
-				key := strings.Join(b.flags, "\x00")
+				key := strings.Join(d.expand(b.flags, args), "\x00")
 				byFlags[key] = append(byFlags[key], pkg)
 			}
 		}

@@ -206,8 +206,23 @@ func TestCompose(t *testing.T) {
 		}
 	})
 
-	t.Run("the channel publishes 8081 for its admin endpoints", func(t *testing.T) {
+	t.Run("the channel publishes 8081 for its admin endpoints, on loopback only", func(t *testing.T) {
 		expectPublished(t, service(t, p, svcChannel), 8081)
+		expectLoopbackOnly(t, service(t, p, svcChannel))
+	})
+
+	t.Run("NATS publishes 4222 on loopback only", func(t *testing.T) {
+		expectPublished(t, service(t, p, svcNATS), 4222)
+		expectLoopbackOnly(t, service(t, p, svcNATS))
+	})
+
+	t.Run("the image is built with the VERSION it is given, devel without", func(t *testing.T) {
+		for _, name := range append([]string{svcChannel, svcLab}, replicas...) {
+			// Loaded without the caller's environment: ${VERSION:-devel}.
+			if got := buildArgs(t, service(t, p, name))["VERSION"]; got != "devel" {
+				t.Errorf("%s: build argument VERSION = %q, want ${VERSION:-devel}, which is devel here", name, got)
+			}
+		}
 	})
 
 	t.Run("postgres keeps its data in a named volume", func(t *testing.T) {
@@ -264,6 +279,17 @@ func expectPublished(t *testing.T, s types.ServiceConfig, port uint32) {
 		}
 	}
 	t.Errorf("%s does not publish %d:%d (ports %v)", s.Name, port, port, s.Ports)
+}
+
+// expectLoopbackOnly: every port s publishes is bound to 127.0.0.1, so
+// only this machine reaches it (no authentication guards it).
+func expectLoopbackOnly(t *testing.T, s types.ServiceConfig) {
+	t.Helper()
+	for _, p := range s.Ports {
+		if p.HostIP != "127.0.0.1" {
+			t.Errorf("%s publishes %s:%d on %q, want 127.0.0.1 only", s.Name, p.Published, p.Target, p.HostIP)
+		}
+	}
 }
 
 func listenPort(t *testing.T, addr string) string {

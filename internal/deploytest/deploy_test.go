@@ -161,6 +161,40 @@ func parseDockerfile(t *testing.T) dockerfile {
 	return d
 }
 
+// versionVar is the variable `orderservice version` prints, set at link time.
+const versionVar = "github.com/orderservice/orderservice/internal/app.version"
+
+// expand replaces each ${ARG} in flags as docker build would: with the
+// build argument given, else the ARG's default.
+func (d dockerfile) expand(flags []string, args map[string]string) []string {
+	out := make([]string, len(flags))
+	for i, f := range flags {
+		out[i] = os.Expand(f, func(name string) string {
+			if v, ok := args[name]; ok {
+				return v
+			}
+			return d.args[name]
+		})
+	}
+	return out
+}
+
+// buildArgs are the build arguments compose gives the image of s.
+func buildArgs(t *testing.T, s types.ServiceConfig) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	if s.Build == nil {
+		return out
+	}
+	for k, v := range s.Build.Args {
+		if v == nil {
+			t.Fatalf("service %s: build argument %s has no value and would come from the host", s.Name, k)
+		}
+		out[k] = *v
+	}
+	return out
+}
+
 // final is the stage the image is made of.
 func (d dockerfile) final() stage { return d.stages[len(d.stages)-1] }
 

@@ -55,8 +55,8 @@ func TestDockerfile(t *testing.T) {
 		for _, b := range d.builds {
 			pkgs = append(pkgs, b.pkg)
 			expectMainPackage(t, b.pkg)
-			if !slices.Contains(b.flags, "-trimpath") || !slices.Contains(b.flags, "-ldflags=-s -w") {
-				t.Errorf("go build of %s has flags %q, want -trimpath -ldflags='-s -w'", b.pkg, b.flags)
+			if !slices.Contains(b.flags, "-trimpath") || !slices.ContainsFunc(b.flags, func(f string) bool { return strings.HasPrefix(f, "-ldflags=-s -w") }) {
+				t.Errorf("go build of %s has flags %q, want -trimpath -ldflags='-s -w …'", b.pkg, b.flags)
 			}
 		}
 		for _, want := range imageCommands {
@@ -66,6 +66,24 @@ func TestDockerfile(t *testing.T) {
 		}
 		if !slices.Contains(d.stages[0].values("ENV"), "CGO_ENABLED=0") {
 			t.Errorf("build stage must set CGO_ENABLED=0: the runtime image has no libc")
+		}
+	})
+
+	t.Run("the service is stamped with the VERSION build argument", func(t *testing.T) {
+		// .git is not in the context: the version comes in as a build
+		// argument, declared before the first FROM and again in the build stage.
+		if _, ok := d.args["VERSION"]; !ok {
+			t.Errorf("the Dockerfile declares no ARG VERSION before its first FROM (args %v)", d.args)
+		}
+		if !slices.Contains(d.stages[0].values("ARG"), "VERSION") {
+			t.Errorf("the build stage does not take ARG VERSION in (ARGs %v): ${VERSION} would be empty there", d.stages[0].values("ARG"))
+		}
+		for _, b := range d.builds {
+			if b.pkg == "./cmd/orderservice" && !slices.ContainsFunc(b.flags, func(f string) bool {
+				return strings.HasPrefix(f, "-ldflags=") && strings.Contains(f, "-X "+versionVar+"=${VERSION}")
+			}) {
+				t.Errorf("go build of %s has flags %q, want -ldflags with -X %s=${VERSION}", b.pkg, b.flags, versionVar)
+			}
 		}
 	})
 

@@ -4,8 +4,13 @@ import (
 	"encoding/json"
 	"log"
 	"net/http"
+	"strconv"
 	"time"
 )
+
+// holdAtMost bounds how long POST /admin/hold keeps the window open for
+// requests that do not all come.
+const holdAtMost = 5 * time.Second
 
 // Handler serves the service's HTTP API. It takes any Authorization, or
 // none: the naive service has a single tenant.
@@ -60,6 +65,20 @@ func (s *Service) Handler() http.Handler {
 		}
 		s.clock.Advance(d)
 		write(w, reply{http.StatusOK, mustJSON(map[string]any{"now": s.clock.Now().UTC()})}, false)
+	})
+	// The race of CheckThenInsert made certain, as lesson 19 makes it: the
+	// next n creates wait between their check and their insert until all n
+	// are in (at most 5 s). Without it the race is won by chance: a burst
+	// from curl may well come out as one order.
+	mux.HandleFunc("POST /admin/hold", func(w http.ResponseWriter, r *http.Request) {
+		n, err := strconv.Atoi(r.URL.Query().Get("n"))
+		if err != nil || n < 1 || n > 100 {
+			write(w, problem(http.StatusBadRequest, "invalid_request", "n must be a number of requests from 1 to 100, e.g. ?n=5"), false)
+			return
+		}
+		s.HoldWindowOpen(n, holdAtMost)
+		write(w, reply{http.StatusOK, mustJSON(map[string]any{"held": n, "at_most": holdAtMost.String(),
+			"check_then_insert": s.m.CheckThenInsert})}, false)
 	})
 	mux.HandleFunc("POST /admin/cleanup", func(w http.ResponseWriter, r *http.Request) {
 		n, err := s.Cleanup(r.Context())
