@@ -42,6 +42,9 @@ const (
 	DefaultWebhookTimeout = 15 * time.Second
 	// DefaultWebhookFirstRetry is the wait before a webhook's first retry.
 	DefaultWebhookFirstRetry = 5 * time.Second
+	// DefaultKeyWindow is how long the channel deduplicates an idempotency
+	// key: a day, as real acquirers do.
+	DefaultKeyWindow = 24 * time.Hour
 )
 
 // DefaultMaxConns is the pool size to the channel's database when
@@ -79,6 +82,11 @@ type Options struct {
 	Rand rand.Source
 	// MaxConns bounds the pool to the channel's database (default 10).
 	MaxConns int
+	// KeyWindow is how long a key deduplicates (default 24h). Past it a
+	// POST with the key is a new request: it makes a new charge or refund,
+	// which the key then names. A lookup by the key is not bound by it:
+	// it finds what was last made under the key, however old.
+	KeyWindow time.Duration
 }
 
 // Server is the mock channel. Its ledger lives in PostgreSQL, it is safe for
@@ -116,7 +124,7 @@ func Open(ctx context.Context, dbURL string, opts Options) (*Server, error) {
 	}
 	faults := newFaultInjector(opts.Rand)
 	st := &store{db: db, asyncDelay: positiveOr(opts.AsyncDelay, DefaultAsyncDelay), holdBack: faults.webhookHoldBack,
-		chargePending: newSignal(), eventRecorded: newSignal()}
+		keyWindow: positiveOr(opts.KeyWindow, DefaultKeyWindow), chargePending: newSignal(), eventRecorded: newSignal()}
 	s := &Server{
 		echo:      echo.New(),
 		db:        db,

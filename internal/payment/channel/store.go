@@ -40,6 +40,8 @@ type store struct {
 	db *gorm.DB
 	// asyncDelay is how long a pm_async_* charge stays pending.
 	asyncDelay time.Duration
+	// keyWindow is how long a key deduplicates POSTs (forget.go).
+	keyWindow time.Duration
 	// holdBack is how long a new event waits before its first delivery
 	// (the webhook delay and reorder faults).
 	holdBack func() time.Duration
@@ -138,6 +140,9 @@ func (s *store) failOnce(ctx context.Context, kind opKind, key string) error {
 func (s *store) claimCharge(ctx context.Context, p *post, req payment.ChargeRequest) (outcome[payment.Charge], error) {
 	var none outcome[payment.Charge]
 	key := p.key
+	if err := s.forgetExpired(ctx, opCharge, key); err != nil {
+		return none, err
+	}
 	// A duplicate is answered from its record before anything else applies.
 	if row, found, err := s.chargeByKey(ctx, key); err != nil || found {
 		if err != nil {
@@ -212,6 +217,9 @@ func replayCharge(row chargeRow, req payment.ChargeRequest) (outcome[payment.Cha
 func (s *store) claimRefund(ctx context.Context, p *post, req payment.RefundRequest) (outcome[payment.Refund], error) {
 	var none outcome[payment.Refund]
 	key := p.key
+	if err := s.forgetExpired(ctx, opRefund, key); err != nil {
+		return none, err
+	}
 	if row, found, err := s.refundByKey(ctx, key); err != nil || found {
 		if err != nil {
 			return none, err
