@@ -1,57 +1,154 @@
 /*
  * The idempotency protocol of orderservice, as a Promela model for SPIN.
  *
- * One intent (a pay, with its Idempotency-Key), and every way the real
- * service meets it again: two clients that retry it and lose answers, a
- * broker that redelivers its command, an operator who replays its dead
- * letter, and the sweeper that takes over what is left. Each attempt runs
- * the code's three phases on some instance and may crash between any two
- * steps or be too slow for its lease; the channel moves money once per key
- * and may lose its answer, and (like a real acquirer) forgets a key once
- * its own window has passed, keeping its charges; the cleanup removes the
- * record once its retention has passed. Time is only the order in which
- * the windows end.
+ * One order and one pay intent (an Idempotency-Key), met by everything
+ * that brings the intent back, each attempt running the code's three
+ * phases on some instance and liable to crash between any two steps or to
+ * be too slow for its lease. The channel moves money once per key, may
+ * lose its answer or fail a lookup and, like a real acquirer, forgets a
+ * key for deduplication once its window has passed, while a lookup by the
+ * key still finds the charge. The cleanup removes the record once its
+ * retention has passed. Time is only the order in which the windows end.
  *
- * model/README.md maps each part to the code. `make model` checks this
- * model, then each variant below (one safeguard removed), and requires SPIN
- * to find the harm in every variant:
- *   NO_FENCING         phase 3 writes without checking the lease token
- *   CHECK_THEN_INSERT  the claim reads, then inserts, in two steps
- *   NEW_KEY            each attempt asks the channel under a key of its own
- *   SHORT_RETENTION    records kept for the client's window only, not the chain
- *   NO_LOOKUP          a resumed intent sends its key again without asking first
+ * Two configurations, because together they are too many states for CI:
+ *   (default)  the replay sources: two clients that retry the intent and
+ *              lose answers, a broker that redelivers its command, an
+ *              operator who replays its dead letter; the channel answers
+ *              at once.
+ *   -DORDER    the order: the first request and its retry, the channel
+ *              may take the charge on to finish later (202; its webhook is
+ *              a hint, the sweeper asks too: ResolvePending, SweepPending),
+ *              and a second intent on the order, a cancel, races the pay.
+ * The sweeper runs in both.
+ *
+ * What is checked is what a user sees, never the guards themselves: the
+ * money (one charge at most), that what the service stored agrees with the
+ * money, that the order moves once on the payment's outcome, that every
+ * answer given for the intent is the same one, and that nothing is left
+ * hanging once everything has run (the monitor and rest processes, below).
+ * model/README.md maps each part to the code. `make model` checks both
+ * configurations, then each variant below (one safeguard removed), and
+ * requires SPIN to find the harm in every one:
+ *   NO_FENCING              phase 3 writes without holding the record (no fence at all)
+ *   CHECK_THEN_INSERT       the claim reads, then inserts, in two steps
+ *   NEW_KEY                 each attempt asks the channel under a key of its own
+ *   SHORT_RETENTION         records kept for the client's window only, not the chain
+ *   NO_LOOKUP               a resumed intent sends its key again without asking first
+ *   AGE_ONLY                the key-window check leaves out the channel timeout
+ *   LOOKUP_FORGETS          the channel's lookups forget a key with its deduplication
+ *   CLEANUP_INFLIGHT        the cleanup removes expired records in any state
+ *   TIMEOUT_DECLINES        an answer lost in a timeout is stored as a decline
+ *   FAILED_LOOKUP_DECLINES  a failed lookup (a 4xx other than 404) is taken as a decline
+ *   CANCEL_WHILE_PENDING    the state machine lets a cancel through in PAYMENT_PENDING
+ *   NO_SWEEPER              nothing takes over (liveness)
+ * and one that must hold: NO_TOKEN, phase 3 checking the record's state
+ * but not its token (the payment's own pending guard covers the rest).
  */
 
+/* idempotency_records.state of the pay intent's scope */
 #define NONE   0   /* no record */
 #define PROC   1   /* PROCESSING: an owner holds the lease */
-#define DONE   2   /* SUCCEEDED: the definitive answer is stored */
+#define DONE   2   /* SUCCEEDED or FAILED_FINAL: the definitive answer is stored */
 #define RETRY  3   /* FAILED_RETRYABLE: the channel's answer is not known */
 
+/* What the channel holds under a key, and what an attempt got from it. */
 #define CHARGED  1
 #define DECLINED 2
+#define PEND     3   /* taken on, to finish later */
+#define REFUSED  4   /* got only: a refusal, as final as a decline */
+#define UNKNOWN  5   /* got only: no definitive reply */
+
+/* The answer a client is given, and a record stores. */
+#define A_PAID     1   /* 200: the order, paid */
+#define A_DECLINED 2   /* 402 payment_declined */
+#define A_ACCEPTED 3   /* 202: the channel finishes the charge later */
+#define A_REFUSED  4   /* 409 / 422: refused (state machine, key ran before, channel) */
+
+/* The order's status */
+#define CREATED 0
+#define PPEND   1      /* PAYMENT_PENDING */
+#define PAID    2
+#define PFAIL   3      /* PAYMENT_FAILED */
+#define RPEND   4      /* REFUND_PENDING */
+#define CANC    5      /* CANCELLED */
+
+/* The pay's payment row, written in phase 1 with the claim */
+#define P_NONE 0
+#define P_PEND 1
+#define P_OK   2
+#define P_FAIL 3
 
 #define CLIENT  0
 #define BROKER  1
 #define DLQ     2
 #define SWEEPER 3
 
+#define NKEYS 8
+
 #ifndef FAULTS
-#define FAULTS 2       /* crashes, slow owners and lost answers, in all */
+#define FAULTS 2       /* crashes, slow owners, lost answers and failed lookups, in all */
 #endif
 
-byte rec = NONE;       /* idempotency_records.state of the intent's scope */
-byte token = 0;        /* idempotency_records.lease_token: the fencing token */
+#ifdef NEW_KEY
+#define KEYOF(m) (m)   /* a key per attempt */
+#else
+#define KEYOF(m) 0     /* the intent's stable key */
+#endif
+
+/* The key-window check on a resumed intent, read at its claim: its age
+ * plus a channel timeout (aged), so that even a slow call lands within the
+ * channel's window. AGE_ONLY compares the age alone: it asks first only
+ * once the window has passed (forgot), and a claim just short of it (aged,
+ * not forgot) sends, its call landing past the window. */
+#ifdef AGE_ONLY
+#define PAST_WINDOW forgot
+#define LATE_CLAIM  if :: aged -> resumed = 2; late++ :: else -> skip fi
+#define LATE_CALLED if :: resumed == 2 -> late-- :: else -> skip fi
+#define QUIET       (calling == late)   /* the window may pass during a late claim's call */
+#else
+#define PAST_WINDOW aged
+#define LATE_CLAIM  skip
+#define LATE_CALLED skip
+#define QUIET       (calling == 0)
+#endif
+
+#ifdef ORDER
+#define WEBHOOK hint = true   /* the channel tells every outcome */
+#else
+#define WEBHOOK skip
+#endif
+
+#ifdef LOOKUP_FORGETS
+#define FINDS(k) (ledger[k] != 0 && (known & (1 << (k))) != 0)
+#else
+#define FINDS(k) (ledger[k] != 0)   /* a lookup outlives the key's deduplication */
+#endif
+
+byte rec = NONE;       /* the record's state */
+byte token = 0;        /* lease_token: the fencing token */
 bool expired = false;  /* the owner's lease has run out */
-bool removed = false;  /* the cleanup removed the record */
-bool aged = false;     /* the record is older than the channel's key window */
-bool forgot = false;   /* the channel no longer knows the intent's key */
-byte effects = 0;      /* phase-1 writes: the transition and the pending payment */
-byte charges = 0;      /* money the channel moved */
-byte ledger[8];        /* the channel's answer by key (0 none, CHARGED, DECLINED): a lookup finds it */
-byte stored = 0;       /* the answer stored in the record (phase 3) */
-byte answered = 0;     /* the first answer a client received */
-byte faults = 0;
+byte stored = 0;       /* the answer the record stores (phase 3, or a phase-1 refusal) */
+bool aged = false;     /* the intent is older than the channel's key window, less a channel timeout */
+bool forgot = false;   /* the channel's window passed: it forgot the keys it knew */
 byte calling = 0;      /* owners between their claim and their call */
+byte late = 0;         /* AGE_ONLY: of those, resumed ones that claimed when the intent had aged */
+byte faults = 0;
+
+byte ost = CREATED;    /* orders.status */
+byte pst = P_NONE;     /* payments.status of the pay's payment */
+byte pkey = 0;         /* payments.channel_key: the key phase 1 stored */
+byte moves = 0;        /* the order's moves on the payment's outcome */
+
+byte ledger[NKEYS];    /* the channel's charge under each key: 0, CHARGED, DECLINED, PEND */
+byte known = 0;        /* the keys the channel still deduplicates (a bit each) */
+byte old = 0;          /* the keys it knew when the intent aged: those it may forget */
+byte pendings = 0;     /* charges the channel took on and has not settled */
+bool hint = false;     /* a webhook is on its way */
+byte charges = 0;      /* money the channel took */
+byte refunds = 0;      /* money the channel gave back */
+
+byte told = 0;         /* the first answer a client of the intent was given */
+byte given = 0;        /* every answer given, one bit each */
 
 /* The windows end in this order (the configuration check makes it so):
  * 0 all open; 1 the client's retry window ended; 2 the redelivery window
@@ -60,11 +157,13 @@ byte calling = 0;      /* owners between their claim and their call */
  * remove the record). */
 byte clock = 0;
 
-inline tell() {
+/* A client of the intent is given an answer: the replay check records it. */
+inline tell(a) {
 	if
-	:: answered == 0 -> answered = stored
-	:: else -> assert(answered == stored)   /* every answer is the first definitive one */
-	fi
+	:: told == 0 -> told = a
+	:: else -> skip
+	fi;
+	given = given | (1 << a)
 }
 
 /* An attempt from src arrives: or does not, once its window has ended. */
@@ -74,13 +173,68 @@ inline arrive(src) {
 	:: src == BROKER && clock >= 2 -> goto gone
 	:: src == DLQ && clock >= 3 -> goto gone
 	:: else -> skip
+	fi
+}
+
+/* The intent ends in phase 1 with a refusal, stored and told. */
+inline refuse() {
+	rec = DONE; stored = A_REFUSED; tell(A_REFUSED); goto gone
+}
+
+/* Phase 1 of a new claim: the order's rule, in the claim's transaction.
+ * A payment under the scope means the key moved money before and its
+ * record is gone: refused (errKeyRanBefore). Otherwise the order pays
+ * from CREATED or PAYMENT_FAILED, writing the pending payment with the
+ * key; from anything else the state machine refuses. */
+inline rule(mine) {
+	if
+	:: pst != P_NONE -> refuse()
+	:: pst == P_NONE && (ost == CREATED || ost == PFAIL) ->
+		ost = PPEND; pst = P_PEND; pkey = KEYOF(mine); calling++
+	:: pst == P_NONE && ost != CREATED && ost != PFAIL -> refuse()
+	fi
+}
+
+/* The channel is sent a charge under key: it answers from its record of
+ * the key while it remembers it, or acts: charges, declines, or takes the
+ * charge on to finish later. */
+inline send(key, got) {
+	if
+	:: (known & (1 << key)) != 0 -> got = ledger[key]      /* replayed */
+	:: else ->
+		known = known | (1 << key);
+		if
+		:: ledger[key] = CHARGED; charges++; WEBHOOK
+		:: ledger[key] = DECLINED; WEBHOOK
+#ifdef ORDER
+		:: ledger[key] = PEND; pendings++
+#endif
+		fi;
+		got = ledger[key]
+	fi
+}
+
+/* The order moves on the payment's outcome (moveOnReply), once: only a
+ * payment still pending takes an outcome, and only PAYMENT_PENDING may
+ * move; otherwise the transaction stores nothing. */
+inline settle(got) {
+	if
+	:: got == CHARGED -> pst = P_OK; ost = PAID
+	:: else -> pst = P_FAIL; ost = PFAIL
 	fi;
-	assert(src == SWEEPER || !removed)   /* no replay source reaches a removed record */
+	moves++
+}
+
+/* The intent's owner lets its record go to FAILED_RETRYABLE, fenced. */
+inline postpone(mine) {
+	if
+	:: rec == PROC && token == mine -> rec = RETRY
+	:: else -> skip
+	fi
 }
 
 /* One attempt of the intent, from src, through the three phases. */
-inline attempt(src, mine, key, lookup, resumed, got) {
-	mine = 0; key = 0; lookup = false; resumed = false; got = 0;
+inline attempt(src, mine, lookup, resumed, got, ans) {
 	/* Phase 1: claim by unique insert; or replay, 409, resume, take over.
 	 * Arriving and claiming are one step: the retention's margin covers
 	 * the work in flight between them. */
@@ -92,7 +246,7 @@ inline attempt(src, mine, key, lookup, resumed, got) {
 		:: else -> goto claimed
 		fi
 	}
-	atomic { rec = PROC; token++; mine = token; expired = false; effects++; calling++ };  /* ... inserted */
+	atomic { rec = PROC; token = 1; mine = 1; expired = false; rule(mine) };  /* ... inserted */
 	goto open;
 claimed:
 #endif
@@ -100,95 +254,188 @@ claimed:
 		arrive(src);
 		if
 		:: src != SWEEPER && rec == NONE ->                            /* first */
-			rec = PROC; token++; mine = token; expired = false; effects++; calling++
-		:: src != SWEEPER && rec == DONE -> tell(); goto gone          /* replay */
+			rec = PROC; token = 1; mine = 1; expired = false; rule(mine)
+		:: src != SWEEPER && rec == DONE -> tell(stored); goto gone    /* replay */
 		:: rec == RETRY || (rec == PROC && expired) ->                 /* resume */
-			resumed = true; lookup = (rec == PROC);   /* its owner died: ask first */
-			rec = PROC; token++; mine = token; expired = false; calling++
+			/* its owner died, or the intent is past the channel's key window: ask first */
+			resumed = 1; lookup = (rec == PROC || PAST_WINDOW);
+			rec = PROC; token++; mine = token; expired = false; calling++;
+			LATE_CLAIM
 		:: else -> goto gone      /* 409 in flight; nothing for the sweeper */
 		fi
 	}
 open:
-	assert(effects <= 1);         /* one transition, one pending payment */
 	if
-	:: atomic { faults < FAULTS -> faults++; calling--;   /* crash: the lease runs out */
+	:: atomic { faults < FAULTS -> faults++; calling--; LATE_CALLED;   /* crash: the lease runs out */
 		if :: rec == PROC && token == mine -> expired = true :: else -> skip fi };
 		goto gone
 	:: skip
 	fi;
 
-	/* Phase 2: ask the channel under the intent's stable key. */
-#ifdef NEW_KEY
-	key = mine;
-#endif
+	/* Phase 2: ask the channel under the payment's key. The sweeper, a
+	 * takeover from an owner that died, and an intent resumed past the
+	 * channel's key window (decided at the claim) ask what the channel
+	 * holds first. */
 	atomic {
-		/* A resumed intent older than the channel's key window asks first
-		 * too. The age is read at the claim and the call follows within
-		 * the channel timeout, which the code adds to the age: one step. */
 #ifndef NO_LOOKUP
-		lookup = lookup || (resumed && aged);
+		lookup = lookup || src == SWEEPER;
 #else
 		lookup = false;
 #endif
 		if
-		:: lookup && ledger[key] != 0 -> skip     /* the lookup finds the answer */
-		:: lookup && ledger[key] == 0 || !lookup ->
-			if
-			:: ledger[key] != 0 && !forgot -> skip /* the channel replays its answer */
-			:: ledger[key] == 0 || forgot -> ledger[key] = CHARGED; charges++
-			:: ledger[key] == 0 || forgot -> ledger[key] = DECLINED
-			fi
+		:: lookup && faults < FAULTS -> faults++;     /* the lookup fails: a 4xx other than 404 */
+#ifdef FAILED_LOOKUP_DECLINES
+			got = REFUSED
+#else
+			got = UNKNOWN      /* says nothing of the charge */
+#endif
+		:: lookup && FINDS(KEYOF(mine)) -> got = ledger[KEYOF(mine)]
+		:: !lookup || !FINDS(KEYOF(mine)) -> send(KEYOF(mine), got)
 		fi;
-		got = ledger[key];
-		calling--;
-		assert(charges <= 1)                        /* never two charges */
+		calling--; LATE_CALLED
 	}
+	if
+	:: got == UNKNOWN -> atomic { postpone(mine) }; goto gone
+	:: else -> skip
+	fi;
 	if
 	:: atomic { faults < FAULTS -> faults++;     /* crash after the call */
 		if :: rec == PROC && token == mine -> expired = true :: else -> skip fi };
 		goto gone
-	:: atomic { faults < FAULTS -> faults++;     /* the answer is lost: resumable */
-		if :: rec == PROC && token == mine -> rec = RETRY :: else -> skip fi };
+	:: atomic { faults < FAULTS -> faults++;     /* the answer is lost: outcome unknown */
+#ifdef TIMEOUT_DECLINES
+		got = DECLINED };                        /* ... and taken as a decline */
+#else
+		postpone(mine) };
 		goto gone
+#endif
 	:: skip
 	fi;
 
-	/* Phase 3: store the answer, fenced by the lease token. */
+	/* Phase 3: hold the record (the fence), store the reply on the payment
+	 * while it is pending and move the order, complete the record. */
 	atomic {
 		if
 #ifdef NO_FENCING
-		:: rec == PROC ->
+		:: rec != NONE ->
+#elif defined(NO_TOKEN)
+		:: rec == PROC ->        /* the state checked, the token not: this holds */
 #else
 		:: rec == PROC && token == mine ->
 #endif
-			assert(token == mine);   /* a superseded owner never writes */
-			rec = DONE; stored = got;
-			if :: src != SWEEPER -> tell() :: else -> skip fi
+			if
+			:: pst == P_PEND && got == PEND -> ans = A_ACCEPTED
+			:: pst == P_PEND && got != PEND && ost == PPEND ->
+				settle(got);
+				if
+				:: got == CHARGED -> ans = A_PAID
+				:: got == DECLINED -> ans = A_DECLINED
+				:: got == REFUSED -> ans = A_REFUSED
+				fi
+			:: pst == P_OK -> ans = A_PAID          /* its outcome came in another way first */
+			:: pst == P_FAIL -> ans = A_DECLINED
+			:: else -> ans = 0                       /* the transition is refused: rolled back */
+			fi;
+			if
+			:: ans != 0 ->
+				rec = DONE; stored = ans;
+				if :: src != SWEEPER -> tell(ans) :: else -> skip fi
+			:: else -> expired = true                /* an error: left to the lease */
+			fi
 		:: else -> skip          /* fenced: its successor answers */
 		fi
 	}
 gone:
-	skip
+	atomic { mine = 0; lookup = false; resumed = 0; got = 0; ans = 0 }
 }
 
 proctype request(byte src) {
-	byte mine, key, got; bool lookup, resumed;
-	attempt(src, mine, key, lookup, resumed, got)
+	byte mine, got, ans; bool lookup; byte resumed;
+	attempt(src, mine, lookup, resumed, got, ans)
 }
 
-/* The sweeper: takes over expired leases and retryable intents, for as
- * long as the service runs. */
+/* A late outcome is due: the payment is pending, its intent has ended (its
+ * record is definitive, or gone), and the channel has the outcome. Asking
+ * while the channel has nothing final changes nothing, and is left out:
+ * so a payment nobody can finish shows at rest. */
+#define LATE_DUE (pst == P_PEND && (rec == DONE || rec == NONE) && \
+	(ledger[pkey] == CHARGED || ledger[pkey] == DECLINED) && FINDS(pkey))
+
+/* ResolvePending, after waitingForChannel found the payment due: the
+ * channel is asked by the key (lookUpOnly), then one transaction stores
+ * the outcome if the payment is still pending. */
+inline lateLookup(got) {
+	if
+	:: faults < FAULTS -> faults++;     /* the lookup fails */
+#ifdef FAILED_LOOKUP_DECLINES
+		got = REFUSED
+#else
+		got = UNKNOWN                   /* errChannelUnknown: asked again later */
+#endif
+	:: got = ledger[pkey]
+	fi
+}
+inline lateStore(got) {
+	atomic {
+		if
+		:: pst == P_PEND && ost == PPEND && got != 0 && got != UNKNOWN -> settle(got)
+		:: else -> skip                 /* stored already, or unknown */
+		fi;
+		got = 0
+	}
+}
+
+/* The sweeper: takes over expired leases and retryable intents (Sweep),
+ * and asks the channel about payments whose intent ended pending
+ * (SweepPending), for as long as the service runs. */
 active proctype sweeper() {
-	byte mine, key, got; bool lookup, resumed;
+	byte mine, got, ans; bool lookup; byte resumed;
 end:
 	do
 #ifndef NO_SWEEPER
-	:: rec == RETRY || (rec == PROC && expired) -> attempt(SWEEPER, mine, key, lookup, resumed, got)
-#else
-	:: false -> attempt(SWEEPER, mine, key, lookup, resumed, got)
+	:: rec == RETRY || (rec == PROC && expired) -> attempt(SWEEPER, mine, lookup, resumed, got, ans)
 #endif
+	:: atomic { LATE_DUE -> lateLookup(got) }; lateStore(got)
 	od
 }
+
+#ifdef ORDER
+/* The channel's webhook: a hint that an outcome exists, delivered late or
+ * never; its receiver asks the channel (ResolvePending). */
+active proctype webhook() {
+	byte got;
+end:
+	do
+	:: atomic { hint -> hint = false;
+		if
+		:: LATE_DUE -> lateLookup(got)
+		:: else -> skip               /* ignored: the intent runs, or stored already */
+		fi };
+		lateStore(got)
+	:: atomic { hint -> hint = false }  /* lost */
+	od
+}
+
+/* The channel settles what it took on: charged or declined. */
+active proctype channel() {
+	byte k;
+end:
+	do
+	:: atomic { pendings > 0 ->
+		k = 0;
+		do
+		:: ledger[k] != PEND -> k++
+		:: else -> break
+		od;
+		if
+		:: ledger[k] = CHARGED; charges++
+		:: ledger[k] = DECLINED
+		fi;
+		pendings--; hint = true; k = 0 }
+	od
+}
+
+#endif
 
 /* An owner too slow for its lease loses its right (a fault). */
 active proctype leases() {
@@ -198,16 +445,19 @@ end:
 	od
 }
 
-/* Time: the windows end one after another. The record grows older than
- * the channel's key window at some point after it was written, and only
- * then may the channel forget the key (its first use came after), never
- * while an owner is between its claim and its call: that takes a channel
- * timeout, a key window is a day. */
+/* Time: the windows end one after another. The intent grows older than
+ * the channel's key window (less a channel timeout) at some point after
+ * it was claimed; only then may the channel forget the keys it knew at
+ * that point (their first use came after the claim), once, never while an
+ * owner is between its claim and its call (that takes a channel timeout,
+ * a key window is a day), nor a charge it has not settled. With AGE_ONLY
+ * the check leaves the channel timeout out, and the window may pass
+ * during the call. */
 active proctype time() {
 	do
 	:: clock < 4 -> clock++
-	:: rec != NONE && !aged -> aged = true
-	:: aged && !forgot && calling == 0 -> forgot = true
+	:: atomic { rec != NONE && !aged -> aged = true; old = known }
+	:: atomic { aged && !forgot && QUIET && pendings == 0 -> forgot = true; known = known & ~old }
 	:: clock == 4 -> break
 	od
 }
@@ -221,18 +471,85 @@ end:
 #else
 		clock >= 4 &&
 #endif
-		rec == DONE -> removed = true; rec = NONE
+#ifdef CLEANUP_INFLIGHT
+		rec != NONE            /* whatever its state */
+#else
+		rec == DONE
+#endif
+		-> rec = NONE
 	}
 }
+
+#ifdef ORDER
+/* A second intent on the same order: a cancel, while its client is there.
+ * An unpaid order is cancelled at once; a paid one is refunded first
+ * (REFUND_PENDING); in PAYMENT_PENDING the money may be moving, and the
+ * state machine refuses (409). Its own recovery is the pay's, checked
+ * above, and left out here. */
+proctype cancel() {
+	bool refund = false;
+	atomic {
+		if
+		:: clock >= 1 -> skip  /* it never came */
+		:: else ->
+			if
+			:: ost == CREATED || ost == PFAIL -> ost = CANC
+#ifdef CANCEL_WHILE_PENDING
+			:: ost == PPEND -> ost = CANC
+#endif
+			:: ost == PAID -> ost = RPEND; refund = true
+			:: else -> skip    /* 409 invalid_transition */
+			fi
+		fi
+	}
+	if
+	:: refund -> atomic { refunds++; ost = CANC; refund = false }
+	:: else -> skip
+	fi
+}
+
+#endif
+
+/* What a user cares about, checked in every state. */
+active proctype monitor() {
+end:
+	atomic {
+		charges > 1 || moves > 1 || (given & ~(1 << told)) != 0 ||
+		(rec == DONE && stored == A_PAID && charges == 0) ||
+		(rec == DONE && (stored == A_DECLINED || stored == A_REFUSED) && charges > 0) ||
+		(pst == P_OK && charges == 0) || (pst == P_FAIL && charges > 0) ||
+		((ost == CANC || ost == PFAIL || ost == CREATED) && charges != refunds) ->
+		assert(charges <= 1);                       /* never two charges for one intent */
+		assert(!(rec == DONE && stored == A_PAID && charges == 0));    /* a stored 200 means a charge exists */
+		assert(!(rec == DONE && (stored == A_DECLINED || stored == A_REFUSED) && charges > 0));  /* a stored 402 or 409 means no charge exists */
+		assert(!(pst == P_OK && charges == 0) && !(pst == P_FAIL && charges > 0));  /* the order's payment agrees with the money */
+		assert(ost == PAID || ost == PPEND || ost == RPEND || charges == refunds);  /* an order that is not paid holds no money */
+		assert(moves <= 1);                          /* the order moves once on the payment's outcome */
+		assert((given & ~(1 << told)) == 0)          /* every answer given is the first one */
+	}
+}
+
+#ifndef LIVENESS
+/* Once nothing can run any more, nothing is left hanging: the order is not
+ * waiting for a payment or a refund that nobody will finish. */
+active proctype rest() {
+	timeout -> assert(ost != PPEND && ost != RPEND)   /* at rest, no order is left pending */
+}
+#endif
 
 init {
 	atomic {
 		run request(CLIENT);   /* the first request */
 		run request(CLIENT);   /* its retry, on another instance */
+#ifdef ORDER
+		run cancel()           /* a second intent on the order */
+#else
 		run request(BROKER);   /* the same intent as a command, redelivered */
 		run request(DLQ)       /* its dead letter, replayed by an operator */
+#endif
 	}
 }
 
-/* Liveness, under weak fairness: an intent begun ends definitive. */
-ltl ends_definitive { [] ((rec == PROC || rec == RETRY) -> <> (rec == DONE)) }
+/* Liveness, under weak fairness: an intent begun ends definitive, and the
+ * order does not stay in PAYMENT_PENDING. */
+ltl converges { [] (((rec == PROC || rec == RETRY) -> <> (rec == DONE)) && (ost == PPEND -> <> (ost != PPEND))) }
