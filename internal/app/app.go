@@ -291,19 +291,19 @@ func (m *Main) start(ctx context.Context) error {
 	m.Waiter = waiter
 	stopping, stopWaiting := context.WithCancel(context.WithoutCancel(ctx))
 	m.stopping = stopWaiting
-	m.Orders = &order.Service{
-		DB: db, Records: records, Logger: m.Logger, Observe: m.Metrics, Lifetime: m.lifetime,
+	m.Orders = order.NewService(order.Deps{
+		DB: db, Records: records, Inbox: inbox, Logger: m.Logger, Observe: m.Metrics, Lifetime: m.lifetime,
 		Channel: slotFreeChannel{payment.NewClient(channelURL, &http.Client{Transport: &http.Transport{
 			MaxIdleConnsPerHost: cfg.ChannelMaxInFlight, IdleConnTimeout: 90 * time.Second}})},
 		Money: order.MoneyConfig{ChannelTimeout: cfg.ChannelTimeout, RetryAfter: cfg.RetryAfter, ChannelKeyWindow: cfg.ChannelKeyWindow,
 			MaxChannelCalls: cfg.ChannelMaxInFlight, PendingCheckEvery: cfg.PendingCheckEvery},
-	}
+	})
 	api := &httpapi.Server{Orders: m.Orders, Records: records, DB: db, Logger: m.Logger,
 		Tenants: httpapi.NewTenants(cfg.APIKeys), Policy: policy, Metrics: m.Metrics,
 		WindowSources: sources, OutboxRetention: outboxRetention(policy),
 		Waiter: waiter, MaxWait: cfg.MaxWait, Stopping: stopping,
 		Admission: httpapi.NewAdmission(cfg.HTTPMaxInFlight, cfg.HTTPMaxQueue, cfg.HTTPQueueTimeout), CORSOrigins: cfg.CORSAllowedOrigins,
-		WebhookSecrets: cfg.WebhookSecrets, Inbox: inbox}
+		WebhookSecrets: cfg.WebhookSecrets}
 	if api.Admission != nil {
 		api.Admission.OnShed, api.Admission.Logger = m.Metrics.Shed, m.Logger
 	}
@@ -367,9 +367,9 @@ func (m *Main) URL() string { return "http://" + strings.Replace(m.Addr, "[::]",
 // Close stops accepting requests and commands, lets in-flight ones finish,
 // stops the background workers and closes the NATS connection, the embedded
 // NATS server and the pool, all within SHUTDOWN_TIMEOUT. When the deadline
-// passes, work still in flight (a request, a channel call, a settlement, a
-// sweep) is cancelled: its intent stays unfinished and a lease and the
-// sweeper of a running instance take it over. Nothing is closed under a
+// passes, work still in flight (a request, a channel call, a reply being
+// stored, a sweep) is cancelled: its intent stays unfinished and a lease
+// and the sweeper of a running instance take it over. Nothing is closed under a
 // request still being served. The order API and the command consumer stop
 // first, the embedded channel last, so a payment in flight can still reach
 // it.

@@ -17,7 +17,7 @@ import (
 // Admission is the service's load shedding: at most MaxInFlight requests
 // to /v1 are served at once; a request that finds every slot taken waits in
 // a FIFO queue of at most MaxQueue, for at most QueueTimeout. A request that
-// cannot get a slot is refused with 503 service_unavailable and Retry-After
+// cannot get a slot is shed with 503 service_unavailable and Retry-After
 // before it reaches the router: nothing is authenticated, decoded or
 // recorded, so its retry with the same Idempotency-Key is a fresh attempt.
 // A request gives its slot back early when it goes on to wait on something
@@ -37,7 +37,7 @@ import (
 // whole: its quick requests (duplicates that give their slot back to wait
 // for the first) keep the bound high.
 // At the onset of overload the slots are soon seen held for tens of
-// milliseconds, and the excess is refused as it arrives, in microseconds,
+// milliseconds, and the excess is shed as it arrives, in microseconds,
 // rather than after waiting.
 //
 // What tells overload from a burst is how long requests wait for their
@@ -45,20 +45,21 @@ import (
 // whose waiters have all waited longer than a target for a whole interval
 // (QueueTimeout/10 and QueueTimeout/5: 100ms and 200ms by default). Then,
 // and for CongestedFor after it or after an arrival the queue had no room
-// for, a request that finds no free slot is refused at once instead of
-// waiting. Those refusals are no new sign of overload and do not prolong
+// for, a request that finds no free slot is shed at once instead of
+// waiting. Requests shed so are no new sign of overload and do not prolong
 // it: the congestion ends CongestedFor after the last sign, arrivals queue
-// again, and the queue is judged afresh. (Were every refusal a sign, clients
-// that honour Retry-After would keep the service shedding after the
-// overload is gone: a refusal congests, the congestion refuses.) A place in the queue
-// is a promise: the bound keeps what is queued within the target of being
-// served, so the waiters already queued are served, not sent away after
-// waiting (CoDel drops from the head of a queue it does not bound), and
-// every refusal is decided as the request arrives, with nothing waited for
-// (the queue timeout, for an estimate gone wrong, is the one exception). A
-// refusal costs a few microseconds (no routing, no per-request log line:
-// the refusals are counted, and logged at most once a second), so the
-// excess does not eat the capacity the accepted requests need.
+// again, and the queue is judged afresh. (Were every request shed a sign,
+// clients that honour Retry-After would keep the service shedding after
+// the overload is gone: shedding congests, the congestion sheds.) A place
+// in the queue is a promise: the bound keeps what is queued within the
+// target of being served, so the waiters already queued are served, not
+// sent away after waiting (CoDel drops from the head of a queue it does not
+// bound), and whether a request is shed is decided as it arrives, with
+// nothing waited for (the queue timeout, for an estimate gone wrong, is the
+// one exception). Shedding a request costs a few microseconds (no routing,
+// no per-request log line: the requests shed are counted, and logged at
+// most once a second), so the excess does not eat the capacity the
+// accepted requests need.
 type Admission struct {
 	slots       *semaphore.Weighted
 	maxInFlight int64
@@ -79,16 +80,16 @@ type Admission struct {
 	// meanwhile (0: the last one waited less).
 	aboveUntil atomic.Int64
 
-	// OnShed, when set, is told of every refusal (for metrics).
+	// OnShed, when set, is told of every request shed (for metrics).
 	OnShed func()
-	// Logger gets one line a second while requests are refused.
-	Logger   *slog.Logger
-	refused  atomic.Int64
-	reported atomic.Int64 // UnixNano of the last log line
+	// Logger gets one line a second while requests are shed.
+	Logger    *slog.Logger
+	shedTotal atomic.Int64
+	reported  atomic.Int64 // UnixNano of the last log line
 }
 
-// CongestedFor is how long after a refusal a request that finds no free
-// slot is refused at once rather than queued.
+// CongestedFor is how long after a sign of overload (see congest) a
+// request that finds no free slot is shed at once rather than queued.
 const CongestedFor = time.Second
 
 // NewAdmission limits the service to maxInFlight requests at once, with a
@@ -102,7 +103,7 @@ func NewAdmission(maxInFlight, maxQueue int, queueTimeout time.Duration) *Admiss
 		target: queueTimeout / 10, interval: queueTimeout / 5}
 }
 
-// overloaded is the refusal's body, rendered once.
+// overloaded is the body of a shed request's 503, rendered once.
 var overloaded = func() []byte {
 	return answer.RenderError(&problem.Error{Code: problem.ServiceUnavailable,
 		Detail: "The service is overloaded and did not start this request: nothing of it was recorded, and a record of an earlier attempt with the same Idempotency-Key is untouched. Retry after the Retry-After interval with the same key."}).Body
@@ -120,7 +121,7 @@ func (a *Admission) Wrap(next http.Handler) http.Handler {
 			return
 		}
 		if !a.acquire(r.Context()) {
-			a.refuse(w, r)
+			a.shed(w, r)
 			return
 		}
 		start := time.Now()
@@ -133,14 +134,14 @@ func (a *Admission) Wrap(next http.Handler) http.Handler {
 	})
 }
 
-// acquire takes a slot, or reports that the request is refused.
+// acquire takes a slot, or reports that the request is to be shed.
 func (a *Admission) acquire(ctx context.Context) bool {
 	if a.slots.TryAcquire(1) {
 		return true
 	}
 	enqueued := time.Now().UnixNano()
 	if enqueued < a.congestedUntil.Load() {
-		// Refused for the congestion alone: no new sign of overload, so
+		// Shed for the congestion alone: no new sign of overload, so
 		// it does not prolong the congestion. Once it ends, arrivals queue
 		// again and the queue judges afresh.
 		return false
@@ -229,12 +230,14 @@ func (a *Admission) congest(now int64) {
 	a.congestedUntil.Store(now + int64(CongestedFor))
 }
 
-func (a *Admission) refuse(w http.ResponseWriter, r *http.Request) {
+// shed answers a request the service has no slot for: 503 with
+// Retry-After, counted, and logged at most once a second.
+func (a *Admission) shed(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	if a.OnShed != nil {
 		a.OnShed()
 	}
-	n := a.refused.Add(1)
+	n := a.shedTotal.Add(1)
 	if last := a.reported.Load(); a.Logger != nil && now.UnixNano()-last > int64(time.Second) && a.reported.CompareAndSwap(last, now.UnixNano()) {
 		a.Logger.Warn("load shedding: requests refused with 503 at the admission limit", "refused_total", n)
 	}

@@ -15,7 +15,7 @@ import (
 
 // TestARequestRefusedByTheAdmissionLimitRecordsNothing holds the only slot
 // with a create stopped inside its transaction, sends a second create, and
-// checks that it is refused with 503 and Retry-After, that nothing of it was
+// checks that it is shed with 503 and Retry-After, that nothing of it was
 // stored, and that its retry with the same key, once the slot is free, is a
 // fresh first execution.
 func TestARequestRefusedByTheAdmissionLimitRecordsNothing(t *testing.T) {
@@ -33,7 +33,7 @@ func TestARequestRefusedByTheAdmissionLimitRecordsNothing(t *testing.T) {
 	// Keys of this run's own: with -count=2 the second run must not find
 	// the first's records.
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
-	holderKey, refusedKey := "shed-holder-"+run, "shed-refused-"+run
+	holderKey, shedKey := "shed-holder-"+run, "shed-arrival-"+run
 	body := map[string]any{"customer_id": "cus_shed", "currency": "EUR",
 		"items": []map[string]any{{"sku": "SKU-1", "quantity": 1, "unit_price": 100}}}
 
@@ -47,11 +47,11 @@ func TestARequestRefusedByTheAdmissionLimitRecordsNothing(t *testing.T) {
 	}()
 	<-inside // the one slot is taken until release
 
-	refused := c.Do(t, http.MethodPost, "/v1/orders", refusedKey, body)
-	if refused.Status != http.StatusServiceUnavailable || !strings.Contains(string(refused.Body), `"code":"service_unavailable"`) {
-		t.Fatalf("second create while the slot is held = %d %s, want 503 service_unavailable", refused.Status, refused.Body)
+	shed := c.Do(t, http.MethodPost, "/v1/orders", shedKey, body)
+	if shed.Status != http.StatusServiceUnavailable || !strings.Contains(string(shed.Body), `"code":"service_unavailable"`) {
+		t.Fatalf("second create while the slot is held = %d %s, want 503 service_unavailable", shed.Status, shed.Body)
 	}
-	if got := refused.Header.Get("Retry-After"); got != "1" {
+	if got := shed.Header.Get("Retry-After"); got != "1" {
 		t.Errorf("Retry-After = %q, want \"1\"", got)
 	}
 	sqlDB, err := m.DB.DB()
@@ -59,26 +59,26 @@ func TestARequestRefusedByTheAdmissionLimitRecordsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	var records, orders int
-	if err := sqlDB.QueryRow(`SELECT count(*) FROM idempotency_records WHERE idempotency_key = $1`, refusedKey).Scan(&records); err != nil {
+	if err := sqlDB.QueryRow(`SELECT count(*) FROM idempotency_records WHERE idempotency_key = $1`, shedKey).Scan(&records); err != nil {
 		t.Fatal(err)
 	}
-	if err := sqlDB.QueryRow(`SELECT count(*) FROM order_events WHERE idempotency_key = $1`, refusedKey).Scan(&orders); err != nil {
+	if err := sqlDB.QueryRow(`SELECT count(*) FROM order_events WHERE idempotency_key = $1`, shedKey).Scan(&orders); err != nil {
 		t.Fatal(err)
 	}
 	if records != 0 || orders != 0 {
-		t.Errorf("the refused request left %d records and %d orders, want none", records, orders)
+		t.Errorf("the shed request left %d records and %d orders, want none", records, orders)
 	}
 
 	close(release)
 	if r := <-holder; r.Status != http.StatusCreated {
 		t.Fatalf("the holder = %d %s", r.Status, r.Body)
 	}
-	retry := c.Do(t, http.MethodPost, "/v1/orders", refusedKey, body)
+	retry := c.Do(t, http.MethodPost, "/v1/orders", shedKey, body)
 	if retry.Status != http.StatusCreated || retry.Header.Get("Idempotent-Replayed") != "" {
 		t.Fatalf("the retry = %d (Idempotent-Replayed %q) %s, want a fresh 201", retry.Status, retry.Header.Get("Idempotent-Replayed"), retry.Body)
 	}
 	var attempts int
-	if err := sqlDB.QueryRow(`SELECT attempts FROM idempotency_records WHERE idempotency_key = $1 AND state = 'SUCCEEDED'`, refusedKey).Scan(&attempts); err != nil {
+	if err := sqlDB.QueryRow(`SELECT attempts FROM idempotency_records WHERE idempotency_key = $1 AND state = 'SUCCEEDED'`, shedKey).Scan(&attempts); err != nil {
 		t.Fatal(err)
 	}
 	if attempts != 1 {
@@ -88,7 +88,7 @@ func TestARequestRefusedByTheAdmissionLimitRecordsNothing(t *testing.T) {
 
 // A queue whose waiters all waited longer than the target for a whole
 // interval stands: the service is overloaded, and a request that finds no
-// free slot is refused at once rather than queued. Until then, one queues.
+// free slot is shed at once rather than queued. Until then, one queues.
 // One slot, QueueTimeout 400ms (target 40ms, interval 80ms); each request
 // holds the slot until the test lets it go.
 func TestAStandingQueueIsOverloadAndABriefOneIsNot(t *testing.T) {
@@ -143,9 +143,9 @@ func TestAStandingQueueIsOverloadAndABriefOneIsNot(t *testing.T) {
 	}
 }
 
-// When the queue is found standing, what arrives is refused at once, and
+// When the queue is found standing, what arrives is shed at once, and
 // what was queued before is still served: a place in the queue is a
-// promise (the bound keeps it within the target), so no refusal comes after
+// promise (the bound keeps it within the target), so no request is shed after
 // a wait. One slot, QueueTimeout 400ms (target 40ms, interval 80ms).
 func TestAStandingQueueServesWhatItQueuedAndRefusesArrivals(t *testing.T) {
 	handler, entered, release := heldHandler()
@@ -175,7 +175,7 @@ func TestAStandingQueueServesWhatItQueuedAndRefusesArrivals(t *testing.T) {
 			t.Errorf("an arrival while the queue stands = %d, want 503", code)
 		}
 	case <-time.After(100 * time.Millisecond):
-		t.Error("an arrival while the queue stands was queued, not refused at once")
+		t.Error("an arrival while the queue stands was queued, not shed at once")
 	}
 	select {
 	case code := <-third:
@@ -196,14 +196,14 @@ func TestAStandingQueueServesWhatItQueuedAndRefusesArrivals(t *testing.T) {
 // The queue is as long as drains within the target at the rate slots come
 // free: with one slot held 500ms a time, a queue of more than 8 (the
 // shortest bound) could not drain within the target (200ms of a 2s
-// QueueTimeout), and the excess is refused as it arrives; with the slot
+// QueueTimeout), and the excess is shed as it arrives; with the slot
 // held a few milliseconds, the same arrivals all queue. Each case: one
 // request holds the slot, two queue behind it, the holder leaves after
 // hold (the service learns how long a slot is held), and ten more arrive.
 func TestTheQueueIsAsLongAsDrainsWithinTheTarget(t *testing.T) {
 	for _, tc := range []struct {
-		hold    time.Duration
-		refused int
+		hold time.Duration
+		shed int
 	}{
 		{500 * time.Millisecond, 3}, // the waiter left from before + seven make the bound of 8
 		{2 * time.Millisecond, 0},   // 1 slot × 200ms ÷ 2ms: room for 100
@@ -220,7 +220,7 @@ func TestTheQueueIsAsLongAsDrainsWithinTheTarget(t *testing.T) {
 			t.Fatalf("hold %s: the holder = %d", tc.hold, code)
 		}
 		var queued []chan int
-		refused := 0
+		shed := 0
 		for range 10 {
 			answer := sendTo(h)
 			select {
@@ -228,19 +228,19 @@ func TestTheQueueIsAsLongAsDrainsWithinTheTarget(t *testing.T) {
 				if code != http.StatusServiceUnavailable {
 					t.Fatalf("hold %s: an arrival answered %d before the slot came free", tc.hold, code)
 				}
-				refused++
+				shed++
 			case <-time.After(20 * time.Millisecond): // queued
 				queued = append(queued, answer)
 			}
 		}
-		if refused != tc.refused {
-			t.Errorf("slot held %s: %d of 10 arrivals refused at once, want %d", tc.hold, refused, tc.refused)
+		if shed != tc.shed {
+			t.Errorf("slot held %s: %d of 10 arrivals shed at once, want %d", tc.hold, shed, tc.shed)
 		}
 		for range 2 + len(queued) {
 			release <- struct{}{}
 		}
 		// Both first waiters are served, the one left waiting while the
-		// arrivals were refused too: its place was a promise.
+		// arrivals were shed too: its place was a promise.
 		for _, w := range []chan int{next, stale} {
 			if code := <-w; code != http.StatusOK {
 				t.Errorf("slot held %s: a first waiter = %d, want it served", tc.hold, code)
@@ -258,7 +258,7 @@ func TestTheQueueIsAsLongAsDrainsWithinTheTarget(t *testing.T) {
 // the queue sets no bound of its own until four were given back since it
 // formed. Four requests hold the slots, two queue; one holder leaves after
 // 500ms (alone it would make the bound 8: 4 slots × 200ms ÷ 500ms is less),
-// and ten more arrive: all queue, none is refused.
+// and ten more arrive: all queue, none is shed.
 func TestOneSlowHoldSetsNoBound(t *testing.T) {
 	handler, entered, release := heldHandler()
 	h := httpapi.NewAdmission(4, 100, 2*time.Second).Wrap(handler)
@@ -291,12 +291,12 @@ func TestOneSlowHoldSetsNoBound(t *testing.T) {
 }
 
 // Shedding ends with the overload. Forty (and sixty-four) clients, each sending its next
-// request when the last is answered and waiting Retry-After when refused,
+// request when the last is answered and waiting Retry-After when shed,
 // against the defaults (32 slots, QueueTimeout 1s) and a service that takes
 // 5ms a request, until the database stalls for 1.5s: the stall is overload,
-// and requests are refused. Once it is gone the queue drains at once, and
-// from CongestedFor after the stall on (what the refusals during it may
-// still congest, and a margin) no request is refused. Refusals that came of
+// and requests are shed. Once it is gone the queue drains at once, and
+// from CongestedFor after the stall on (what the requests shed during it
+// may still congest, and a margin) no request is shed. Requests shed for
 // the congestion itself once renewed it: forty clients kept it up for good.
 // (Sixty-four fit too: 32 slots and a queue never shorter than the slots.)
 func TestSheddingEndsWhenTheStallDoes(t *testing.T) {
@@ -317,11 +317,11 @@ func sheddingAfterAStall(t *testing.T, clients int) {
 		w.WriteHeader(http.StatusOK)
 	}))
 	var (
-		mu        sync.Mutex
-		refusedAt []time.Time
-		served    int
-		stop      = make(chan struct{})
-		wg        sync.WaitGroup
+		mu     sync.Mutex
+		shedAt []time.Time
+		served int
+		stop   = make(chan struct{})
+		wg     sync.WaitGroup
 	)
 	for range clients {
 		wg.Go(func() {
@@ -333,15 +333,15 @@ func sheddingAfterAStall(t *testing.T, clients int) {
 				}
 				rec := httptest.NewRecorder()
 				h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/orders", nil))
-				refused := rec.Code == http.StatusServiceUnavailable
+				shed := rec.Code == http.StatusServiceUnavailable
 				mu.Lock()
-				if refused {
-					refusedAt = append(refusedAt, time.Now())
+				if shed {
+					shedAt = append(shedAt, time.Now())
 				} else {
 					served++
 				}
 				mu.Unlock()
-				if refused {
+				if shed {
 					after, _ := strconv.Atoi(rec.Header().Get("Retry-After"))
 					time.Sleep(time.Duration(after) * time.Second)
 				}
@@ -359,19 +359,19 @@ func sheddingAfterAStall(t *testing.T, clients int) {
 
 	calm := stallEnd.Add(httpapi.CongestedFor + 500*time.Millisecond)
 	during, after := 0, 0
-	for _, at := range refusedAt {
+	for _, at := range shedAt {
 		if at.After(calm) {
 			after++
 		} else {
 			during++
 		}
 	}
-	t.Logf("%d served, %d refused up to %s after the stall, %d after that", served, during, calm.Sub(stallEnd), after)
+	t.Logf("%d served, %d shed up to %s after the stall, %d after that", served, during, calm.Sub(stallEnd), after)
 	if during == 0 {
-		t.Error("nothing was refused during the stall: the test did not overload the service")
+		t.Error("nothing was shed during the stall: the test did not overload the service")
 	}
 	if after != 0 {
-		t.Errorf("%d requests refused in the %s after the stall was gone (from %s after it), want none: the clients honour Retry-After and fit in the slots and the queue",
+		t.Errorf("%d requests shed in the %s after the stall was gone (from %s after it), want none: the clients honour Retry-After and fit in the slots and the queue",
 			after, time.Since(calm).Round(time.Second), calm.Sub(stallEnd))
 	}
 }

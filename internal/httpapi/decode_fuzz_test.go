@@ -112,7 +112,7 @@ func FuzzDecodeRequest(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	svc := &order.Service{DB: db}
+	svc := order.NewService(order.Deps{DB: db})
 	e := echo.New()
 	f.Fuzz(func(t *testing.T, route uint8, contentType string, body []byte) {
 		r := fuzzedRoutes[int(route)%len(fuzzedRoutes)]

@@ -17,34 +17,34 @@ import (
 	"github.com/orderservice/orderservice/internal/apptest"
 )
 
-// Two tenants: one only ever sends refused requests, so "0 rows written" is
+// Two tenants: one only ever sends rejected requests, so "0 rows written" is
 // checked after every single one; the other sends the accepted boundaries.
 const (
-	refusedKey  = "refused-key-1"
+	rejectedKey = "rejected-key-1"
 	acceptedKey = "accepted-key-1"
 )
 
-func startLimits(t *testing.T) (m *app.Main, refused, accepted *apptest.Client) {
+func startLimits(t *testing.T) (m *app.Main, rejected, accepted *apptest.Client) {
 	t.Helper()
-	m = apptest.Start(t, dbURL, map[string]string{"API_KEYS": "refused=" + refusedKey + ",accepted=" + acceptedKey})
-	return m, apptest.NewClient(m, refusedKey), apptest.NewClient(m, acceptedKey)
+	m = apptest.Start(t, dbURL, map[string]string{"API_KEYS": "rejected=" + rejectedKey + ",accepted=" + acceptedKey})
+	return m, apptest.NewClient(m, rejectedKey), apptest.NewClient(m, acceptedKey)
 }
 
-// refusedRows counts the refusing tenant's orders and idempotency records.
-func refusedRows(t *testing.T, m *app.Main) (orders, records int64) {
+// rejectedRows counts the rejecting tenant's orders and idempotency records.
+func rejectedRows(t *testing.T, m *app.Main) (orders, records int64) {
 	t.Helper()
-	return apptest.Count(t, m.DB, "SELECT count(*) FROM orders WHERE tenant_id = 'refused'"),
-		apptest.Count(t, m.DB, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'refused'")
+	return apptest.Count(t, m.DB, "SELECT count(*) FROM orders WHERE tenant_id = 'rejected'"),
+		apptest.Count(t, m.DB, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'rejected'")
 }
 
 // wantNothingWritten runs send and asserts that it wrote no order and no
 // idempotency record.
 func wantNothingWritten(t *testing.T, m *app.Main, send func()) {
 	t.Helper()
-	orders, records := refusedRows(t, m)
+	orders, records := rejectedRows(t, m)
 	send()
-	if o, r := refusedRows(t, m); o != orders || r != records {
-		t.Errorf("a refused request wrote %d orders and %d idempotency records", o-orders, r-records)
+	if o, r := rejectedRows(t, m); o != orders || r != records {
+		t.Errorf("a rejected request wrote %d orders and %d idempotency records", o-orders, r-records)
 	}
 }
 
@@ -66,7 +66,7 @@ func item(sku string, quantity, unitPrice any) map[string]any {
 }
 
 // rawCreate writes a create request by hand over TCP, for header bytes Go's
-// client refuses to send (NUL, other control characters).
+// client will not send (NUL, other control characters).
 func rawCreate(t *testing.T, m *app.Main, apiKey, idempotencyKey, body string) apptest.Response {
 	t.Helper()
 	addr := strings.TrimPrefix(m.URL(), "http://")
@@ -91,10 +91,10 @@ func rawCreate(t *testing.T, m *app.Main, apiKey, idempotencyKey, body string) a
 }
 
 func TestLimitsAndBadInput(t *testing.T) {
-	m, refused, accepted := startLimits(t)
+	m, rejected, accepted := startLimits(t)
 	valid := purchase("cus_limits")
 
-	type refusal struct {
+	type rejection struct {
 		name   string
 		key    string
 		header http.Header
@@ -103,18 +103,18 @@ func TestLimitsAndBadInput(t *testing.T) {
 		code   string
 		field  string // the field the problem names, when it names one
 	}
-	run := func(t *testing.T, cases []refusal) {
+	run := func(t *testing.T, cases []rejection) {
 		t.Helper()
 		for i, tc := range cases {
 			t.Run(tc.name, func(t *testing.T) {
 				key := tc.key
 				if key == "" {
-					key = fmt.Sprintf("refused-%d", i)
+					key = fmt.Sprintf("rejected-%d", i)
 				}
 				var r apptest.Response
 				wantNothingWritten(t, m, func() {
 					var err error
-					if r, err = refused.Send(http.MethodPost, "/v1/orders", key, tc.body, tc.header); err != nil {
+					if r, err = rejected.Send(http.MethodPost, "/v1/orders", key, tc.body, tc.header); err != nil {
 						t.Fatal(err)
 					}
 				})
@@ -138,7 +138,7 @@ func TestLimitsAndBadInput(t *testing.T) {
 				t.Errorf("item rows = %d, want 100", n)
 			}
 		})
-		run(t, []refusal{
+		run(t, []rejection{
 			{name: "1000 items are 400 naming items", body: withItems("c", items(1000)...), status: 400, code: "invalid_request", field: "items"},
 		})
 	})
@@ -160,7 +160,7 @@ func TestLimitsAndBadInput(t *testing.T) {
 				t.Fatalf("= %d %v %s", r.Status, r.Header, r.Body)
 			}
 		})
-		run(t, []refusal{
+		run(t, []rejection{
 			{name: "a quoted 256-character key is 400", key: `"` + strings.Repeat("k", 256) + `"`, body: valid, status: 400, code: "idempotency_key_invalid"},
 			{name: "a zero-width space in a key is 400", key: "R1\u200b", body: valid, status: 400, code: "idempotency_key_invalid"},
 			{name: "a right-to-left override in a key is 400", key: "\u202eR1", body: valid, status: 400, code: "idempotency_key_invalid"},
@@ -178,12 +178,12 @@ func TestLimitsAndBadInput(t *testing.T) {
 			t.Run("a key with "+k.name+" sent over raw TCP is 400 and reaches nothing", func(t *testing.T) {
 				var r apptest.Response
 				wantNothingWritten(t, m, func() {
-					r = rawCreate(t, m, refusedKey, k.key, `{"customer_id":"c","currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":1}]}`)
+					r = rawCreate(t, m, rejectedKey, k.key, `{"customer_id":"c","currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":1}]}`)
 				})
 				if r.Status != http.StatusBadRequest {
 					t.Fatalf("= %d %s", r.Status, r.Body)
 				}
-				// net/http refuses the header itself, before any handler runs;
+				// net/http rejects the header itself, before any handler runs;
 				// if a handler ever sees it, it must name the key.
 				if r.Header.Get("Content-Type") == "application/problem+json" {
 					apptest.WantProblem(t, r, http.StatusBadRequest, "idempotency_key_invalid")
@@ -211,7 +211,7 @@ func TestLimitsAndBadInput(t *testing.T) {
 				t.Fatalf("= %d %s", r.Status, r.Body)
 			}
 		})
-		cases := []refusal{
+		cases := []rejection{
 			{name: "a currency spelled with a long s (uſd) is 400, not read as USD", body: map[string]any{"customer_id": "c", "currency": "u\u017fd", "items": items(1)},
 				status: 400, code: "invalid_request", field: "currency"},
 			{name: "a currency spelled with a dotless i (ınr) is 400, not read as INR", body: map[string]any{"customer_id": "c", "currency": "\u0131nr", "items": items(1)},
@@ -224,8 +224,8 @@ func TestLimitsAndBadInput(t *testing.T) {
 			{"the C1 control NEL", "a\u0085b"}, {"the C1 control CSI", "a\u009b31mb"},
 		} {
 			cases = append(cases,
-				refusal{name: "a customer_id with " + c.name + " is 400", body: withItems(c.text, item("S", 1, 1)), status: 400, code: "invalid_request", field: "customer_id"},
-				refusal{name: "a sku with " + c.name + " is 400", body: withItems("c", item(c.text, 1, 1)), status: 400, code: "invalid_request", field: "items[0].sku"})
+				rejection{name: "a customer_id with " + c.name + " is 400", body: withItems(c.text, item("S", 1, 1)), status: 400, code: "invalid_request", field: "customer_id"},
+				rejection{name: "a sku with " + c.name + " is 400", body: withItems("c", item(c.text, 1, 1)), status: 400, code: "invalid_request", field: "items[0].sku"})
 		}
 		run(t, cases)
 	})
@@ -244,7 +244,7 @@ func TestLimitsAndBadInput(t *testing.T) {
 		big := func(v string) string {
 			return `{"customer_id":"c","currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":` + v + `}]}`
 		}
-		run(t, []refusal{
+		run(t, []rejection{
 			{name: "a negative quantity is 400", body: withItems("c", item("S", -1, 1)), status: 400, code: "invalid_request", field: "items[0].quantity"},
 			// 0 is a price, so a missing or null one must not read as 0.
 			{name: "an item without its unit_price is 400, not a free item", body: `{"customer_id":"c","currency":"EUR","items":[{"sku":"S","quantity":1}]}`,
@@ -257,7 +257,7 @@ func TestLimitsAndBadInput(t *testing.T) {
 				status: 400, code: "invalid_request", field: "metadata.k"},
 			{name: "a null customer_id is 400", body: `{"customer_id":null,"currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":1}]}`,
 				status: 400, code: "invalid_request", field: "customer_id"},
-			{name: "NUL inside a string is 400, never PostgreSQL's refusal", body: `{"customer_id":"a\u0000b","currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":1}]}`,
+			{name: "NUL inside a string is 400, never PostgreSQL's rejection", body: `{"customer_id":"a\u0000b","currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":1}]}`,
 				status: 400, code: "invalid_request", field: "customer_id"},
 			{name: "a lone surrogate inside a string is 400", body: `{"customer_id":"a\ud800b","currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":1}]}`,
 				status: 400, code: "invalid_request"},
@@ -294,7 +294,7 @@ func TestLimitsAndBadInput(t *testing.T) {
 	})
 
 	t.Run("JSON shape", func(t *testing.T) {
-		run(t, []refusal{
+		run(t, []rejection{
 			{name: "arrays nested 100000 deep are 400", body: `{"customer_id":"c","metadata":` + strings.Repeat("[", 100000) + strings.Repeat("]", 100000) + `}`,
 				status: 400, code: "invalid_request"},
 			{name: "objects nested 20000 deep are 400", body: strings.Repeat(`{"metadata":`, 20000) + `{}` + strings.Repeat("}", 20000),
@@ -331,7 +331,7 @@ func TestLimitsAndBadInput(t *testing.T) {
 				t.Fatalf("= %d %s", r.Status, r.Body)
 			}
 		})
-		run(t, []refusal{
+		run(t, []rejection{
 			{name: "a body of 1 MiB and one byte is 413", body: padded(limit + 1), status: 413, code: "payload_too_large"},
 		})
 		t.Run("a chunked body over 1 MiB, with no Content-Length, is 413", func(t *testing.T) {
@@ -340,12 +340,12 @@ func TestLimitsAndBadInput(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			req.Header.Set("Authorization", "Bearer "+refusedKey)
+			req.Header.Set("Authorization", "Bearer "+rejectedKey)
 			req.Header.Set("Idempotency-Key", "chunked")
 			req.Header.Set("Content-Type", "application/json")
 			var r apptest.Response
 			wantNothingWritten(t, m, func() {
-				res, err := refused.HTTP.Do(req)
+				res, err := rejected.HTTP.Do(req)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -362,9 +362,9 @@ func TestLimitsAndBadInput(t *testing.T) {
 }
 
 // A query or path whose text is not UTF-8, holds NUL, or is not valid
-// percent-encoding is refused before anything reads it: never read as
-// absent, never passed to PostgreSQL (which refuses such bytes, SQLSTATE
-// 22021, and that refusal read as a 500).
+// percent-encoding is rejected before anything reads it: never read as
+// absent, never passed to PostgreSQL (which rejects such bytes, SQLSTATE
+// 22021, and that rejection read as a 500).
 func TestHostileQueriesAreRefused(t *testing.T) {
 	m := apptest.Start(t, dbURL, map[string]string{"API_KEYS": "hostile=hostile-key-1"})
 	c := apptest.NewClient(m, "hostile-key-1")
@@ -427,7 +427,7 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 		{"a text/plain body is 415", "bad-1", http.Header{"Content-Type": {"text/plain"}}, `{}`, 415, "unsupported_media_type"},
 		{"a body over 1 MiB is 413", "bad-2", nil, `{"customer_id":"` + strings.Repeat("x", 1<<20) + `"}`, 413, "payload_too_large"},
 		{"malformed JSON is 400", "bad-3", nil, `{"customer_id":`, 400, "invalid_request"},
-		{"a server-owned field is refused", "bad-4", nil, map[string]any{"customer_id": "c", "currency": "EUR", "tenant_id": "globex",
+		{"a server-owned field is rejected", "bad-4", nil, map[string]any{"customer_id": "c", "currency": "EUR", "tenant_id": "globex",
 			"items": []map[string]any{{"sku": "S", "quantity": 1, "unit_price": 1}}}, 400, "invalid_request"},
 		{"a missing customer is 400", "bad-5", nil, map[string]any{"currency": "EUR", "items": valid["items"]}, 400, "invalid_request"},
 		{"a bad currency is 400", "bad-6", nil, map[string]any{"customer_id": "c", "currency": "EURO", "items": valid["items"]}, 400, "invalid_request"},

@@ -127,7 +127,7 @@ func pageRequest(c echo.Context) (order.PageRequest, error) {
 }
 
 // queryParam reads an optional query parameter. One given with an empty
-// value is refused rather than read as absent: api/openapi.yaml bounds it
+// value is rejected rather than read as absent: api/openapi.yaml bounds it
 // below by one character, an enum or an integer (only an empty cursor, the
 // first page, is documented as allowed).
 func queryParam(c echo.Context, name string) (string, error) {

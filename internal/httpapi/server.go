@@ -52,9 +52,8 @@ type Server struct {
 	// CORSOrigins are the origins whose pages may call /v1; none: CORS off.
 	CORSOrigins []string
 	// WebhookSecrets verify the payment channel's webhooks: any of them
-	// (two while one is rotated). Inbox remembers their deliveries.
+	// (two while one is rotated).
 	WebhookSecrets []string
-	Inbox          *idempotency.Inbox
 }
 
 // HTTPHandler is Handler behind the admission limit, with CORS around both

@@ -8,12 +8,14 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/orderservice/orderservice/internal/order"
 )
 
 // traced gives every request to the service a server span (otelhttp's,
 // PostgreSQL's and the channel's spans are its children), continuing the
-// caller's trace when it sends a traceparent. A refusal by the admission
-// limit has its span too. Probes and scrapes are not traced.
+// caller's trace when it sends a traceparent. A request the admission
+// limit sheds has its span too. Probes and scrapes are not traced.
 func traced(h http.Handler) http.Handler {
 	return otelhttp.NewHandler(h, "orderservice",
 		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return r.Method }),
@@ -49,10 +51,10 @@ func (s *Server) traceRequests(next echo.HandlerFunc) echo.HandlerFunc {
 
 // traceWebhook adds what came of a verified delivery to its server span
 // (the channel's delivery span is its parent when the channel traces).
-func traceWebhook(c echo.Context, id string, ev channelEvent, outcome string) {
+func traceWebhook(c echo.Context, id string, ev channelEvent, receipt order.Receipt) {
 	trace.SpanFromContext(c.Request().Context()).SetAttributes(
 		attribute.String("webhook.id", id),
 		attribute.String("webhook.event_type", ev.Type),
 		attribute.String("payment.idempotency_key", ev.Data.IdempotencyKey),
-		attribute.String("webhook.outcome", outcome))
+		attribute.String("webhook.outcome", string(receipt)))
 }

@@ -19,7 +19,7 @@ const maxPrefer = 200
 // preferredWait reads RFC 7240's `Prefer: wait=N` (whole seconds), capped by
 // max. Absent, malformed or zero: no wait. Other preferences are ignored,
 // as the RFC asks of preferences a server does not support; only a line
-// longer than its documented bound is refused.
+// longer than its documented bound is rejected.
 func preferredWait(h []string, max time.Duration) (time.Duration, error) {
 	for _, line := range h {
 		if utf8.RuneCountInString(line) > maxPrefer {

@@ -1,12 +1,12 @@
 package httpapi
 
 // The payment channel's webhooks: a replay source like any other. The
-// channel tells the outcome of a payment it took on to finish later by
+// channel tells the verdict on a payment it took on to finish later by
 // signed webhooks, delivered at least once, in no order, retried for days.
 // The receiver keeps the same rules as every door: the signature stands
-// for the API key (nothing unverified is read), the webhook-id names one
-// intent of the sender, and the inbox's primary key, in the transaction of
-// the effect, decides that a second delivery does nothing.
+// for the API key (nothing unverified is read), and the webhook-id names
+// one intent of the sender. This door reads and verifies a delivery; what
+// comes of it, exactly once, is the use case's (order.ReceiveChannelEvent).
 
 import (
 	"encoding/json"
@@ -18,24 +18,24 @@ import (
 	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
-	"gorm.io/gorm"
 
-	"github.com/orderservice/orderservice/internal/database"
-	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
-	"github.com/orderservice/orderservice/internal/payment"
 	"github.com/orderservice/orderservice/internal/problem"
 	"github.com/orderservice/orderservice/internal/webhook"
 )
 
 // webhookTolerance is how far a delivery's timestamp may be from now: a
 // delivery captured and sent again later, even with its signature, is
-// refused once it is older than this.
+// rejected once it is older than this.
 const webhookTolerance = 5 * time.Minute
+
+// rejectedDelivery is how the webhook metric counts a delivery rejected
+// here, before the use case: its label is "refused" (metrics.WebhookOutcomes).
+const rejectedDelivery = "refused"
 
 // channelEvent is the part of a channel event the receiver reads: its type
 // and the key of the charge or refund it is about. The rest is a hint the
-// receiver does not trust: it asks the channel (order.ResolvePending).
+// service does not trust: it asks the channel.
 type channelEvent struct {
 	Type string `json:"type"`
 	Data struct {
@@ -43,16 +43,10 @@ type channelEvent struct {
 	} `json:"data"`
 }
 
-// paymentOutcomes are the event types that tell a payment's outcome.
-var paymentOutcomes = map[string]bool{
-	payment.EventChargeSucceeded: true, payment.EventChargeDeclined: true,
-	payment.EventRefundSucceeded: true, payment.EventRefundFailed: true,
-}
-
 // webhookAnswer is the body of a 200: what came of the delivery.
 type webhookAnswer struct {
-	WebhookID string `json:"webhook_id"`
-	Outcome   string `json:"outcome"`
+	WebhookID string        `json:"webhook_id"`
+	Receipt   order.Receipt `json:"outcome"`
 }
 
 // paymentWebhook is POST /webhooks/payment-channel.
@@ -66,22 +60,22 @@ func (s *Server) paymentWebhook(c echo.Context) error {
 		return problem.Errorf(problem.InvalidRequest, "body: could not be read")
 	}
 	if err := webhook.Verify(s.WebhookSecrets, c.Request().Header, body, time.Now(), webhookTolerance); err != nil {
-		s.Metrics.Webhook("refused")
+		s.Metrics.Webhook(rejectedDelivery)
 		return problem.Errorf(problem.Unauthenticated, "The webhook does not verify (%v); nothing was done.", err)
 	}
 	id := c.Request().Header.Get(webhook.HeaderID)
 	ev, err := readEvent(id, body)
 	if err != nil {
-		s.Metrics.Webhook("refused")
+		s.Metrics.Webhook(rejectedDelivery)
 		return err
 	}
-	outcome, err := s.receive(c, id, ev)
+	receipt, err := s.Orders.ReceiveChannelEvent(c.Request().Context(), id, ev.Type, ev.Data.IdempotencyKey)
 	if err != nil {
 		return err // transient: the channel delivers it again
 	}
-	s.Metrics.Webhook(outcome)
-	traceWebhook(c, id, ev, outcome)
-	return c.JSON(http.StatusOK, webhookAnswer{WebhookID: id, Outcome: outcome})
+	s.Metrics.Webhook(string(receipt))
+	traceWebhook(c, id, ev, receipt)
+	return c.JSON(http.StatusOK, webhookAnswer{WebhookID: id, Receipt: receipt})
 }
 
 // Bounds of a delivery, as api/openapi.yaml states them (the inbox's key
@@ -117,7 +111,7 @@ func readEvent(id string, body []byte) (channelEvent, error) {
 
 // storable reports whether PostgreSQL can hold s as text: valid UTF-8
 // without NUL. A signature proves who sent a delivery, not that its words
-// can be stored; one that cannot is refused here, with 400, rather than
+// can be stored; one that cannot is rejected here, with 400, rather than
 // failing its transaction (SQLSTATE 22021) and coming back as a 500 the
 // channel would retry for days.
 func storable(s string) bool {
@@ -128,26 +122,4 @@ const notStorable = "must be valid UTF-8 without NUL"
 
 func invalidField(field, why string, args ...any) error {
 	return problem.Errorf(problem.InvalidRequest, "%s: "+why, append([]any{field}, args...)...).With("field", field)
-}
-
-// receive acts on a verified delivery once: a payment's outcome is
-// resolved with the delivery noted in the same transaction; any other
-// event is noted as ignored. A delivery noted before is a duplicate.
-func (s *Server) receive(c echo.Context, id string, ev channelEvent) (string, error) {
-	ctx := c.Request().Context()
-	if seen, err := s.Inbox.Seen(s.DB.WithContext(ctx), id); err != nil || seen {
-		return "duplicate", err
-	}
-	note := func(tx *gorm.DB, late order.Late) error { return s.Inbox.Note(tx, id, ev.Type, string(late)) }
-	late := order.LateIgnored
-	var err error
-	if paymentOutcomes[ev.Type] && ev.Data.IdempotencyKey != "" {
-		late, err = s.Orders.ResolvePending(ctx, ev.Data.IdempotencyKey, note)
-	} else {
-		err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error { return note(tx, late) })
-	}
-	if errors.Is(err, idempotency.ErrDelivered) {
-		return "duplicate", nil
-	}
-	return string(late), err
 }

@@ -8,11 +8,11 @@ import (
 	"github.com/labstack/echo/v4"
 )
 
-// wellFormed refuses, before anything reads it, a request whose query
+// wellFormed rejects, before anything reads it, a request whose query
 // string is not valid percent-encoding (a client's `limit=%zz` must not be
 // read as no limit at all), or whose path or query holds text that is not
 // UTF-8 or holds NUL. api/openapi.yaml promises UTF-8 text, PostgreSQL
-// would refuse those bytes, and a refusal there would read as an outage.
+// would fail on those bytes, and a failure there would read as an outage.
 // Every query parameter name and value, and the path as routed, is checked
 // here once, so that no handler sees such text.
 func wellFormed(next echo.HandlerFunc) echo.HandlerFunc {

@@ -25,7 +25,7 @@ import (
 // identical creates make one order and every client hears the first result
 // or 409, one key sent with two bodies gets 201, 409 or 422, 50 pays of one
 // order with 50 keys charge once, and 200 duplicates that asked to wait
-// (Prefer: wait) all get the replay. None is refused with 503.
+// (Prefer: wait) all get the replay. None is shed with 503.
 func TestBurstsAreServedNotShed(t *testing.T) {
 	defaults, err := app.LoadConfig(map[string]string{})
 	if err != nil {
@@ -70,7 +70,7 @@ func TestBurstsAreServedNotShed(t *testing.T) {
 		sort.Ints(keys)
 		t.Logf("statuses: %v", statuses)
 		if statuses[http.StatusServiceUnavailable] > 0 {
-			// A refusal congests the instance for CongestedFor: the next
+			// A request shed congests the instance for CongestedFor: the next
 			// burst starts on an idle instance again, so that its verdict
 			// is its own.
 			time.Sleep(httpapi.CongestedFor)
@@ -151,8 +151,8 @@ func TestBurstsAreServedNotShed(t *testing.T) {
 // packages dropping their databases, each DROP DATABASE a checkpoint). A
 // database busy writing makes the first holds of a burst slow, and the
 // admission limit, which bounds its queue by how fast slots come free,
-// then rightly refuses part of it (a concurrent 3-million-row INSERT here:
-// 149 of 200 identical creates served, 51 refused with 503): the burst is
+// then rightly sheds part of it (a concurrent 3-million-row INSERT here:
+// 149 of 200 identical creates served, 51 shed with 503): the burst is
 // not the one the issue describes, on an idle instance.
 func databaseIsIdle(t *testing.T, db *gorm.DB) {
 	t.Helper()

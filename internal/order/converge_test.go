@@ -40,7 +40,7 @@ func TestARefusedChargeEndsTheIntentAndLeavesTheOrderPayable(t *testing.T) {
 	t.Run("the refusal is payment_refused, not a retry later", func(t *testing.T) {
 		p := wantFailed(t, "refused pay", first, err, order.CodePaymentRefused)
 		if !strings.Contains(p.Detail, "currency_not_supported") || p.Extensions["order_id"] != id {
-			t.Errorf("the refusal names neither the channel's reason nor the order: %s", refusalText(p))
+			t.Errorf("the refusal names neither the channel's reason nor the order: %s", failureText(p))
 		}
 	})
 	t.Run("the intent is FAILED_FINAL and the order PAYMENT_FAILED", func(t *testing.T) {
@@ -85,7 +85,7 @@ func TestAnUnknownPaymentMethodIsRefusedBeforeAnythingIsRecorded(t *testing.T) {
 	_, err := s.Pay(t.Context(), acme(key), id, payWith("pm_bogus"))
 	wantError(t, "pay with pm_bogus", err, problem.InvalidRequest)
 	if n := count(t, s.DB, "SELECT count(*) FROM idempotency_records WHERE idempotency_key = ?", key); n != 0 {
-		t.Errorf("%d records written for a refused request", n)
+		t.Errorf("%d records written for a rejected request", n)
 	}
 	if got := orderNow(t, s, id).Status; got != "CREATED" {
 		t.Errorf("order = %s, want CREATED", got)
@@ -208,10 +208,10 @@ func expireAndClean(t *testing.T, s *order.Service, archived int, keys ...string
 	}
 }
 
-// wantRefusedTwiceAlike sends a money intent whose key ran before and whose
-// record is gone, twice: the first is refused for good (a new record holds
-// the refusal), the second replays that refusal.
-func wantRefusedTwiceAlike(t *testing.T, what string, send func() (idempotency.Result, error)) {
+// wantFinalTwiceAlike sends a money intent whose key ran before and whose
+// record is gone, twice: the first ends with a final error (a new record
+// holds it), the second replays it.
+func wantFinalTwiceAlike(t *testing.T, what string, send func() (idempotency.Result, error)) {
 	t.Helper()
 	first, err := send()
 	wantFailed(t, what, first, err, problem.KeyReused)
@@ -233,7 +233,7 @@ func TestAPayKeyWhoseRecordWasArchivedGetsAStableAnswer(t *testing.T) {
 	// Its retention passes: the cleanup archives and removes the record.
 	expireAndClean(t, s, 1, key)
 
-	wantRefusedTwiceAlike(t, "the archived key sent again", func() (idempotency.Result, error) {
+	wantFinalTwiceAlike(t, "the archived key sent again", func() (idempotency.Result, error) {
 		return s.Pay(t.Context(), acme(key), id, payWith(payment.MethodDeclined))
 	})
 	if got := orderNow(t, s, id).Status; got != "PAYMENT_FAILED" {
@@ -244,8 +244,8 @@ func TestAPayKeyWhoseRecordWasArchivedGetsAStableAnswer(t *testing.T) {
 
 // A money key whose record was archived and removed, sent again on another
 // order of the tenant, is a definitive idempotency_key_reused: the
-// payments' unique scope (tenant, operation, key) would refuse a second
-// payment under it, and that refusal must not surface as an internal error,
+// payments' unique scope (tenant, operation, key) would stop a second
+// payment under it, and that violation must not surface as an internal error,
 // over and over. Pay and cancel (refund) alike; the other order is
 // unchanged and the channel is asked nothing.
 func TestAMoneyKeyWhoseRecordWasRemovedIsRefusedOnAnotherOrder(t *testing.T) {
@@ -260,19 +260,19 @@ func TestAMoneyKeyWhoseRecordWasRemovedIsRefusedOnAnotherOrder(t *testing.T) {
 	wantOutcome(t, "cancel A", res, err, idempotency.OutcomeDone)
 	expireAndClean(t, s, 2, payKey, cancelKey)
 
-	wantRefusedTwiceAlike(t, "A's removed pay key on B", func() (idempotency.Result, error) {
+	wantFinalTwiceAlike(t, "A's removed pay key on B", func() (idempotency.Result, error) {
 		return s.Pay(ctx, acme(payKey), orderB, payWith(payment.MethodOK))
 	})
 	if got := orderNow(t, s, orderB).Status; got != "CREATED" {
-		t.Fatalf("B = %s after the refused pay, want CREATED", got)
+		t.Fatalf("B = %s after the pay under the removed key, want CREATED", got)
 	}
 	res, err = s.Pay(ctx, acme(newKey("pay-b")), orderB, payWith(payment.MethodOK))
 	wantOutcome(t, "pay B with a new key", res, err, idempotency.OutcomeDone)
-	wantRefusedTwiceAlike(t, "A's removed cancel key on B", func() (idempotency.Result, error) {
+	wantFinalTwiceAlike(t, "A's removed cancel key on B", func() (idempotency.Result, error) {
 		return s.Cancel(ctx, acme(cancelKey), orderB, order.CancelRequest{})
 	})
 	if got := orderNow(t, s, orderB).Status; got != "PAID" {
-		t.Errorf("B = %s after the refused cancel, want PAID", got)
+		t.Errorf("B = %s after the cancel under the removed key, want PAID", got)
 	}
 	wantCounted(t, a, ledger{charges: 2, declined: 0, refunds: 1, requests: 3, lookups: 0, duplicates: 0})
 }

@@ -36,8 +36,8 @@ func crashOnce(panics bool) func() error {
 }
 
 // payThatCrashes runs a pay whose owner crashes (a hook errs or panics) and
-// fails the test unless it crashed as the hook did: an error that is no
-// refusal, or the panic itself.
+// fails the test unless it crashed as the hook did: an error that is not
+// final, or the panic itself.
 func payThatCrashes(t *testing.T, s *order.Service, key, id string, panics bool) {
 	t.Helper()
 	var err error
@@ -212,10 +212,10 @@ func TestSupersededOwnerCannotWrite(t *testing.T) {
 		}
 	})
 
-	// blockFirstSettle makes the first owner stop right after the channel
-	// answered, until release is called (at the latest when the test
-	// ends); later owners pass through.
-	blockFirstSettle := func(t *testing.T, h *order.Hooks) (reached chan struct{}, release func()) {
+	// blockFirstStore makes the first owner stop right after the channel
+	// answered, before it stores the reply, until release is called (at
+	// the latest when the test ends); later owners pass through.
+	blockFirstStore := func(t *testing.T, h *order.Hooks) (reached chan struct{}, release func()) {
 		reached, released := make(chan struct{}), make(chan struct{})
 		var calls atomic.Int32
 		h.AfterChannelCall = func() error {
@@ -230,11 +230,11 @@ func TestSupersededOwnerCannotWrite(t *testing.T) {
 		return reached, release
 	}
 
-	t.Run("the first owner's late settle is fenced after a retry took over and finished", func(t *testing.T) {
+	t.Run("the first owner's late reply is fenced after a retry took over and finished", func(t *testing.T) {
 		a := newAcquirer()
 		s := useCases(t, a.channel(), 5*time.Second)
 		id, key := placeOrder(t, s), newKey("R2-fenced")
-		reached, release := blockFirstSettle(t, &s.Hooks)
+		reached, release := blockFirstStore(t, &s.Hooks)
 
 		firstOwner := payInBackground(s, acme(key), id, payment.MethodOK)
 		<-reached
@@ -268,7 +268,7 @@ func TestSupersededOwnerCannotWrite(t *testing.T) {
 
 	// tookOver is a pay whose first owner stopped right after the channel
 	// answered, and whose intent a successor then took over (token 2)
-	// without settling it. release lets the first owner go on to phase 3;
+	// without finishing it. release lets the first owner go on to phase 3;
 	// firstOwner is its answer.
 	type tookOver struct {
 		a          *acquirer
@@ -277,11 +277,11 @@ func TestSupersededOwnerCannotWrite(t *testing.T) {
 		release    func()
 		firstOwner <-chan answer
 	}
-	takenOverBeforeSettle := func(t *testing.T, prefix string) tookOver {
+	takenOverBeforeStore := func(t *testing.T, prefix string) tookOver {
 		a := newAcquirer()
 		s := useCases(t, a.channel(), 5*time.Second)
 		id, key := placeOrder(t, s), newKey(prefix)
-		reached, release := blockFirstSettle(t, &s.Hooks)
+		reached, release := blockFirstStore(t, &s.Hooks)
 		firstOwner := payInBackground(s, acme(key), id, payment.MethodOK)
 		<-reached
 		leaseRunsOut(t, s, order.OpPay, key)
@@ -297,7 +297,7 @@ func TestSupersededOwnerCannotWrite(t *testing.T) {
 	// stopped before it takes the order's lock, so it neither waits behind
 	// its successor nor holds up anyone else.
 	t.Run("the superseded owner is stopped before it waits for the order", func(t *testing.T) {
-		pay := takenOverBeforeSettle(t, "R2-before-lock")
+		pay := takenOverBeforeStore(t, "R2-before-lock")
 		a, s, id, key := pay.a, pay.s, pay.id, pay.key
 		// Someone else holds the order's row until the first owner answers.
 		locker := s.DB.Begin()
@@ -335,18 +335,18 @@ func TestSupersededOwnerCannotWrite(t *testing.T) {
 		wantCounted(t, a, ledger{charges: 1, declined: 0, refunds: 0, requests: 1, lookups: 1, duplicates: 0})
 	})
 
-	t.Run("the first owner's settle is refused while a successor holds the intent", func(t *testing.T) {
-		pay := takenOverBeforeSettle(t, "R2-held")
+	t.Run("the first owner's reply is fenced while a successor holds the intent", func(t *testing.T) {
+		pay := takenOverBeforeStore(t, "R2-held")
 		a, s, id, key := pay.a, pay.s, pay.id, pay.key
 		pay.release()
 		late := <-pay.firstOwner
 		wantError(t, "the superseded owner's answer", late.err, problem.RequestInProgress)
 		wantRetryAfter(t, "request_in_progress", late.err)
 		if got := orderNow(t, s, id).Status; got != "PAYMENT_PENDING" {
-			t.Errorf("order after the fenced settle = %s, want PAYMENT_PENDING (its write rolled back)", got)
+			t.Errorf("order after the fenced reply = %s, want PAYMENT_PENDING (its write rolled back)", got)
 		}
 		if n := count(t, s.DB, "SELECT count(*) FROM payments WHERE order_id = ? AND status = 'pending'", id); n != 1 {
-			t.Errorf("pending payments after the fenced settle = %d, want 1", n)
+			t.Errorf("pending payments after the fenced reply = %d, want 1", n)
 		}
 		if rec := recordOf(t, s, order.OpPay, key); rec.State != idempotency.Processing || rec.LeaseToken != 2 {
 			t.Errorf("record = %s token %d, want PROCESSING token 2", rec.State, rec.LeaseToken)
@@ -372,12 +372,11 @@ func TestSupersededOwnerCannotWrite(t *testing.T) {
 // calls too. While another pay holds the only place, the sweeper claims
 // nothing (a claim it could not start would let the lease run out while it
 // waited), so the intent does not reach the channel, not even to ask it for
-// the outcome; once the place is free it is taken over and finished, with
+// the verdict; once the place is free it is taken over and finished, with
 // one charge.
 func TestTheSweeperWaitsForAPlaceAtTheChannel(t *testing.T) {
 	a := newAcquirer()
-	s := useCases(t, a.channel(), 3*time.Second)
-	s.Money.MaxChannelCalls = 1
+	s := withChannelBound(useCases(t, a.channel(), 3*time.Second), 1)
 	holding, release := make(chan struct{}), make(chan struct{})
 	var calls atomic.Int32
 	s.Hooks.AfterPhase1 = crashOnce(false)
@@ -420,7 +419,7 @@ func TestTheSweeperWaitsForAPlaceAtTheChannel(t *testing.T) {
 	if rec, o := recordOf(t, s, order.OpPay, orphanKey), orderNow(t, s, orphan); rec.State != idempotency.Succeeded || o.Status != "PAID" {
 		t.Errorf("the orphan after the sweep: record %s, order %s; want SUCCEEDED and PAID", rec.State, o.Status)
 	}
-	// The sweeper asked the channel for the orphan's outcome (none), then charged it.
+	// The sweeper asked the channel for the orphan's verdict (none), then charged it.
 	wantCounted(t, a, ledger{charges: 2, requests: 2, lookups: 1})
 }
 
@@ -455,11 +454,11 @@ func orphanPays(t *testing.T, s *order.Service, n int) (orders, keys []string) {
 }
 
 // The sweeper claims a batch of intents whose owners died, and each claim
-// starts its lease. With a slow channel, a sweeper that settled its batch
+// starts its lease. With a slow channel, a sweeper that finished its batch
 // one intent after another left the last ones waiting past their leases,
 // and a second instance's sweeper took them over: both then asked the
 // channel for the same intent, and one of them was fenced. The sweeper
-// settles its batch side by side (as many as it has places at the channel
+// finishes its batch side by side (as many as it has places at the channel
 // for), so each intent of the batch reaches the channel once, within its
 // lease, even with two sweepers running.
 func TestTwoSweepersAskTheChannelOncePerIntentOfASlowBatch(t *testing.T) {

@@ -410,7 +410,7 @@ func TestOneKeyTwoBodiesMakeOneOrder(t *testing.T) {
 		t.Errorf("orders = %d, want exactly 1", got)
 	}
 	if tally["key reused"] == 0 {
-		t.Error("no request was refused as a key reuse")
+		t.Error("no request was answered as a key reuse")
 	}
 }
 

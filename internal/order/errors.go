@@ -8,8 +8,9 @@ import (
 	"github.com/orderservice/orderservice/internal/problem"
 )
 
-// The order's own error codes: what an order use case refuses, in the
-// words of the contract. Their HTTP statuses are internal/httpapi's business.
+// The order's own error codes: the final answers of an order use case, in
+// the words of the contract. Their HTTP statuses are internal/httpapi's
+// business.
 const (
 	// CodeNotFound: the tenant has no order with this id.
 	CodeNotFound problem.Code = "order_not_found"
@@ -26,28 +27,28 @@ const (
 // errNotFound is the answer for an order that does not exist for the
 // caller's tenant, whether or not another tenant has one with that id.
 func errNotFound(id string) error {
-	return refuse(problem.Errorf(CodeNotFound, "No order %s exists.", id))
+	return final(problem.Errorf(CodeNotFound, "No order %s exists.", id))
 }
 
 // errNoSuchID is the answer for a path that names no order at all.
 func errNoSuchID() error {
-	return refuse(problem.Errorf(CodeNotFound, "No order exists with this id."))
+	return final(problem.Errorf(CodeNotFound, "No order exists with this id."))
 }
 
-// errTransition names the current status and the refused event, and why
-// when a guard said so.
+// errTransition names the current status and the event the lifecycle
+// forbids, and why when a guard said so.
 func errTransition(from Status, ev Event, why error) error {
 	reason := fmt.Sprintf("An order in status %s cannot %s.", from, ev)
 	if why != nil {
 		reason = fmt.Sprintf("An order in status %s cannot %s: %s.", from, ev, why)
 	}
-	return refuse(problem.Errorf(CodeInvalidTransition, "%s", reason).With("current_status", from).With("event", ev))
+	return final(problem.Errorf(CodeInvalidTransition, "%s", reason).With("current_status", from).With("event", ev))
 }
 
-// errKeyRanBefore refuses a money intent whose key moved money on this
-// order before and whose record has since expired.
+// errKeyRanBefore is the final answer to a money intent whose key moved
+// money on this order before and whose record has since expired.
 func errKeyRanBefore(op string) error {
-	return refuse(problem.Errorf(problem.KeyReused,
+	return final(problem.Errorf(problem.KeyReused,
 		"This Idempotency-Key already ran %s, and its record has expired; use a new key for a new intent.", op))
 }
 
@@ -58,7 +59,7 @@ func errPostponed(retryAfter time.Duration) error {
 		Detail: "The payment channel's answer is not known yet; retry with the same Idempotency-Key."}
 }
 
-// errChannelBusy refuses a money intent in phase 1 when MaxChannelCalls
+// errChannelBusy sheds a money intent in phase 1 when MaxChannelCalls
 // intents are at the channel already; phase 1 rolls back, so nothing is
 // recorded and the same key is a fresh attempt.
 func errChannelBusy() error {
@@ -67,30 +68,31 @@ func errChannelBusy() error {
 }
 
 // errSuperseded answers a request whose lease was taken over while it
-// worked: the new owner will record the outcome, which a retry then replays.
+// worked: the new owner will record the result, which a retry then replays.
 func errSuperseded() error {
 	return &problem.Error{Code: problem.RequestInProgress, RetryAfter: time.Second,
 		Detail: "This intent was taken over by another attempt; retry with the same Idempotency-Key to receive its result."}
 }
 
-// refusal marks a domain error as the intent's definitive answer: a use
-// case stores it as a failed result and replays it like a success. Every
-// other error is transient: it rolls the intent back and records nothing,
-// so the same key may simply be sent again.
-type refusal struct{ err *problem.Error }
+// finalError marks a domain error as the intent's final answer: a use
+// case stores it as a failed result (FAILED_FINAL) and replays it like a
+// success. Every other error is transient: it rolls the intent back and
+// records nothing, so the same key may simply be sent again.
+type finalError struct{ err *problem.Error }
 
-func (r refusal) Error() string { return r.err.Error() }
+func (f finalError) Error() string { return f.err.Error() }
 
 // Unwrap lets errors.As and problem.CodeOf see the domain error.
-func (r refusal) Unwrap() error { return r.err }
+func (f finalError) Unwrap() error { return f.err }
 
-func refuse(e *problem.Error) error { return refusal{e} }
+// final marks e as the intent's final answer.
+func final(e *problem.Error) error { return finalError{e} }
 
-// refusalOf returns the domain error when err is a definitive refusal.
-func refusalOf(err error) (*problem.Error, bool) {
-	var r refusal
-	if errors.As(err, &r) {
-		return r.err, true
+// asFinal returns the domain error when err is an intent's final answer.
+func asFinal(err error) (*problem.Error, bool) {
+	var f finalError
+	if errors.As(err, &f) {
+		return f.err, true
 	}
 	return nil, false
 }

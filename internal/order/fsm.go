@@ -53,8 +53,8 @@ const (
 // ship event (it cannot ship).
 var lifecycle = fsm.Events{
 	// PAYMENT_PENDING lasts while the channel works, and, for a charge it
-	// took on to finish later, until its outcome arrives (webhook or
-	// sweeper): only that outcome leaves it. A cancel meanwhile is refused,
+	// took on to finish later, until its verdict arrives (webhook or
+	// sweeper): only that verdict leaves it. A cancel meanwhile is forbidden,
 	// for the money may be moving; cancel once the order is PAID (refund)
 	// or PAYMENT_FAILED.
 	{Name: string(EventPay), Src: []string{string(StatusCreated), string(StatusPaymentFailed)}, Dst: string(StatusPaymentPending)},
@@ -87,9 +87,9 @@ func machine(o *Order) *fsm.FSM {
 	})
 }
 
-// fire applies ev to o, or refuses with invalid_transition naming the
-// current status and the refused event. On success o.Status is the new
-// status.
+// fire applies ev to o, or returns invalid_transition, a final error,
+// naming the current status and the forbidden event. On success o.Status
+// is the new status.
 func (o *Order) fire(ev Event) error {
 	m := machine(o)
 	if err := m.Event(context.Background(), string(ev)); err != nil {

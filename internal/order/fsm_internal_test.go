@@ -26,7 +26,7 @@ var (
 )
 
 // wantMoves is the contract's state machine: from -> event -> to. Every
-// (status, event) pair missing here must be refused.
+// (status, event) pair missing here must be forbidden.
 var wantMoves = map[Status]map[Event]Status{
 	StatusCreated: {
 		EventPay:    StatusPaymentPending,
@@ -61,15 +61,15 @@ func TestLifecycleTableAllowsExactlyTheContractsMoves(t *testing.T) {
 		for _, ev := range allEvents {
 			to, allowed := wantMoves[from][ev]
 			if !allowed {
-				t.Run(fmt.Sprintf("%s on a %s order is refused as invalid_transition", ev, from), func(t *testing.T) {
+				t.Run(fmt.Sprintf("%s on a %s order is forbidden as invalid_transition", ev, from), func(t *testing.T) {
 					if tableAllows(from, ev) {
 						t.Fatalf("the table allows %s from %s, want not", ev, from)
 					}
 					o := &Order{Status: from, TotalAmount: 2500}
 					err := o.fire(ev)
-					wantRefusal(t, err, from, ev)
+					wantForbidden(t, err, from, ev)
 					if o.Status != from {
-						t.Errorf("a refused %s moved the order from %s to %s", ev, from, o.Status)
+						t.Errorf("a forbidden %s moved the order from %s to %s", ev, from, o.Status)
 					}
 				})
 				continue
@@ -125,7 +125,7 @@ func TestLifecycleTableNamesOnlyKnownStatusesAndEvents(t *testing.T) {
 func TestPayGuardRefusesAnOrderWithNothingToCharge(t *testing.T) {
 	o := &Order{Status: StatusCreated, TotalAmount: 0}
 	err := o.fire(EventPay)
-	wantRefusal(t, err, StatusCreated, EventPay)
+	wantForbidden(t, err, StatusCreated, EventPay)
 	var p *problem.Error
 	if errors.As(err, &p) && p.Detail != "An order in status CREATED cannot pay: the order total is zero, so there is nothing to charge." {
 		t.Errorf("detail = %q, want the guard's reason", p.Detail)
@@ -146,8 +146,8 @@ func tableAllows(s Status, ev Event) bool {
 	return false
 }
 
-// wantRefusal checks err is invalid_transition naming from and ev.
-func wantRefusal(t *testing.T, err error, from Status, ev Event) {
+// wantForbidden checks err is invalid_transition naming from and ev.
+func wantForbidden(t *testing.T, err error, from Status, ev Event) {
 	t.Helper()
 	var p *problem.Error
 	if !errors.As(err, &p) {

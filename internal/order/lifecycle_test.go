@@ -42,7 +42,7 @@ var clientEvents = []struct {
 	}},
 }
 
-// orderSnapshot is what a refused intent or a replay must leave as it was.
+// orderSnapshot is what a forbidden intent or a replay must leave as it was.
 type orderSnapshot struct {
 	Status   string
 	Version  int64
@@ -62,7 +62,7 @@ func snap(t *testing.T, s *order.Service, id string) orderSnapshot {
 }
 
 // orderIn returns a new acme order in status. PAID is reached through a
-// real pm_ok charge, so that a cancel has a settled charge to refund; the
+// real pm_ok charge, so that a cancel has a succeeded charge to refund; the
 // statuses that follow payment are set in the store.
 func orderIn(t *testing.T, s *order.Service, status order.Status) string {
 	t.Helper()
@@ -81,8 +81,8 @@ func orderIn(t *testing.T, s *order.Service, status order.Status) string {
 	return id
 }
 
-// wantInvalidTransition checks a refusal that names the current status and
-// the refused event.
+// wantInvalidTransition checks a final invalid_transition that names the
+// current status and the forbidden event.
 func wantInvalidTransition(t *testing.T, res idempotency.Result, err error, current order.Status, ev order.Event) {
 	t.Helper()
 	p := wantFailed(t, string(ev), res, err, order.CodeInvalidTransition)
@@ -94,7 +94,7 @@ func wantInvalidTransition(t *testing.T, res idempotency.Result, err error, curr
 func TestEveryStatusAndClientEventThroughTheUseCases(t *testing.T) {
 	s := useCases(t, newAcquirer().channel(), 5*time.Second)
 
-	// The allowed moves, written out: everything else must be refused.
+	// The allowed moves, written out: everything else must be forbidden.
 	// steps is how many history rows the move writes (pay and the refund
 	// of a paid order pass through a pending status).
 	type move struct {
@@ -108,21 +108,21 @@ func TestEveryStatusAndClientEventThroughTheUseCases(t *testing.T) {
 		order.StatusShipped:       {order.EventDeliver: {order.StatusDelivered, 1}},
 	}
 
-	pairs, refused := 0, 0
+	pairs, forbidden := 0, 0
 	for _, from := range order.Statuses {
 		for _, ce := range clientEvents {
 			pairs++
 			mv, ok := allowed[from][ce.event]
 			if !ok {
-				refused++
-				t.Run(fmt.Sprintf("%s on a %s order is refused and changes nothing", ce.event, from), func(t *testing.T) {
+				forbidden++
+				t.Run(fmt.Sprintf("%s on a %s order is forbidden and changes nothing", ce.event, from), func(t *testing.T) {
 					id := orderIn(t, s, from)
 					before := snap(t, s, id)
 					key := newKey(string(ce.event))
 					res, err := ce.send(t.Context(), s, acme(key), id)
 					wantInvalidTransition(t, res, err, from, ce.event)
 					if after := snap(t, s, id); after != before {
-						t.Errorf("a refused %s changed the order: before %+v, after %+v", ce.event, before, after)
+						t.Errorf("a forbidden %s changed the order: before %+v, after %+v", ce.event, before, after)
 					}
 					if st := recordOf(t, s, ce.op, key).State; st != idempotency.FailedFinal {
 						t.Errorf("record state %s, want FAILED_FINAL", st)
@@ -163,8 +163,8 @@ func TestEveryStatusAndClientEventThroughTheUseCases(t *testing.T) {
 			})
 		}
 	}
-	if pairs != 32 || refused != 25 {
-		t.Errorf("covered %d pairs with %d refused, want 32 with 25 refused", pairs, refused)
+	if pairs != 32 || forbidden != 25 {
+		t.Errorf("covered %d pairs with %d forbidden, want 32 with 25 forbidden", pairs, forbidden)
 	}
 }
 
@@ -179,11 +179,11 @@ func TestConcurrentTransitionsOnOneOrderLetExactlyOneWin(t *testing.T) {
 		to    order.Status
 		send  func(ctx context.Context, c order.Caller, id string) (idempotency.Result, error)
 	}{
-		{"50 ships with their own keys on one PAID order: one ships, 49 are refused", order.OpShip, order.EventShip, order.StatusPaid, order.StatusShipped,
+		{"50 ships with their own keys on one PAID order: one ships, 49 are forbidden", order.OpShip, order.EventShip, order.StatusPaid, order.StatusShipped,
 			func(ctx context.Context, c order.Caller, id string) (idempotency.Result, error) {
 				return s.Ship(ctx, c, id, shipDetails)
 			}},
-		{"50 cancels with their own keys on one CREATED order: one cancels, 49 are refused", order.OpCancel, order.EventCancel, order.StatusCreated, order.StatusCancelled,
+		{"50 cancels with their own keys on one CREATED order: one cancels, 49 are forbidden", order.OpCancel, order.EventCancel, order.StatusCreated, order.StatusCancelled,
 			func(ctx context.Context, c order.Caller, id string) (idempotency.Result, error) {
 				return s.Cancel(ctx, c, id, order.CancelRequest{})
 			}},
@@ -212,7 +212,7 @@ func TestConcurrentTransitionsOnOneOrderLetExactlyOneWin(t *testing.T) {
 				}
 			}
 			if wins != 1 || losses != senders-1 {
-				t.Errorf("%d won and %d were refused, want 1 and %d", wins, losses, senders-1)
+				t.Errorf("%d won and %d were forbidden, want 1 and %d", wins, losses, senders-1)
 			}
 			if n := count(t, s.DB, "SELECT count(*) FROM order_events WHERE order_id = ? AND event = ?", id, tc.event); n != 1 {
 				t.Errorf("%d %s events, want 1", n, tc.event)
@@ -234,7 +234,7 @@ func TestConcurrentTransitionsOnOneOrderLetExactlyOneWin(t *testing.T) {
 
 // Identical ships (one key) at once: a transition reads the order it
 // changes, so it records last. The duplicates queue on the order's row lock,
-// find it SHIPPED (a refusal they would record), lose the record's insert to
+// find it SHIPPED (a final error they would record), lose the record's insert to
 // the winner's committed key, roll back and replay the winner's result.
 func TestConcurrentIdenticalTransitionsReplayTheWinner(t *testing.T) {
 	s := useCases(t, newAcquirer().channel(), 5*time.Second)
@@ -312,7 +312,7 @@ func TestRefusedTransitionReplaysAfterTheOrderMovedOn(t *testing.T) {
 	wantOutcome(t, "pay", res, err, idempotency.OutcomeDone)
 	paid := snap(t, s, id)
 
-	t.Run("the same ship key on the now PAID order replays the first refusal", func(t *testing.T) {
+	t.Run("the same ship key on the now PAID order replays the first final error", func(t *testing.T) {
 		again, err := s.Ship(ctx, acme(shipKey), id, shipDetails)
 		if err != nil {
 			t.Fatal(err)
@@ -352,7 +352,7 @@ func TestUnknownAndForeignOrdersAreNotFound(t *testing.T) {
 			key := newKey(string(ce.event))
 			for name, id := range map[string]string{"unknown": uuid.NewString(), "foreign": foreign, "malformed": "not-a-uuid"} {
 				// An id of another shape names no order either: the same
-				// definitive refusal, recorded and replayed.
+				// final error, recorded and replayed.
 				k := key + "-" + name
 				first, err := ce.send(ctx, s, globex(k), id)
 				wantFailed(t, name+" order", first, err, order.CodeNotFound)
@@ -362,10 +362,10 @@ func TestUnknownAndForeignOrdersAreNotFound(t *testing.T) {
 					t.Fatal(err)
 				}
 				wantReplay(t, first, again)
-				shapes[name] = strings.ReplaceAll(refusalText(first.Failure), id, "{id}")
+				shapes[name] = strings.ReplaceAll(failureText(first.Failure), id, "{id}")
 			}
 			if shapes["unknown"] != shapes["foreign"] {
-				t.Errorf("refusals differ beyond the id:\nunknown %s\nforeign %s", shapes["unknown"], shapes["foreign"])
+				t.Errorf("failures differ beyond the id:\nunknown %s\nforeign %s", shapes["unknown"], shapes["foreign"])
 			}
 			if after := snap(t, s, foreign); after != before {
 				t.Errorf("another tenant's intent changed the order: before %+v, after %+v", before, after)
@@ -386,9 +386,9 @@ func TestOrderEventsListEveryIntentOldestFirst(t *testing.T) {
 	wantOutcome(t, "create", created, err, idempotency.OutcomeCreated)
 	id := created.Resource
 	for _, step := range []struct {
-		name    string
-		run     func() (idempotency.Result, error)
-		refused problem.Code // "" for a step that is done
+		name  string
+		run   func() (idempotency.Result, error)
+		fails problem.Code // "" for a step that is done
 	}{
 		{"pay", func() (idempotency.Result, error) { return s.Pay(ctx, acme(r2), id, payWith(payment.MethodOK)) }, ""},
 		{"ship", func() (idempotency.Result, error) { return s.Ship(ctx, acme(r4), id, shipDetails) }, ""},
@@ -399,8 +399,8 @@ func TestOrderEventsListEveryIntentOldestFirst(t *testing.T) {
 		{"ship again", func() (idempotency.Result, error) { return s.Ship(ctx, acme(r4), id, shipDetails) }, ""},
 	} {
 		res, err := step.run()
-		if step.refused != "" {
-			wantFailed(t, step.name, res, err, step.refused)
+		if step.fails != "" {
+			wantFailed(t, step.name, res, err, step.fails)
 			continue
 		}
 		wantOutcome(t, step.name, res, err, idempotency.OutcomeDone)

@@ -111,7 +111,7 @@ func TestARefusedLookupIsNotADecline(t *testing.T) {
 
 		for _, status := range refusedLookups {
 			ch.status.Store(int32(status))
-			late, err := s.ResolvePending(ctx, key, nil)
+			late, err := s.ResolvePending(ctx, key)
 			if code := problem.CodeOf(err); code != problem.ServiceUnavailable {
 				t.Errorf("webhook, lookup answered %d: %q, %v; want service_unavailable (resolved later)", status, late, err)
 			}
@@ -124,7 +124,7 @@ func TestARefusedLookupIsNotADecline(t *testing.T) {
 			}
 		}
 		ch.status.Store(0)
-		if late, err := s.ResolvePending(ctx, key, nil); err != nil || late != order.LateApplied {
+		if late, err := s.ResolvePending(ctx, key); err != nil || late != order.ReceiptApplied {
 			t.Fatalf("the webhook once the lookup works: %q, %v; want applied", late, err)
 		}
 		if got := orderStatus(t, s.DB, id); got != string(order.StatusPaid) {

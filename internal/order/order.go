@@ -104,7 +104,7 @@ func (m *Metadata) Scan(src any) error {
 }
 
 // The order's rules: each intent method fires its event in the lifecycle
-// table (fsm.go), which refuses an illegal one before anything is written,
+// table (fsm.go), which forbids an illegal one before anything is written,
 // and says what the intent must do next. They do no I/O.
 
 // Pay moves an unpaid order to PAYMENT_PENDING and returns the charge of its
@@ -131,7 +131,7 @@ func (o *Order) Refund() (Payment, error) {
 		return Payment{}, err
 	}
 	if charge == nil || charge.ChannelRef == nil {
-		return Payment{}, errors.New("paid order has no settled charge to refund")
+		return Payment{}, errors.New("paid order has no succeeded charge to refund")
 	}
 	return Payment{Kind: KindRefund, Amount: charge.Amount, Currency: charge.Currency, RefundOf: charge.ChannelRef}, nil
 }

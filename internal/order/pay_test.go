@@ -22,13 +22,13 @@ import (
 type attempt struct {
 	key      string
 	res      idempotency.Result
-	retried  int      // answers that the outcome is not known yet, sent again with the same key
+	retried  int      // answers that the verdict is not known yet, sent again with the same key
 	err      error    // an error that is no such answer, or none came in time
 	unwanted []string // such answers that did not say when to come back
 }
 
 // untilDefinitive sends an intent, and again with the same key while the
-// answer is that its outcome is not known yet (service_unavailable,
+// answer is that its verdict is not known yet (service_unavailable,
 // request_in_progress), as a client told to retry does. Safe in goroutines.
 func untilDefinitive(key string, send func(c order.Caller) (idempotency.Result, error)) attempt {
 	a := attempt{key: key}
@@ -103,17 +103,17 @@ func TestPayingTwiceChargesOnce(t *testing.T) {
 		}
 	})
 
-	t.Run("a new key on the PAID order is refused as invalid_transition and charges nothing", func(t *testing.T) {
+	t.Run("a new key on the PAID order is forbidden as invalid_transition and charges nothing", func(t *testing.T) {
 		r2b := newKey("R2-prime")
-		refused, err := s.Pay(ctx, acme(r2b), id, payWith(payment.MethodOK))
-		wantFailed(t, "pay with a new key", refused, err, order.CodeInvalidTransition)
+		forbidden, err := s.Pay(ctx, acme(r2b), id, payWith(payment.MethodOK))
+		wantFailed(t, "pay with a new key", forbidden, err, order.CodeInvalidTransition)
 		again, err := s.Pay(ctx, acme(r2b), id, payWith(payment.MethodOK))
 		if err != nil {
 			t.Fatal(err)
 		}
-		wantReplay(t, refused, again)
+		wantReplay(t, forbidden, again)
 		if rec := recordOf(t, s, order.OpPay, r2b); rec.State != idempotency.FailedFinal {
-			t.Errorf("record of the refused pay is %s, want FAILED_FINAL", rec.State)
+			t.Errorf("record of the forbidden pay is %s, want FAILED_FINAL", rec.State)
 		}
 		wantCounted(t, a, ledger{charges: 1, declined: 0, refunds: 0, requests: 1, lookups: 0, duplicates: 0})
 		if got := orderNow(t, s, id).Status; got != "PAID" {
@@ -278,7 +278,7 @@ func TestConcurrentPaysChargeOnce(t *testing.T) {
 				executed++
 			}
 		}
-		t.Logf("%d answers that the outcome was not known yet, sent again with the same key", retried)
+		t.Logf("%d answers that the verdict was not known yet, sent again with the same key", retried)
 		if executed != 1 {
 			t.Errorf("%d requests executed, want 1 (the rest replayed)", executed)
 		}
@@ -296,21 +296,21 @@ func TestConcurrentPaysChargeOnce(t *testing.T) {
 		atOnce(n, func(i int) { as[i] = untilDefinitive(newKey(fmt.Sprintf("R2-%03d", i)), pay(s, id)) })
 		wantDefinitive(t, as)
 
-		paid, refused, retried := 0, 0, 0
+		paid, forbidden, retried := 0, 0, 0
 		for _, at := range as {
 			retried += at.retried
 			switch {
 			case at.res.Outcome == idempotency.OutcomeDone:
 				paid++
 			case at.res.Failure != nil && at.res.Failure.Code == order.CodeInvalidTransition:
-				refused++
+				forbidden++
 			default:
 				t.Errorf("key %s: final result %+v", at.key, at.res)
 			}
 		}
-		t.Logf("%d answers that the outcome was not known yet, sent again with the same key", retried)
-		if paid != 1 || refused != n-1 {
-			t.Errorf("paid %d, refused %d; want 1 and %d", paid, refused, n-1)
+		t.Logf("%d answers that the verdict was not known yet, sent again with the same key", retried)
+		if paid != 1 || forbidden != n-1 {
+			t.Errorf("paid %d, forbidden %d; want 1 and %d", paid, forbidden, n-1)
 		}
 		wantCounted(t, a, ledger{charges: 1, declined: 0, refunds: 0, requests: 1, lookups: -1, duplicates: 0})
 		if got := orderNow(t, s, id).Status; got != "PAID" {
@@ -602,28 +602,27 @@ func TestAPayTheChannelHasNoRoomForIsRefusedBeforeAnythingIsRecorded(t *testing.
 	a := newAcquirer()
 	ch := a.channel()
 	arrived, release := heldAtTheChannel(ch)
-	s := useCases(t, ch, 5*time.Second)
-	s.Money.MaxChannelCalls = 2
+	s := withChannelBound(useCases(t, ch, 5*time.Second), 2)
 	var first []<-chan answer
 	for range 2 {
 		first = append(first, payInBackground(s, acme(newKey("pay")), placeOrder(t, s), payment.MethodOK))
 		<-arrived
 	}
 
-	// Two intents hold the channel's two places: the third is refused in
+	// Two intents hold the channel's two places: the third is shed in
 	// phase 1, which rolls back its claim, its payment and its transition.
-	id, key := placeOrder(t, s), newKey("pay-refused")
+	id, key := placeOrder(t, s), newKey("pay-shed")
 	_, err := s.Pay(t.Context(), acme(key), id, payWith(payment.MethodOK))
 	wantError(t, "a pay while the channel's places are taken", err, problem.ServiceUnavailable)
-	wantRetryAfter(t, "the refusal", err)
+	wantRetryAfter(t, "the shed pay", err)
 	if _, err := s.Records.Get(s.DB, idempotency.Scope{TenantID: "acme", Operation: order.OpPay, Key: key}); !errors.Is(err, gorm.ErrRecordNotFound) {
-		t.Errorf("the refused pay's record: %v, want none", err)
+		t.Errorf("the shed pay's record: %v, want none", err)
 	}
 	if n := count(t, s.DB, "SELECT count(*) FROM payments WHERE order_id = ?", id); n != 0 {
-		t.Errorf("the refused pay left %d payments", n)
+		t.Errorf("the shed pay left %d payments", n)
 	}
 	if got := orderNow(t, s, id).Status; got != "CREATED" {
-		t.Errorf("the refused pay's order is %s, want CREATED", got)
+		t.Errorf("the shed pay's order is %s, want CREATED", got)
 	}
 
 	close(release)
@@ -636,9 +635,9 @@ func TestAPayTheChannelHasNoRoomForIsRefusedBeforeAnythingIsRecorded(t *testing.
 	}
 	// Their places are free again: the same key is a fresh first attempt.
 	res, err := s.Pay(t.Context(), acme(key), id, payWith(payment.MethodOK))
-	wantOutcome(t, "the refused pay sent again", res, err, idempotency.OutcomeDone)
+	wantOutcome(t, "the shed pay sent again", res, err, idempotency.OutcomeDone)
 	if got := shownBy(t, res).Status; got != "PAID" {
-		t.Errorf("the refused pay sent again shows %s, want PAID", got)
+		t.Errorf("the shed pay sent again shows %s, want PAID", got)
 	}
 	wantExecuted(t, res)
 	if got := a.counted(); got.charges != 3 || got.requests != 3 {
@@ -647,7 +646,7 @@ func TestAPayTheChannelHasNoRoomForIsRefusedBeforeAnythingIsRecorded(t *testing.
 }
 
 // A duplicate of a pay that is at the channel is told to come back when
-// the outcome is likely: once the channel call's own deadline has passed
+// its result is likely: once the channel call's own deadline has passed
 // (plus a second to record it), not when the lease runs out.
 func TestADuplicateIsToldWhenTheOutcomeIsLikely(t *testing.T) {
 	ch := newAcquirer().channel()

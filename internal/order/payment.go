@@ -25,7 +25,7 @@ const (
 // PaymentStatus is what we know of a money movement at the channel.
 type PaymentStatus string
 
-// Payment statuses. Pending means the outcome is not known yet: the channel
+// Payment statuses. Pending means the verdict is not known yet: the channel
 // may or may not have acted, and only a query by ChannelKey can tell.
 const (
 	PaymentPending   PaymentStatus = "pending"
@@ -68,7 +68,7 @@ type MoneyConfig struct {
 	// ChannelTimeout bounds one call to the channel; it must be well below
 	// the lease, or a slow call could outlive its owner's right to finish.
 	ChannelTimeout time.Duration
-	// RetryAfter is what a client is told to wait after an unknown outcome;
+	// RetryAfter is what a client is told to wait after an unknown verdict;
 	// the sweeper resumes the intent itself after that if nobody retries.
 	RetryAfter time.Duration
 	// ChannelKeyWindow is how long the channel is trusted to remember an
@@ -78,11 +78,12 @@ type MoneyConfig struct {
 	// could move money a second time. Zero: always ask first.
 	ChannelKeyWindow time.Duration
 	// PendingCheckEvery is how often the sweeper asks the channel about a
-	// charge it took on to finish later, if no webhook told its outcome
+	// charge it took on to finish later, if no webhook told its verdict
 	// first (payment_later.go). Zero: a minute.
 	PendingCheckEvery time.Duration
 	// MaxChannelCalls bounds the intents at the channel at once (0: no
-	// bound). One beyond it is refused in phase 1 with 503 and Retry-After,
-	// before anything is recorded; see channelPlace.
+	// bound). One beyond it is shed in phase 1 with 503 and Retry-After,
+	// before anything is recorded; see channelPlace. NewService reads it
+	// once.
 	MaxChannelCalls int
 }

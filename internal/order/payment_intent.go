@@ -23,7 +23,6 @@ import (
 	"errors"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -42,7 +41,7 @@ func (s *Service) Pay(ctx context.Context, c Caller, orderID string, req PayRequ
 		return idempotency.Result{}, err
 	}
 	// A token the channel does not know would only be refused there, after
-	// the order had moved to PAYMENT_PENDING: refuse it before anything is
+	// the order had moved to PAYMENT_PENDING: reject it before anything is
 	// recorded, so the same key may be sent again with a real one.
 	tokens := slices.Concat(payment.Methods, payment.AsyncMethods)
 	if !slices.Contains(tokens, method) {
@@ -103,28 +102,49 @@ func (s *Service) runPaymentIntent(ctx context.Context, c Caller, op, orderID st
 	if opened.claim.Resumes() {
 		s.observe().Takeover(op, "retry")
 	}
-	// The client may hang up; the money phases still run to the end (or to
-	// the shutdown deadline), so the outcome is recorded and its retry gets
-	// the replay. An owner that died mid-flight left no word of the
-	// channel's answer, so its successor asks the channel first; an intent
-	// that failed retryably sends the same request under the same key
-	// again, which the channel absorbs for as long as it remembers the key.
-	how := send
-	if opened.claim.ResumedFrom == idempotency.Processing ||
-		opened.claim.Resumes() && s.pastKeyWindow(opened.claim.Record) {
-		how = lookUpThenSend
-	}
 	// From here the intent waits for the channel, holding no connection.
-	// Its place at the channel, held until its reply is stored, bounds
-	// what it does from now on.
+	// The client may hang up; the money phases still run to the end (or to
+	// the shutdown deadline), so the result is recorded and its retry gets
+	// the replay. Its place at the channel, held until its reply is
+	// stored, bounds what it does from now on.
 	work, cancel := s.detach(ctx)
 	defer cancel()
-	return s.finishPayment(work, opened.claim.Record, opened.payment, how)
+	return s.finishPayment(work, opened.claim.Record, opened.payment, s.howToAsk(opened.claim))
 }
 
+// finishPayment finishes the intent of a pending payment: phase 2, then
+// phase 3. It is used by the request that started the payment, by a client
+// retry, and by the sweeper after a takeover.
+func (s *Service) finishPayment(ctx context.Context, rec idempotency.Record, p Payment, how asking) (idempotency.Result, error) {
+	reply, err := s.askChannel(payment.Resending(ctx, rec.Attempts-1), p, how)
+	if err == nil {
+		err = s.Hooks.run(s.Hooks.AfterChannelCall)
+	}
+	if err != nil {
+		return idempotency.Result{}, err
+	}
+	if reply.verdict == unknown {
+		return idempotency.Result{}, s.postpone(ctx, rec)
+	}
+	res, err := s.storeReplyPatiently(ctx, rec, p, reply)
+	switch {
+	case errors.Is(err, idempotency.ErrFenced):
+		return idempotency.Result{}, errSuperseded()
+	case transientStore(err):
+		// The channel answered but the reply could not be stored: the
+		// intent is resumable at once, and its retry sends the same key
+		// again, which the channel answers from its own record.
+		return idempotency.Result{}, s.postpone(ctx, rec)
+	}
+	return res, err
+}
+
+// Phase 1, open: claim or replay the intent and apply the order's rule, in
+// one transaction.
+
 // opening is how phase 1 ended: either the intent is answered (result:
-// replayed, refused, or done without the channel), or a pending payment
-// awaits the channel and the record stays PROCESSING meanwhile.
+// replayed, a final error, or done without the channel), or a pending
+// payment awaits the channel and the record stays PROCESSING meanwhile.
 type opening struct {
 	claim         idempotency.Claim
 	awaitsChannel bool
@@ -186,7 +206,7 @@ func (s *Service) applyRule(tx *gorm.DB, c Caller, op string, id uuid.UUID, rule
 	// A payment under this scope means the key moved money before, on this
 	// order or another, and its record has since been archived and
 	// removed: running it again would be a second movement of money for
-	// one key (and the payments' unique scope would refuse it anyway).
+	// one key (and the payments' unique scope would stop it anyway).
 	if _, ranBefore, err := pendingPayment(tx, idempotency.Scope{TenantID: c.TenantID, Operation: op, Key: c.Key}); err != nil || ranBefore {
 		if err == nil {
 			err = errKeyRanBefore(op)
@@ -230,60 +250,8 @@ func channelKey(tenantID, op string, orderID uuid.UUID, key string) string {
 	return "os_" + hex.EncodeToString(sum[:20])
 }
 
-// finishPayment drives a pending payment to its outcome (phases 2 and 3). It is
-// used by the request that started the payment, by a client retry, and by
-// the sweeper after a takeover.
-func (s *Service) finishPayment(ctx context.Context, rec idempotency.Record, p Payment, how asking) (idempotency.Result, error) {
-	reply, err := s.askChannel(payment.Resending(ctx, rec.Attempts-1), p, how)
-	if err == nil {
-		err = s.Hooks.run(s.Hooks.AfterChannelCall)
-	}
-	if err != nil {
-		return idempotency.Result{}, err
-	}
-	if reply.verdict == unknown {
-		return idempotency.Result{}, s.postpone(ctx, rec)
-	}
-	res, err := s.storeReplyPatiently(ctx, rec, p, reply)
-	switch {
-	case errors.Is(err, idempotency.ErrFenced):
-		return idempotency.Result{}, errSuperseded()
-	case transientStore(err):
-		// The channel answered but the reply could not be stored: the
-		// intent is resumable at once, and its retry sends the same key
-		// again, which the channel answers from its own record.
-		return idempotency.Result{}, s.postpone(ctx, rec)
-	}
-	return res, err
-}
-
-// transientStore reports a database failure worth trying again: the
-// server is unreachable, failing over, or a lock is held too long.
-func transientStore(err error) bool {
-	return database.IsUnavailable(err) || database.IsLockTimeout(err)
-}
-
-// storeReplyPatiently is phase 3, tried again for up to a channel timeout while
-// the database is briefly unavailable (a failover, a dropped connection):
-// the channel's reply is known and worth storing now rather than after a
-// retry or a lease. A commit whose outcome was lost and that did land is
-// fenced on the next try (the record is no longer PROCESSING), and the
-// client's retry gets it replayed.
-func (s *Service) storeReplyPatiently(ctx context.Context, rec idempotency.Record, p Payment, reply channelReply) (idempotency.Result, error) {
-	deadline := time.Now().Add(s.Money.ChannelTimeout)
-	for pause := 50 * time.Millisecond; ; pause = min(2*pause, time.Second) {
-		res, err := s.storeReply(ctx, rec, p, reply)
-		if !transientStore(err) || time.Now().Add(pause).After(deadline) {
-			return res, err
-		}
-		s.logger().WarnContext(ctx, "storing the channel's reply failed; trying again", "channel_key", p.ChannelKey, "err", err)
-		select {
-		case <-ctx.Done():
-			return res, err
-		case <-time.After(pause):
-		}
-	}
-}
+// Phase 2, ask: the channel, under the payment's key, holding no
+// transaction.
 
 // asking is how phase 2 asks the channel about a payment.
 type asking int
@@ -296,9 +264,29 @@ const (
 	// from an owner that died, or a key the channel may have forgotten.
 	lookUpThenSend
 	// lookUpOnly asks what the channel holds under the key and never sends
-	// anything: a late outcome (payment_later.go).
+	// anything: a late verdict (payment_later.go).
 	lookUpOnly
 )
+
+// howToAsk is how phase 2 asks the channel about the payment of a claimed
+// intent. An owner that died mid-flight left no word of the channel's
+// answer, so its successor asks the channel first; an intent that failed
+// retryably sends the same request under the same key again, which the
+// channel absorbs for as long as it remembers the key.
+func (s *Service) howToAsk(claim idempotency.Claim) asking {
+	if claim.ResumedFrom == idempotency.Processing || claim.Resumes() && s.pastKeyWindow(claim.Record) {
+		return lookUpThenSend
+	}
+	return send
+}
+
+// pastKeyWindow reports whether the channel may have forgotten the intent's
+// key by the time the call reaches it: the key's first use at the channel
+// came after the record was written, and the call ends within the channel
+// timeout.
+func (s *Service) pastKeyWindow(rec idempotency.Record) bool {
+	return time.Since(rec.CreatedAt)+s.Money.ChannelTimeout >= s.Money.ChannelKeyWindow
+}
 
 // askChannel is phase 2: it asks the channel about p as how says. An error
 // is one the channel's reply cannot be classified past (a hook's); the
@@ -338,20 +326,12 @@ func (s *Service) askChannel(ctx context.Context, p Payment, how asking) (res ch
 		s.logger().WarnContext(ctx, "payment channel refused the request", "kind", p.Kind, "channel_key", p.ChannelKey, "err", err)
 		return channelReply{verdict: refused, reason: refusalReason(err)}, nil
 	case err != nil:
-		// Outcome unknown: keep the intent resumable and let a retry or the
+		// Verdict unknown: keep the intent resumable and let a retry or the
 		// sweeper ask again under the same key.
 		s.logger().WarnContext(ctx, "payment channel gave no definitive reply", "kind", p.Kind, "channel_key", p.ChannelKey, "err", err)
 		return channelReply{verdict: unknown}, nil
 	}
 	return res, nil
-}
-
-// pastKeyWindow reports whether the channel may have forgotten the intent's
-// key by the time the call reaches it: the key's first use at the channel
-// came after the record was written, and the call ends within the channel
-// timeout.
-func (s *Service) pastKeyWindow(rec idempotency.Record) bool {
-	return time.Since(rec.CreatedAt)+s.Money.ChannelTimeout >= s.Money.ChannelKeyWindow
 }
 
 // lookupOrSend asks the channel for what it holds under the key unless how
@@ -366,6 +346,37 @@ func lookupOrSend[T any](how asking, lookup func() (T, error), post func() (paym
 	}
 	r, err := post()
 	return r.Value, r.Replayed, err
+}
+
+// Phase 3, store: the channel's reply, fenced by the lease token, in one
+// transaction; or, when the reply is unknown, postpone the intent.
+
+// storeReplyPatiently is phase 3, tried again for up to a channel timeout while
+// the database is briefly unavailable (a failover, a dropped connection):
+// the channel's reply is known and worth storing now rather than after a
+// retry or a lease. A commit whose acknowledgement was lost but that
+// landed is fenced on the next try (the record is no longer PROCESSING),
+// and the client's retry gets it replayed.
+func (s *Service) storeReplyPatiently(ctx context.Context, rec idempotency.Record, p Payment, reply channelReply) (idempotency.Result, error) {
+	deadline := time.Now().Add(s.Money.ChannelTimeout)
+	for pause := 50 * time.Millisecond; ; pause = min(2*pause, time.Second) {
+		res, err := s.storeReply(ctx, rec, p, reply)
+		if !transientStore(err) || time.Now().Add(pause).After(deadline) {
+			return res, err
+		}
+		s.logger().WarnContext(ctx, "storing the channel's reply failed; trying again", "channel_key", p.ChannelKey, "err", err)
+		select {
+		case <-ctx.Done():
+			return res, err
+		case <-time.After(pause):
+		}
+	}
+}
+
+// transientStore reports a database failure worth trying again: the
+// server is unreachable, failing over, or a lock is held too long.
+func transientStore(err error) bool {
+	return database.IsUnavailable(err) || database.IsLockTimeout(err)
 }
 
 // storeReply is phase 3: one transaction that stores the channel's reply
@@ -398,7 +409,7 @@ func (s *Service) storeReply(ctx context.Context, rec idempotency.Record, p Paym
 // moveOnReply stores reply on the pending payment p and makes the order's
 // transition for it, in tx; o is the order as it then is. A reply that is
 // still pending only notes the channel's id of the charge. stored is false
-// when the payment was no longer pending: its outcome came in another way
+// when the payment was no longer pending: its verdict came in another way
 // first (a webhook, the sweeper's lookup: payment_later.go), and o shows it.
 func moveOnReply(tx *gorm.DB, p Payment, reply channelReply) (o *Order, stored bool, err error) {
 	if o, err = lockOrder(tx, p.TenantID, p.OrderID); err != nil {
@@ -420,9 +431,9 @@ func moveOnReply(tx *gorm.DB, p Payment, reply channelReply) (o *Order, stored b
 }
 
 // intentResult is what a payment intent answers once its reply is stored:
-// the order (200), the order still waiting for the outcome (202), or the
-// refusal. When the outcome came in another way first, the intent answers
-// with that outcome, as the order shows it.
+// the order (200), the order still waiting for the verdict (202), or the
+// failure (a decline, a refusal). When the verdict came in another way
+// first, the intent answers with that verdict, as the order shows it.
 func intentResult(o *Order, p Payment, reply channelReply, stored bool) (idempotency.Result, error) {
 	if !stored {
 		reply = storedReply(o.payment(p.ID))
@@ -436,7 +447,7 @@ func intentResult(o *Order, p Payment, reply channelReply, stored bool) (idempot
 	return done(o)
 }
 
-// postpone records that the outcome is unknown: FAILED_RETRYABLE with the
+// postpone records that the verdict is unknown: FAILED_RETRYABLE with the
 // lease released until RetryAfter. The error it returns tells the client to
 // send the same key again (at once, or after RetryAfter).
 func (s *Service) postpone(ctx context.Context, rec idempotency.Record) error {
@@ -450,116 +461,4 @@ func (s *Service) postpone(ctx context.Context, rec idempotency.Record) error {
 		return err
 	}
 	return errPostponed(s.Money.RetryAfter)
-}
-
-// Sweep takes over up to batch money intents whose owner stopped (lease
-// expired) or that wait for a retry (FAILED_RETRYABLE past its Retry-After),
-// and settles each: the channel is first asked for the real outcome under
-// the intent's stable key. Every instance may sweep at once; SKIP LOCKED
-// and the fencing token keep them off each other's records. It returns how
-// many intents it resumed.
-func (s *Service) Sweep(ctx context.Context, batch int) (int, error) {
-	// A claimed intent's lease runs from its claim, so the sweeper claims
-	// no more intents than can be at the channel at once, and settles them
-	// side by side: one that waited behind the others of its batch would
-	// be taken over by another instance while its owner had not even
-	// started it (both would then ask the channel, and one be fenced).
-	due, err := s.Records.CountDue(s.DB.WithContext(ctx), MoneyOperations, batch)
-	if err != nil || due == 0 {
-		return 0, err
-	}
-	places := s.freePlaces(due)
-	defer func() {
-		for _, p := range places {
-			p.release()
-		}
-	}()
-	if len(places) == 0 {
-		return 0, nil // every place at the channel is taken: the next sweep
-	}
-	var claimed []idempotency.Record
-	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
-		var err error
-		claimed, err = s.Records.ClaimDue(tx, MoneyOperations, len(places))
-		return err
-	})
-	if err != nil {
-		return 0, err
-	}
-	for _, p := range places[len(claimed):] { // another sweeper was quicker: free them now
-		p.release()
-	}
-	// The intents taken over are finished even if ctx ends meanwhile (the
-	// process is stopping), rather than left PROCESSING until their lease
-	// runs out; a stopping sweeper only takes no new batch. The shutdown
-	// deadline (Lifetime) still bounds them: what is left then is left to
-	// the lease and the next sweeper.
-	work, cancel := s.detach(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	for i, rec := range claimed {
-		s.observe().Takeover(rec.Operation, "sweeper")
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer places[i].release() // its place is free once its reply is stored
-			s.resume(work, rec)
-		}()
-	}
-	wg.Wait()
-	return len(claimed), nil
-}
-
-// resume settles one intent the sweeper took over, holding one of the
-// places Sweep took for its batch. A postponed or superseded outcome is
-// normal here: the intent stays resumable and a later sweep or retry
-// finishes it. A panic is contained to this intent, as a request's would
-// be, so one bad record cannot stop the process.
-func (s *Service) resume(ctx context.Context, rec idempotency.Record) {
-	ctx, span := tracedResume(ctx, rec)
-	defer span.End()
-	defer func() {
-		if r := recover(); r != nil {
-			s.logger().ErrorContext(ctx, "sweeper recovered from a panic", "operation", rec.Operation, "key", rec.IdempotencyKey, "panic", r)
-		}
-	}()
-	p, found, err := pendingPayment(s.DB.WithContext(ctx), rec.Scope())
-	if err != nil {
-		s.logger().WarnContext(ctx, "sweeper could not read an intent's payment; the next sweep tries again", "operation", rec.Operation, "key", rec.IdempotencyKey, "err", err)
-		return
-	}
-	if !found { // phase 1 writes the payment with the claim, so this is a bug
-		s.logger().ErrorContext(ctx, "unfinished money intent has no payment", "operation", rec.Operation, "key", rec.IdempotencyKey)
-		return
-	}
-	if _, err := s.finishPayment(ctx, rec, p, lookUpThenSend); err != nil {
-		s.logger().DebugContext(ctx, "sweep left intent unfinished", "operation", rec.Operation, "key", rec.IdempotencyKey, "err", err)
-	}
-}
-
-// RunSweeper sweeps every interval until ctx is done: the intents nobody
-// finishes (Sweep), then the payments whose outcome no webhook brought
-// (SweepPending).
-func (s *Service) RunSweeper(ctx context.Context, interval time.Duration, batch int) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			for {
-				n, err := s.Sweep(ctx, batch)
-				if err != nil && ctx.Err() == nil {
-					s.logger().WarnContext(ctx, "sweep failed", "err", err)
-				}
-				if err != nil || n < batch {
-					break
-				}
-			}
-			if _, err := s.SweepPending(ctx, batch); err != nil && ctx.Err() == nil {
-				s.logger().WarnContext(ctx, "sweep of pending payments failed", "err", err)
-			}
-		}
-	}
 }

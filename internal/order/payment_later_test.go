@@ -3,6 +3,7 @@ package order_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,8 +19,8 @@ import (
 )
 
 // asyncAcquirer is a channel that takes charges on as pending and settles
-// them when told: what an acquirer does with 3-D Secure or a bank
-// transfer. It counts the charges it made.
+// them (reaches its verdict) when told: what an acquirer does with 3-D
+// Secure or a bank transfer. It counts the charges it made.
 type asyncAcquirer struct {
 	mu      sync.Mutex
 	charges map[string]payment.Charge // by key
@@ -114,14 +115,14 @@ func TestAChargeTakenOnIsAcceptedAndItsRetryReplaysTheAcceptance(t *testing.T) {
 	if n := acq.made.Load(); n != 1 {
 		t.Errorf("the acquirer made %d charges, want 1", n)
 	}
-	// A cancel while the outcome is unknown is refused: the money may move.
+	// A cancel while the verdict is unknown is forbidden: the money may move.
 	cancel, err := s.Cancel(context.Background(), order.Caller{TenantID: "acme", Key: "later-cancel-" + pay.Key}, id, order.CancelRequest{})
 	if err != nil || cancel.Failure == nil || cancel.Failure.Code != order.CodeInvalidTransition {
-		t.Errorf("cancel of a pending payment = %+v, %v; want it refused with invalid_transition", cancel, err)
+		t.Errorf("cancel of a pending payment = %+v, %v; want it forbidden with invalid_transition", cancel, err)
 	}
 }
 
-// The same outcome arrives many times at once (a webhook delivered twice,
+// The same verdict arrives many times at once (a webhook delivered twice,
 // the sweeper asking meanwhile, on two instances): the order moves once,
 // with one history entry and one outbox event.
 func TestALateOutcomeMovesTheOrderOnceHoweverOftenItArrives(t *testing.T) {
@@ -134,9 +135,9 @@ func TestALateOutcomeMovesTheOrderOnceHoweverOftenItArrives(t *testing.T) {
 			s := useCases(t, acq.channel(), 5*time.Second)
 			id, _, key := pendingPay(t, s)
 
-			// Before the outcome: every arrival is ignored, nothing moves.
-			if late, err := s.ResolvePending(context.Background(), key, nil); err != nil || late != order.LateIgnored {
-				t.Fatalf("while still pending: %s, %v; want ignored", late, err)
+			// Before the verdict: every arrival is ignored, nothing moves.
+			if receipt, err := s.ResolvePending(context.Background(), key); err != nil || receipt != order.ReceiptIgnored {
+				t.Fatalf("while still pending: %s, %v; want ignored", receipt, err)
 			}
 			acq.settle(tc.settled)
 			const n = 20
@@ -146,18 +147,18 @@ func TestALateOutcomeMovesTheOrderOnceHoweverOftenItArrives(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					late, err := s.ResolvePending(context.Background(), key, nil)
+					receipt, err := s.ResolvePending(context.Background(), key)
 					if err != nil {
 						t.Errorf("resolve: %v", err)
 					}
-					if late == order.LateApplied {
+					if receipt == order.ReceiptApplied {
 						applied.Add(1)
 					}
 				}()
 			}
 			wg.Wait()
 			if applied.Load() != 1 {
-				t.Errorf("%d arrivals applied the outcome, want 1", applied.Load())
+				t.Errorf("%d arrivals applied the verdict, want 1", applied.Load())
 			}
 			if got := orderStatus(t, s.DB, id); got != tc.want {
 				t.Errorf("order = %s, want %s", got, tc.want)
@@ -169,29 +170,46 @@ func TestALateOutcomeMovesTheOrderOnceHoweverOftenItArrives(t *testing.T) {
 	}
 }
 
-// A note that fails (the webhook inbox's insert, say) rolls the outcome
-// back with it: the delivery and its effect commit together or not at all.
+// A delivery whose note in the inbox fails (here a webhook-id longer than
+// the inbox's key allows) rolls the verdict back with it: the delivery and
+// its effect commit together or not at all. The next delivery applies it,
+// and its webhook-id, delivered again, is a duplicate.
 func TestALateOutcomeAndItsNoteCommitTogether(t *testing.T) {
 	acq := newAsyncAcquirer()
 	s := useCases(t, acq.channel(), 5*time.Second)
 	id, _, key := pendingPay(t, s)
 	acq.settle(payment.StatusSucceeded)
-	_, err := s.ResolvePending(context.Background(), key, func(*gorm.DB, order.Late) error { return fmt.Errorf("the note failed") })
+	ctx := context.Background()
+	_, err := s.ReceiveChannelEvent(ctx, strings.Repeat("w", 256), payment.EventChargeSucceeded, key)
 	if err == nil {
 		t.Fatal("a failed note was not reported")
 	}
 	if got := orderStatus(t, s.DB, id); got != string(order.StatusPaymentPending) {
 		t.Errorf("after a failed note the order is %s, want PAYMENT_PENDING still", got)
 	}
-	var noted order.Late
-	late, err := s.ResolvePending(context.Background(), key, func(_ *gorm.DB, l order.Late) error { noted = l; return nil })
-	if err != nil || late != order.LateApplied || noted != order.LateApplied {
-		t.Errorf("the next arrival: %s (noted %s), %v; want applied", late, noted, err)
+	webhookID := "wh_" + uuid.NewString()
+	receipt, err := s.ReceiveChannelEvent(ctx, webhookID, payment.EventChargeSucceeded, key)
+	if noted := inboxNote(t, s.DB, webhookID); err != nil || receipt != order.ReceiptApplied || noted != string(order.ReceiptApplied) {
+		t.Errorf("the next delivery: %s (noted %q), %v; want applied", receipt, noted, err)
+	}
+	if again, err := s.ReceiveChannelEvent(ctx, webhookID, payment.EventChargeSucceeded, key); err != nil || again != order.ReceiptDuplicate {
+		t.Errorf("the same delivery again: %s, %v; want duplicate", again, err)
 	}
 }
 
+// inboxNote is what the inbox noted of the delivery webhookID ("" when it
+// has no row).
+func inboxNote(t *testing.T, db *gorm.DB, webhookID string) string {
+	t.Helper()
+	var noted string
+	if err := db.Raw("SELECT outcome FROM webhook_inbox WHERE webhook_id = ?", webhookID).Scan(&noted).Error; err != nil {
+		t.Fatal(err)
+	}
+	return noted
+}
+
 // No webhook ever comes: the sweeper asks the channel, a while after the
-// pay, and stores the outcome; an outcome that arrives after that changes
+// pay, and stores the verdict; a verdict that arrives after that changes
 // nothing.
 func TestTheSweeperResolvesAPaymentNoWebhookTold(t *testing.T) {
 	acq := newAsyncAcquirer()
@@ -215,15 +233,15 @@ func TestTheSweeperResolvesAPaymentNoWebhookTold(t *testing.T) {
 	if got := orderStatus(t, s.DB, id); got != string(order.StatusPaid) {
 		t.Errorf("order = %s, want PAID", got)
 	}
-	if late, err := s.ResolvePending(ctx, key, nil); err != nil || late != order.LateIgnored {
-		t.Errorf("the late webhook after the sweep: %s, %v; want ignored", late, err)
+	if receipt, err := s.ResolvePending(ctx, key); err != nil || receipt != order.ReceiptIgnored {
+		t.Errorf("the late webhook after the sweep: %s, %v; want ignored", receipt, err)
 	}
 	if h, o := transitionsTo(t, s.DB, id, string(order.StatusPaid)); h != 1 || o != 1 {
 		t.Errorf("%d history entries and %d outbox events to PAID, want 1 and 1", h, o)
 	}
 }
 
-// The channel's outcome arrives (by webhook) while the pay that started
+// The channel's verdict arrives (by webhook) while the pay that started
 // it has not stored the channel's reply yet: it is left to the pay, which
 // stores it once; the two never race for the order.
 func TestAnOutcomeThatArrivesWhileThePayRunsIsLeftToIt(t *testing.T) {
@@ -241,9 +259,9 @@ func TestAnOutcomeThatArrivesWhileThePayRunsIsLeftToIt(t *testing.T) {
 	var key string
 	s.Hooks.AfterChannelCall = func() error { // … whose webhook is quicker than phase 3
 		s.DB.Raw("SELECT channel_key FROM payments WHERE status = 'pending' ORDER BY created_at DESC LIMIT 1").Scan(&key)
-		late, err := s.ResolvePending(ctx, key, nil)
-		if err == nil && late != order.LateIgnored {
-			err = fmt.Errorf("the early webhook was %s, want ignored", late)
+		receipt, err := s.ResolvePending(ctx, key)
+		if err == nil && receipt != order.ReceiptIgnored {
+			err = fmt.Errorf("the early webhook was %s, want ignored", receipt)
 		}
 		return err
 	}
@@ -263,7 +281,7 @@ func TestAnOutcomeThatArrivesWhileThePayRunsIsLeftToIt(t *testing.T) {
 }
 
 // The channel cannot be asked (down, or its answer lost): nothing is
-// recorded, not even the note, and the outcome is resolved on a later try:
+// recorded, not even the note, and the verdict is resolved on a later try:
 // the webhook is delivered again, or the sweeper asks again later.
 func TestALateOutcomeTheChannelCannotConfirmChangesNothing(t *testing.T) {
 	acq := newAsyncAcquirer()
@@ -276,10 +294,10 @@ func TestALateOutcomeTheChannelCannotConfirmChangesNothing(t *testing.T) {
 	ch.lookupCharge = func(context.Context, string) (payment.Charge, error) {
 		return payment.Charge{}, fmt.Errorf("%w: the channel is down", payment.ErrUnavailable)
 	}
-	noted := false
-	_, err := s.ResolvePending(context.Background(), key, func(*gorm.DB, order.Late) error { noted = true; return nil })
-	if problem.CodeOf(err) != problem.ServiceUnavailable || noted {
-		t.Fatalf("resolve with the channel down = %v (noted %t); want 503 service_unavailable and nothing noted", err, noted)
+	webhookID := "wh_" + uuid.NewString()
+	_, err := s.ReceiveChannelEvent(context.Background(), webhookID, payment.EventChargeSucceeded, key)
+	if noted := inboxNote(t, s.DB, webhookID); problem.CodeOf(err) != problem.ServiceUnavailable || noted != "" {
+		t.Fatalf("a delivery with the channel down = %v (noted %q); want 503 service_unavailable and nothing noted", err, noted)
 	}
 	time.Sleep(5 * time.Millisecond)
 	if _, err := s.SweepPending(context.Background(), 100); err != nil {
@@ -289,7 +307,7 @@ func TestALateOutcomeTheChannelCannotConfirmChangesNothing(t *testing.T) {
 		t.Fatalf("with the channel down the order moved to %s", got)
 	}
 	ch.lookupCharge = lookup
-	if late, err := s.ResolvePending(context.Background(), key, nil); err != nil || late != order.LateApplied {
-		t.Errorf("once the channel is back: %s, %v; want applied", late, err)
+	if receipt, err := s.ResolvePending(context.Background(), key); err != nil || receipt != order.ReceiptApplied {
+		t.Errorf("once the channel is back: %s, %v; want applied", receipt, err)
 	}
 }

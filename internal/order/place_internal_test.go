@@ -36,8 +36,8 @@ func TestAPlaceAtTheChannelIsTakenOnce(t *testing.T) {
 // The sweeper takes only the places that are free: as many as it may claim
 // intents, since a claimed intent's lease runs whether it started or not.
 func TestTheSweeperTakesOnlyFreePlaces(t *testing.T) {
-	s := &Service{Money: MoneyConfig{MaxChannelCalls: 3}}
-	held := &channelPlace{calls: s.channelCalls()}
+	s := NewService(Deps{Money: MoneyConfig{MaxChannelCalls: 3}})
+	held := s.channelPlace()
 	if err := held.take(); err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestTheSweeperTakesOnlyFreePlaces(t *testing.T) {
 	if got := len(s.freePlaces(2)); got != 2 {
 		t.Errorf("a batch of 2 takes %d places, want 2", got)
 	}
-	if got := len((&Service{}).freePlaces(5)); got != 5 {
+	if got := len(NewService(Deps{}).freePlaces(5)); got != 5 {
 		t.Errorf("without a bound a batch of 5 takes %d places, want 5", got)
 	}
 }

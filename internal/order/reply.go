@@ -26,7 +26,7 @@ const (
 	// refused: the channel refused the request and will not act on it
 	// (any other 4xx): as final as a decline.
 	refused
-	// pending: the channel took the charge on and tells its outcome later
+	// pending: the channel took the charge on and tells its verdict later
 	// (a webhook, or a lookup by the key): the intent's answer is 202 and
 	// the order waits in PAYMENT_PENDING (payment_later.go).
 	pending
@@ -40,7 +40,13 @@ type channelReply struct {
 	replayed bool
 }
 
-// paymentStatus is what the payment row records of a reply.
+// final reports whether the reply is the channel's last word on the
+// payment: the money moved, or it never will.
+func (r channelReply) final() bool {
+	return r.verdict == moved || r.verdict == declined || r.verdict == refused
+}
+
+// paymentStatus is what the payment row stores of a reply.
 func (r channelReply) paymentStatus() PaymentStatus {
 	switch r.verdict {
 	case moved:
@@ -77,8 +83,8 @@ func (r channelReply) event(kind PaymentKind) Event {
 	return EventPaymentFailed
 }
 
-// failure is the refusal a definitive non-success answer is stored as, or
-// nil when the money moved.
+// failure is the final error a reply that moved no money is stored as (a
+// decline, a refusal), or nil when the money moved or may still move.
 func (r channelReply) failure(kind PaymentKind, orderID string) *problem.Error {
 	switch {
 	case r.verdict == moved, r.verdict == pending:
@@ -109,8 +115,8 @@ func refusalReason(err error) string {
 // the detail stays within api/openapi.yaml's bound whatever the channel sends.
 const maxRefusalReason = 64
 
-// storedReply is the reply a payment's stored outcome stands for: how an
-// intent answers when the outcome came in by another way first.
+// storedReply is the reply a payment's stored verdict stands for: how an
+// intent answers when the verdict came in by another way first.
 func storedReply(p *Payment) channelReply {
 	switch {
 	case p == nil || p.Status == PaymentPending:

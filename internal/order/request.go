@@ -33,7 +33,7 @@ const (
 
 // CreateRequest is the body of POST /v1/orders. Server-owned fields (id,
 // status, total, tenant, timestamps) have no place here; a decoder that
-// refuses unknown fields keeps them out.
+// rejects unknown fields keeps them out.
 type CreateRequest struct {
 	CustomerID string            `json:"customer_id"`
 	Currency   string            `json:"currency"`
@@ -50,9 +50,9 @@ type ItemRequest struct {
 	UnitPrice int64  `json:"unit_price"`
 }
 
-// UnmarshalJSONFrom reads an item and refuses one without its unit_price:
+// UnmarshalJSONFrom reads an item and rejects one without its unit_price:
 // 0 is a price (a free item), so a missing one must not read as 0. (A
-// missing sku or quantity is refused by normalize: no sku is empty, no
+// missing sku or quantity is rejected by normalize: no sku is empty, no
 // quantity 0.)
 func (it *ItemRequest) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
 	var item struct {

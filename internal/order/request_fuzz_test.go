@@ -20,7 +20,7 @@ import (
 // a request and the same purchase written differently (items shuffled,
 // whitespace around strings, a lower-case currency, the JSON re-encoded with
 // other key order and spacing, a client_trace_id added) are accepted or
-// refused alike and, when accepted, hash equal; changing one business field
+// rejected alike and, when accepted, hash equal; changing one business field
 // always changes the hash.
 func FuzzCreateFingerprint(f *testing.F) {
 	f.Add("cus_1", "EUR", "SKU-1", "SKU-2", "SKU-3", 2, 1, 1, int64(1250), int64(99), int64(0), "channel", "web", uint8(2), uint64(1))
@@ -51,7 +51,7 @@ func FuzzCreateFingerprint(f *testing.F) {
 		}
 		if err1 != nil {
 			if problem.CodeOf(err1) != problem.InvalidRequest || problem.CodeOf(err2) != problem.InvalidRequest {
-				t.Fatalf("refusals are not invalid_request: %v / %v", err1, err2)
+				t.Fatalf("rejections are not invalid_request: %v / %v", err1, err2)
 			}
 			return
 		}

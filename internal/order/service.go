@@ -5,7 +5,6 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -46,28 +45,49 @@ func (c Caller) intentOn(op, orderID string, fields any) (uuid.UUID, idempotency
 	return id, in, err
 }
 
-// Service runs the order use cases.
-type Service struct {
+// Deps are what the order use cases run on.
+type Deps struct {
 	DB      *gorm.DB
 	Records *idempotency.Store
+	// Inbox remembers the payment channel's webhook deliveries
+	// (ReceiveChannelEvent).
+	Inbox   *idempotency.Inbox
 	Channel Channel
 	Money   MoneyConfig
 	Observe Observer
 	Logger  *slog.Logger
 	// Lifetime bounds the work that outlives the request or sweep that
-	// started it (a payment's channel call and settlement): when it ends, at
-	// the shutdown deadline, that work stops and its intent is left to the
-	// lease and the sweeper. Nil means the work always runs to its end.
+	// started it (a payment's channel call and the storing of its reply):
+	// when it ends, at the shutdown deadline, that work stops and its
+	// intent is left to the lease and the sweeper. Nil means the work
+	// always runs to its end.
 	Lifetime context.Context
+}
+
+// Service runs the order use cases on its Deps. Build it with NewService.
+type Service struct {
+	Deps
 	// Hooks inject failures at the points where a crash would hurt most.
 	Hooks Hooks
 
-	callsOnce sync.Once
-	calls     *semaphore.Weighted // see channelCalls
+	// calls bounds how many intents are at the channel at once
+	// (Money.MaxChannelCalls; nil: no bound). See channelPlace.
+	calls *semaphore.Weighted
+}
+
+// NewService returns the order use cases on deps, with the bound on the
+// intents at the payment channel (deps.Money.MaxChannelCalls) made once,
+// here.
+func NewService(deps Deps) *Service {
+	s := &Service{Deps: deps}
+	if deps.Money.MaxChannelCalls > 0 {
+		s.calls = semaphore.NewWeighted(int64(deps.Money.MaxChannelCalls))
+	}
+	return s
 }
 
 // detach returns a context for work that must not stop when ctx's caller
-// hangs up (the outcome is recorded so its retry gets the replay), but does
+// hangs up (the result is recorded so its retry gets the replay), but does
 // stop with the service's Lifetime.
 func (s *Service) detach(ctx context.Context) (context.Context, context.CancelFunc) {
 	work, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -139,8 +159,8 @@ func (s *Service) logger() *slog.Logger {
 //
 // The record is written once, SUCCEEDED or FAILED_FINAL
 // (idempotency.Store.Insert): PROCESSING would be seen by nobody. Any error
-// but a refusal rolls everything back and records nothing, so the same key
-// may simply be sent again.
+// but a final one rolls everything back and records nothing, so the same
+// key may simply be sent again.
 func (s *Service) once(ctx context.Context, in idempotency.Intent, exec func(tx *gorm.DB) (idempotency.Result, error)) (res idempotency.Result, err error) {
 	ctx, end := traced(ctx, in)
 	defer func() { end(res, err) }()
@@ -185,8 +205,9 @@ func (s *Service) insertRecordFirst(tx *gorm.DB, in idempotency.Intent, res idem
 
 // insertRecordLast is how an intent whose result is only known once it has run
 // runs (a transition, which reads the order it changes under its row lock):
-// exec runs, then its record stores what it ended with, success or refusal
-// (see resultOf). A refusal must be returned before exec writes anything.
+// exec runs, then its record stores what it ended with, success or final
+// error (see resultOf). A final error must be returned before exec writes
+// anything.
 func (s *Service) insertRecordLast(in idempotency.Intent, exec func(tx *gorm.DB) (idempotency.Result, error)) func(tx *gorm.DB) (idempotency.Result, error) {
 	return func(tx *gorm.DB) (idempotency.Result, error) {
 		executed, err := exec(tx)
@@ -206,20 +227,20 @@ func (s *Service) insertRecordLast(in idempotency.Intent, exec func(tx *gorm.DB)
 const maxRecordRaces = 3
 
 // resultOf is the result an intent's execution ended with: its success, or
-// the refusal it ended with, as a failed result to store and replay. Any
-// other error is returned for a rollback.
+// the final error it ended with, as a failed result to store and replay.
+// Any other error is returned for a rollback.
 func resultOf(in idempotency.Intent, res idempotency.Result, err error) (idempotency.Result, error) {
 	if err == nil {
 		return res, nil
 	}
-	refused, ok := refusalOf(err)
+	failure, ok := asFinal(err)
 	if !ok {
 		return idempotency.Result{}, err
 	}
-	return idempotency.Failed(in.ResourceID, refused), nil
+	return idempotency.Failed(in.ResourceID, failure), nil
 }
 
-// finish stores the outcome of a claimed intent on its record, in the
+// finish stores the result of a claimed intent on its record, in the
 // caller's transaction (see resultOf).
 func (s *Service) finish(tx *gorm.DB, in idempotency.Intent, token int64, res idempotency.Result, err error) (idempotency.Result, error) {
 	if res, err = resultOf(in, res, err); err != nil {
@@ -290,7 +311,8 @@ func newOrder(tenantID string, n CreateRequest, total int64) (*Order, error) {
 
 // transition runs a one-transaction state change under an idempotency key:
 // lock the order, apply change (pure: it only fires the state machine and
-// sets fields, so a refusal comes before any write), save the transition.
+// sets fields, so a final error comes before any write), save the
+// transition.
 func (s *Service) transition(ctx context.Context, c Caller, op string, ev Event, orderID string, fields any, change func(*Order) error) (idempotency.Result, error) {
 	id, in, err := c.intentOn(op, orderID, fields)
 	if err != nil {

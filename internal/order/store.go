@@ -112,8 +112,8 @@ func pendingPayment(db *gorm.DB, scope idempotency.Scope) (p Payment, found bool
 	return p, err == nil, err
 }
 
-// storePaymentReply records the channel's reply on the pending payment id and
-// returns when it did; errNotPending when the payment's outcome is stored
+// storePaymentReply stores the channel's reply on the pending payment id and
+// returns when it did; errNotPending when the payment's verdict is stored
 // already.
 func storePaymentReply(tx *gorm.DB, id uuid.UUID, status PaymentStatus, channelRef *string) (time.Time, error) {
 	now := tx.NowFunc()
@@ -128,7 +128,7 @@ func storePaymentReply(tx *gorm.DB, id uuid.UUID, status PaymentStatus, channelR
 	return now, nil
 }
 
-// errNotPending: the payment's outcome was stored before this reply's.
+// errNotPending: the payment's verdict was stored before this reply's.
 var errNotPending = errors.New("the payment is not pending")
 
 // paymentByChannelKey finds the payment an intent asked the channel for
@@ -145,7 +145,7 @@ func paymentByChannelKey(db *gorm.DB, key string) (p Payment, found bool, err er
 // pendingAfterTheirIntent lists up to limit payments still pending whose
 // intent has ended (its record is definitive, or gone) and that nobody
 // asked the channel about since before: the charges the channel took on
-// and whose outcome no webhook has brought yet.
+// and whose verdict no webhook has brought yet.
 func pendingAfterTheirIntent(db *gorm.DB, before time.Time, limit int) ([]Payment, error) {
 	var ps []Payment
 	err := db.Raw(`
@@ -179,7 +179,7 @@ const (
 	maxPageLimit     = 100
 )
 
-// check applies the default limit and refuses one out of bounds.
+// check applies the default limit and rejects one out of bounds.
 func (p *PageRequest) check() error {
 	if p.Limit == 0 {
 		p.Limit = defaultPageLimit

@@ -73,9 +73,9 @@ type acquirer struct {
 
 // ledger is what an acquirer counts.
 type ledger struct {
-	charges, declined, refunds    int64 // money movements made (declined: charges the acquirer refused)
+	charges, declined, refunds    int64 // money movements made (declined: charges the acquirer declined)
 	requests, lookups, duplicates int64 // POSTs, lookups by key, POSTs answered from the key's first answer
-	unavailable                   int64 // POSTs refused by pm_unavailable_once, before any effect
+	unavailable                   int64 // POSTs answered 503 by pm_unavailable_once, before any effect
 	charged, refunded             int64 // the amounts of the charges and refunds made
 }
 
@@ -88,7 +88,7 @@ func (a *acquirer) channel() *funcChannel {
 	return &funcChannel{charge: a.charge, lookupCharge: a.lookupCharge, refund: a.refund, lookupRefund: a.lookupRefund}
 }
 
-// errLost is an answer that never came back: the outcome is unknown.
+// errLost is an answer that never came back: the verdict is unknown.
 var errLost = fmt.Errorf("%w: the connection was lost before the answer", payment.ErrUnavailable)
 
 func (a *acquirer) charge(_ context.Context, key string, req payment.ChargeRequest) (payment.Result[payment.Charge], error) {
@@ -256,9 +256,19 @@ func useCasesOn(t *testing.T, db *gorm.DB, ch order.Channel, lease time.Duration
 			db.Exec(`DELETE FROM idempotency_records WHERE ` + unfinished)
 		}
 	})
-	return &order.Service{DB: db, Channel: ch,
+	return order.NewService(order.Deps{DB: db, Channel: ch,
 		Records: &idempotency.Store{Lease: lease, PhaseTimeout: timeout, Policy: policy},
-		Money:   order.MoneyConfig{ChannelTimeout: timeout, RetryAfter: time.Second, ChannelKeyWindow: 24 * time.Hour}}
+		Inbox:   &idempotency.Inbox{Retention: time.Hour},
+		Money:   order.MoneyConfig{ChannelTimeout: timeout, RetryAfter: time.Second, ChannelKeyWindow: 24 * time.Hour}})
+}
+
+// withChannelBound is s with at most n intents at the channel at once
+// (MaxChannelCalls). NewService makes the bound, so it is a new service on
+// s's dependencies.
+func withChannelBound(s *order.Service, n int) *order.Service {
+	deps := s.Deps
+	deps.Money.MaxChannelCalls = n
+	return order.NewService(deps)
 }
 
 // newKey returns an Idempotency-Key no other test uses: a new intent.
@@ -349,12 +359,12 @@ func wantOutcome(t *testing.T, what string, res idempotency.Result, err error, o
 	}
 }
 
-// wantFailed fails the test unless res is the intent's definitive refusal
-// with code, returned without an error, and returns the refusal.
+// wantFailed fails the test unless res is the intent's final error with
+// code, returned without an error, and returns that error.
 func wantFailed(t *testing.T, what string, res idempotency.Result, err error, code problem.Code) *problem.Error {
 	t.Helper()
 	if err != nil || res.Outcome != idempotency.OutcomeFailed || res.Failure == nil || res.Failure.Code != code {
-		t.Fatalf("%s = %+v, %v; want the refusal %s", what, res, err, code)
+		t.Fatalf("%s = %+v, %v; want the final error %s", what, res, err, code)
 	}
 	return res.Failure
 }
@@ -387,21 +397,21 @@ func wantExecuted(t *testing.T, res idempotency.Result) {
 }
 
 // wantReplay fails the test unless again is first replayed: the same
-// outcome, resource, representation and refusal, marked replayed.
+// outcome, resource, representation and failure, marked replayed.
 func wantReplay(t *testing.T, first, again idempotency.Result) {
 	t.Helper()
 	if again.Outcome != first.Outcome || again.Resource != first.Resource || !bytes.Equal(again.Body, first.Body) ||
-		refusalText(again.Failure) != refusalText(first.Failure) {
-		t.Fatalf("replay differs:\nfirst  %s %s %s %s\nreplay %s %s %s %s", first.Outcome, first.Resource, first.Body, refusalText(first.Failure),
-			again.Outcome, again.Resource, again.Body, refusalText(again.Failure))
+		failureText(again.Failure) != failureText(first.Failure) {
+		t.Fatalf("replay differs:\nfirst  %s %s %s %s\nreplay %s %s %s %s", first.Outcome, first.Resource, first.Body, failureText(first.Failure),
+			again.Outcome, again.Resource, again.Body, failureText(again.Failure))
 	}
 	if !again.Replayed {
 		t.Errorf("the replay is not marked replayed")
 	}
 }
 
-// refusalText is a refusal as it is stored and sent: its JSON.
-func refusalText(e *problem.Error) string {
+// failureText is a failed result's error as it is stored and sent: its JSON.
+func failureText(e *problem.Error) string {
 	if e == nil {
 		return ""
 	}
