@@ -84,7 +84,7 @@ func disposition(c echo.Context) idempotency.Disposition {
 	if d, ok := c.Get(ctxDisposition).(idempotency.Disposition); ok {
 		return d
 	}
-	return idempotency.Executed
+	return idempotency.DispositionExecuted
 }
 
 // logRequests writes one structured line per request: who, which intent,

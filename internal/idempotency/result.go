@@ -96,20 +96,20 @@ func (r Result) stored() (outcome Outcome, code *string, body []byte, err error)
 // transport the request came by.
 type Disposition string
 
-// The dispositions.
+// The dispositions, named as their values read.
 const (
-	Executed   Disposition = "executed"
-	Replayed   Disposition = "replayed"
-	Conflicted Disposition = "key_reused"
-	InFlight   Disposition = "in_progress"
-	Rejected   Disposition = "validation_rejected"
-	Denied     Disposition = "unauthenticated"
-	Postponed  Disposition = "unavailable"
-	Refused    Disposition = "failed"
+	DispositionExecuted           Disposition = "executed"
+	DispositionReplayed           Disposition = "replayed"
+	DispositionKeyReused          Disposition = "key_reused"
+	DispositionInProgress         Disposition = "in_progress"
+	DispositionValidationRejected Disposition = "validation_rejected"
+	DispositionUnauthenticated    Disposition = "unauthenticated"
+	DispositionUnavailable        Disposition = "unavailable"
+	DispositionFailed             Disposition = "failed"
 )
 
 // Dispositions lists every disposition, for metrics that start at zero.
-var Dispositions = []Disposition{Executed, Replayed, Conflicted, InFlight, Rejected, Denied, Postponed, Refused}
+var Dispositions = []Disposition{DispositionExecuted, DispositionReplayed, DispositionKeyReused, DispositionInProgress, DispositionValidationRejected, DispositionUnauthenticated, DispositionUnavailable, DispositionFailed}
 
 // DispositionOf names what came of a request: its result when err is nil,
 // else the error's code.
@@ -117,23 +117,23 @@ func DispositionOf(res Result, err error) Disposition {
 	if err == nil {
 		switch {
 		case res.Replayed:
-			return Replayed
+			return DispositionReplayed
 		case res.Outcome == OutcomeFailed:
-			return Refused
+			return DispositionFailed
 		}
-		return Executed
+		return DispositionExecuted
 	}
 	switch problem.CodeOf(err) {
 	case problem.KeyReused:
-		return Conflicted
+		return DispositionKeyReused
 	case problem.RequestInProgress:
-		return InFlight
+		return DispositionInProgress
 	case problem.InvalidRequest, problem.KeyMissing, problem.KeyInvalid, problem.PayloadTooLarge, problem.UnsupportedMediaType:
-		return Rejected
+		return DispositionValidationRejected
 	case problem.Unauthenticated:
-		return Denied
+		return DispositionUnauthenticated
 	case problem.ServiceUnavailable:
-		return Postponed
+		return DispositionUnavailable
 	}
-	return Refused
+	return DispositionFailed
 }

@@ -155,7 +155,7 @@ func (m *Metrics) Request(operation string, outcome idempotency.Disposition) {
 		return
 	}
 	m.requests.WithLabelValues(operation, string(outcome)).Inc()
-	if outcome == idempotency.Conflicted {
+	if outcome == idempotency.DispositionKeyReused {
 		m.conflicts.WithLabelValues(operation).Inc()
 	}
 }

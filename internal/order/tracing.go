@@ -33,7 +33,7 @@ func traced(ctx context.Context, in idempotency.Intent) (context.Context, func(i
 		if state := stateAfter(res, err); state != "" {
 			span.SetAttributes(attribute.String("idempotency.record.state", string(state)))
 		}
-		if d == idempotency.Refused && err != nil || d == idempotency.Postponed {
+		if d == idempotency.DispositionFailed && err != nil || d == idempotency.DispositionUnavailable {
 			span.RecordError(err)
 			span.SetStatus(codes.Error, string(problem.CodeOf(err)))
 		}
