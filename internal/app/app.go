@@ -293,8 +293,8 @@ func (m *Main) start(ctx context.Context) error {
 	m.stopping = stopWaiting
 	m.Orders = order.NewService(order.Deps{
 		DB: db, Records: records, Inbox: inbox, Logger: m.Logger, Observe: m.Metrics, Lifetime: m.lifetime,
-		Channel: slotFreeChannel{payment.NewClient(channelURL, &http.Client{Transport: &http.Transport{
-			MaxIdleConnsPerHost: cfg.ChannelMaxInFlight, IdleConnTimeout: 90 * time.Second}})},
+		Channel: payment.NewClient(channelURL, &http.Client{Transport: &http.Transport{
+			MaxIdleConnsPerHost: cfg.ChannelMaxInFlight, IdleConnTimeout: 90 * time.Second}}),
 		Money: order.MoneyConfig{ChannelTimeout: cfg.ChannelTimeout, RetryAfter: cfg.RetryAfter, ChannelKeyWindow: cfg.ChannelKeyWindow,
 			MaxChannelCalls: cfg.ChannelMaxInFlight, PendingCheckEvery: cfg.PendingCheckEvery},
 	})

@@ -47,7 +47,7 @@ func idempotentOn[Req any](s *Server, op string, run useCase[Req]) echo.HandlerF
 		if err := readBody(c, &req); err != nil {
 			return err
 		}
-		caller := order.Caller{TenantID: tenant(c), Key: key}
+		caller := order.Caller{TenantID: tenant(c), Key: key, Yield: slotOf(c.Request().Context())}
 		scope := idempotency.Scope{TenantID: caller.TenantID, Operation: op, Key: key}
 		res, err := s.awaitFirst(c, scope, wait, func() (idempotency.Result, error) {
 			return run(c.Request().Context(), caller, c.Param("id"), req)

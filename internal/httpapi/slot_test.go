@@ -8,11 +8,14 @@ import (
 func TestASlotIsGivenBackOnceHoweverOftenItIsReleased(t *testing.T) {
 	released := 0
 	ctx, release := withSlot(context.Background(), func() { released++ })
-	Yield(ctx)
-	Yield(context.WithoutCancel(ctx)) // the detached work of a pay still carries it
-	release()                         // the door's deferred release
+	yieldSlot(ctx)
+	slotOf(context.WithoutCancel(ctx))() // the use case's Yield, from a detached context
+	release()                            // the door's deferred release
 	if released != 1 {
 		t.Errorf("the slot was released %d times, want 1", released)
 	}
-	Yield(context.Background()) // a request no door limits: nothing to give back
+	if slotOf(context.Background()) != nil { // a request no door limits: nothing to give back
+		t.Error("a request without a slot has a give-back")
+	}
+	yieldSlot(context.Background())
 }

@@ -58,7 +58,7 @@ func (s *Server) awaitFirst(c echo.Context, scope idempotency.Scope, wait time.D
 		stop := context.AfterFunc(s.Stopping, cancel)
 		defer stop()
 	}
-	Yield(c.Request().Context()) // it waits holding neither a slot nor a connection
+	yieldSlot(c.Request().Context()) // it waits holding neither a slot nor a connection
 	for problem.CodeOf(err) == problem.RequestInProgress && s.Waiter.Await(ctx, s.DB, scope) {
 		resp, err = run()
 	}

@@ -102,11 +102,13 @@ func (s *Service) runPaymentIntent(ctx context.Context, c Caller, op, orderID st
 	if opened.claim.Resumes() {
 		s.observe().Takeover(op, "retry")
 	}
-	// From here the intent waits for the channel, holding no connection.
+	// From here the intent waits for the channel, holding no connection:
+	// the door may admit a request with work to do meanwhile (c.Yield).
 	// The client may hang up; the money phases still run to the end (or to
 	// the shutdown deadline), so the result is recorded and its retry gets
 	// the replay. Its place at the channel, held until its reply is
 	// stored, bounds what it does from now on.
+	c.yield()
 	work, cancel := s.detach(ctx)
 	defer cancel()
 	return s.finishPayment(work, opened.claim.Record, opened.payment, s.howToAsk(opened.claim))

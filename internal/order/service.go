@@ -21,6 +21,19 @@ import (
 type Caller struct {
 	TenantID string
 	Key      string
+	// Yield, when set, gives back what the door holds for the caller only
+	// while the service works for it (the HTTP door's admission slot). A
+	// use case calls it when it goes on to wait on something other than
+	// the service, holding no database connection: a pay or cancel for the
+	// payment channel. It may be called more than once; the first counts.
+	Yield func()
+}
+
+// yield calls c.Yield, if any.
+func (c Caller) yield() {
+	if c.Yield != nil {
+		c.Yield()
+	}
 }
 
 func (c Caller) intent(op, resource string, fields any) (idempotency.Intent, error) {
