@@ -92,6 +92,7 @@ func (s *Service) runPaymentIntent(ctx context.Context, c Caller, op, orderID st
 	defer func() { end(res, err) }()
 	place := s.channelPlace()
 	defer place.release()
+	claimed := time.Now() // the lease the claim takes runs from no earlier than this
 	opened, err := s.open(ctx, c, id, in, rule, place)
 	if err != nil || !opened.awaitsChannel {
 		return opened.result, err
@@ -111,13 +112,27 @@ func (s *Service) runPaymentIntent(ctx context.Context, c Caller, op, orderID st
 	c.yield()
 	work, cancel := s.detach(ctx)
 	defer cancel()
-	return s.finishPayment(work, opened.claim.Record, opened.payment, s.howToAsk(opened.claim))
+	return s.finishPayment(work, opened.claim.Record, opened.payment, s.howToAsk(opened.claim), claimed)
+}
+
+// leaseLapsed reports whether the lease of a claim made at claimed (or
+// after) has run out: the process stalled between its claim and its call
+// to the channel. The intent may have been taken over meanwhile, and a
+// call that late may reach a channel that has forgotten the key (a stall
+// as long as the key window is what the model assumes away); so a lapsed
+// owner does not call, and gives the intent back (postpone, fenced) for
+// its current owner, which asks the channel first when it must.
+func (s *Service) leaseLapsed(claimed time.Time) bool {
+	return s.Records.Lease > 0 && time.Since(claimed) >= s.Records.Lease
 }
 
 // finishPayment finishes the intent of a pending payment: phase 2, then
 // phase 3. It is used by the request that started the payment, by a client
 // retry, and by the sweeper after a takeover.
-func (s *Service) finishPayment(ctx context.Context, rec idempotency.Record, p Payment, how asking) (idempotency.Result, error) {
+func (s *Service) finishPayment(ctx context.Context, rec idempotency.Record, p Payment, how asking, claimed time.Time) (idempotency.Result, error) {
+	if s.leaseLapsed(claimed) {
+		return idempotency.Result{}, s.postpone(ctx, rec)
+	}
 	reply, err := s.askChannel(payment.Resending(ctx, rec.Attempts-1), p, how)
 	if err == nil {
 		err = s.Hooks.run(s.Hooks.AfterChannelCall)

@@ -70,6 +70,7 @@ func (s *Service) Sweep(ctx context.Context, batch int) (int, error) {
 		return 0, nil // every place at the channel is taken: the next sweep
 	}
 	var claimed []idempotency.Record
+	claimedAt := time.Now() // their leases run from no earlier than this
 	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
 		var err error
 		claimed, err = s.Records.ClaimDue(tx, MoneyOperations, len(places))
@@ -95,7 +96,7 @@ func (s *Service) Sweep(ctx context.Context, batch int) (int, error) {
 		go func() {
 			defer wg.Done()
 			defer places[i].release() // its place is free once its reply is stored
-			s.resume(work, rec)
+			s.resume(work, rec, claimedAt)
 		}()
 	}
 	wg.Wait()
@@ -107,7 +108,7 @@ func (s *Service) Sweep(ctx context.Context, batch int) (int, error) {
 // normal here: the intent stays resumable and a later sweep or retry
 // finishes it. A panic is contained to this intent, as a request's would
 // be, so one bad record cannot stop the process.
-func (s *Service) resume(ctx context.Context, rec idempotency.Record) {
+func (s *Service) resume(ctx context.Context, rec idempotency.Record, claimedAt time.Time) {
 	ctx, span := tracedResume(ctx, rec)
 	defer span.End()
 	defer func() {
@@ -124,7 +125,7 @@ func (s *Service) resume(ctx context.Context, rec idempotency.Record) {
 		s.logger().ErrorContext(ctx, "unfinished money intent has no payment", "operation", rec.Operation, "key", rec.IdempotencyKey)
 		return
 	}
-	if _, err := s.finishPayment(ctx, rec, p, lookUpThenSend); err != nil {
+	if _, err := s.finishPayment(ctx, rec, p, lookUpThenSend, claimedAt); err != nil {
 		s.logger().DebugContext(ctx, "sweep left intent unfinished", "operation", rec.Operation, "key", rec.IdempotencyKey, "err", err)
 	}
 }
