@@ -247,8 +247,8 @@ func (b *bench) growth(ctx context.Context, res *results) error {
 		setting cleanupRun
 	}{
 		{&g.CleanupBefore, cleanupRun{Name: "before", Batch: cleanupBatchBefore, Pause: cleanupPauseBefore}},
-		{&g.Cleanup, cleanupRun{Name: "the service's", Batch: cfg.CleanupBatch, Pause: cfg.CleanupPause}},
-		{&g.CleanupCompressed, cleanupRun{Name: "the service's, wal_compression=" + compression, Batch: cfg.CleanupBatch, Pause: cfg.CleanupPause,
+		{&g.Cleanup, cleanupRun{Name: "the service's", Batch: cfg.Cleanup.Batch, Pause: cfg.Cleanup.Pause}},
+		{&g.CleanupCompressed, cleanupRun{Name: "the service's, wal_compression=" + compression, Batch: cfg.Cleanup.Batch, Pause: cfg.Cleanup.Pause,
 			WALCompression: compression}},
 	} {
 		*run.into = b.cleanupPhases(ctx, url, g, run.setting)
@@ -277,7 +277,7 @@ func (b *bench) cleanupPhases(ctx context.Context, url string, g *growthResult, 
 	if c.WALCompression != "" {
 		cfg := b.svc.Config
 		own, err := openWithSetting(ctx, b.dbURL, database.Options{MaxConns: 2,
-			StatementTimeout: cfg.DBStatementTimeout, LockTimeout: cfg.DBLockTimeout}, "wal_compression", c.WALCompression)
+			StatementTimeout: cfg.Database.StatementTimeout, LockTimeout: cfg.Database.LockTimeout}, "wal_compression", c.WALCompression)
 		if err != nil {
 			c.Err = err.Error()
 			return c

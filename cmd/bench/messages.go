@@ -47,8 +47,8 @@ func (m messageResult) Throughput() float64 {
 // messages is scenario 9.
 func (b *bench) messages(ctx context.Context, res *results) error {
 	cfg := b.svc.Config
-	workers := cfg.CommandWorkers
-	m := messageResult{Workers: workers, Commands: b.opts.Commands, OutboxInterval: cfg.OutboxInterval, OutboxBatch: cfg.OutboxBatch}
+	workers := cfg.Commands.Workers
+	m := messageResult{Workers: workers, Commands: b.opts.Commands, OutboxInterval: cfg.Outbox.Interval, OutboxBatch: cfg.Outbox.Batch}
 	nc, err := nats.Connect(b.svc.NATSURL, nats.UserInfo(benchTenant, benchAPIKey), nats.CustomInboxPrefix(messaging.InboxPrefix(benchTenant)))
 	if err != nil {
 		return err

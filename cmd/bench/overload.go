@@ -244,7 +244,7 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 			ov.InProcess, levels = l.Service.Throughput, []int{l.Concurrency}
 		}
 	}
-	limit := ref.config.HTTPMaxInFlight
+	limit := ref.config.HTTP.MaxInFlight
 	levels = slices.DeleteFunc(slices.Clone(levels), func(c int) bool { return c > limit })
 	if !slices.Contains(levels, limit) {
 		levels = append(levels, limit)
@@ -262,7 +262,7 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 	ov.Rate = int(float64(ov.Factor) * ov.Capacity)
 	ov.NormalRate = max(1, int(ov.Capacity/2))
 	cfg := ref.config
-	ov.Limits = fmt.Sprintf("HTTP_MAX_IN_FLIGHT=%d, HTTP_MAX_QUEUE=%d, HTTP_QUEUE_TIMEOUT=%s", cfg.HTTPMaxInFlight, cfg.HTTPMaxQueue, cfg.HTTPQueueTimeout)
+	ov.Limits = fmt.Sprintf("HTTP_MAX_IN_FLIGHT=%d, HTTP_MAX_QUEUE=%d, HTTP_QUEUE_TIMEOUT=%s", cfg.HTTP.MaxInFlight, cfg.HTTP.MaxQueue, cfg.HTTP.QueueTimeout)
 	if err := b.prime(ctx, ref, ov.CapacityAt); err != nil {
 		return err
 	}
@@ -315,7 +315,7 @@ func (b *bench) overload(ctx context.Context, res *results) (err error) {
 // closed loop that measures the capacity, on ref (the defaults' process).
 func (b *bench) overloadRun(ctx context.Context, client *http.Client, ov *overloadResult, ref, svc *serviceProcess, setting string) (overloadRun, error) {
 	run := overloadRun{Setting: setting, Rounds: ov.Rounds}
-	if svc.config.HTTPMaxInFlight == 0 {
+	if svc.config.HTTP.MaxInFlight == 0 {
 		run.Rounds = 1
 	}
 	run.Slice = ov.For / time.Duration(run.Rounds)

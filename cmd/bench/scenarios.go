@@ -415,8 +415,8 @@ func (b *bench) createLevels(ctx context.Context, res *results) error {
 	cfg := b.svc.Config
 	direct := map[directMode]*directCreate{}
 	for _, mode := range []directMode{withRecord, withoutRecord, claimFirst} {
-		d, err := newDirectCreate(ctx, b.dbURL, mode, cfg.DBMaxConns, cfg.Lease, cfg.Policy().RetentionFor(order.OpCreate),
-			cfg.DBStatementTimeout, cfg.DBLockTimeout)
+		d, err := newDirectCreate(ctx, b.dbURL, mode, cfg.Database.MaxConns, cfg.Recovery.Lease, cfg.Policy().RetentionFor(order.OpCreate),
+			cfg.Database.StatementTimeout, cfg.Database.LockTimeout)
 		if err != nil {
 			return err
 		}
@@ -644,8 +644,8 @@ func (b *bench) replay(ctx context.Context, res *results) error {
 		into *point
 		name string
 	}{{replayRead, &res.DirectReplayRead, "replay by one read"}, {replayTx, &res.DirectReplayTx, "replay in a transaction"}} {
-		d, err := newDirectCreate(ctx, b.dbURL, x.mode, cfg.DBMaxConns, cfg.Lease, cfg.Policy().RetentionFor(order.OpCreate),
-			cfg.DBStatementTimeout, cfg.DBLockTimeout)
+		d, err := newDirectCreate(ctx, b.dbURL, x.mode, cfg.Database.MaxConns, cfg.Recovery.Lease, cfg.Policy().RetentionFor(order.OpCreate),
+			cfg.Database.StatementTimeout, cfg.Database.LockTimeout)
 		if err != nil {
 			return err
 		}
@@ -826,7 +826,7 @@ func (b *bench) pay(ctx context.Context, res *results) error {
 	}
 	after := svc.Channel.Stats()
 
-	res.Pay = payResult{Concurrency: o.PayConc, Pool: o.PayPool, Latency: o.PayLatency, MaxInFlight: svc.Config.HTTPMaxInFlight, Point: p,
+	res.Pay = payResult{Concurrency: o.PayConc, Pool: o.PayPool, Latency: o.PayLatency, MaxInFlight: svc.Config.HTTP.MaxInFlight, Point: p,
 		Charges: after.Charges - before.Charges, Prepared: prepared}
 	if res.Pay.Paid, err = b.count(ctx, `SELECT count(*) FROM orders WHERE status = 'PAID'`); err != nil {
 		return err

@@ -144,8 +144,8 @@ func (b *bench) waitScenario(ctx context.Context, res *results) error {
 	}
 
 	allWaiting := res.Wait.AllWaiting
-	w := waitResult{AllWaiting: allWaiting, Duplicates: o.WaitDuplicates, SlowDelay: b.svc.Config.ChannelSlowDelay, FirstTook: firstAt.Sub(start),
-		BusyPeak: busy, Pool: b.svc.Config.DBMaxConns, Charges: after.Charges - before.Charges, Other: map[string]int{}, Ended: ended}
+	w := waitResult{AllWaiting: allWaiting, Duplicates: o.WaitDuplicates, SlowDelay: b.svc.Config.Channel.SlowDelay, FirstTook: firstAt.Sub(start),
+		BusyPeak: busy, Pool: b.svc.Config.Database.MaxConns, Charges: after.Charges - before.Charges, Other: map[string]int{}, Ended: ended}
 	lags := make([]time.Duration, len(answers))
 	for i, at := range answers {
 		lags[i] = at.Sub(firstAt)

@@ -91,7 +91,7 @@ func (b *bench) webhooks(ctx context.Context, res *results) error {
 		return err
 	}
 
-	w := webhookResult{Deliveries: len(deliveries), Concurrency: o.WebhookConc, AsyncDelay: b.svc.Config.ChannelAsyncDelay}
+	w := webhookResult{Deliveries: len(deliveries), Concurrency: o.WebhookConc, AsyncDelay: b.svc.Config.Channel.AsyncDelay}
 	for _, ph := range []struct {
 		into       *webhookPhase
 		name, want string
@@ -168,7 +168,7 @@ func (b *bench) pendingDeliveries(ctx context.Context, n int) ([]vegeta.Target, 
 	}
 
 	api := payment.NewClient("http://"+b.svc.ChannelAddr, nil)
-	url, secret := b.svc.URL()+"/webhooks/payment-channel", b.svc.Config.WebhookSecrets[0]
+	url, secret := b.svc.URL()+"/webhooks/payment-channel", b.svc.Config.Payment.WebhookSecrets[0]
 	deadline := time.Now().Add(30 * time.Second)
 	out := make([]vegeta.Target, len(keys))
 	for i, key := range keys {

@@ -72,8 +72,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		return fmt.Errorf("listening on %s: %w", cfg.Addr, err)
 	}
 	defer ln.Close() // a no-op once Serve has closed it
-	ch, err := channel.Open(ctx, cfg.DatabaseURL, channel.Options{SlowDelay: cfg.SlowDelay, AsyncDelay: cfg.AsyncDelay,
-		WebhookURL: cfg.WebhookURL, WebhookSecret: cfg.WebhookSecrets[0], WebhookRetryWindow: cfg.WebhookRetryWindow, Logger: log})
+	ch, err := channel.Open(ctx, cfg.DatabaseURL, cfg.Options(log))
 	if err != nil {
 		return err
 	}

@@ -69,18 +69,18 @@ func Run(ctx context.Context, args []string, environ map[string]string, stdout i
 		logger.Info("shutting down")
 		return m.Close()
 	case "migrate":
-		db, err := database.Open(ctx, cfg.DatabaseURL, database.Options{MaxConns: 1, StatementTimeout: time.Minute, LockTimeout: time.Minute})
+		db, err := database.Open(ctx, cfg.Database.URL, database.Options{MaxConns: 1, StatementTimeout: time.Minute, LockTimeout: time.Minute})
 		if err != nil {
 			return err
 		}
 		defer database.Close(db)
-		v, err := database.Migrate(cfg.DatabaseURL)
+		v, err := database.Migrate(cfg.Database.URL)
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "database schema at version %d\n", v)
-		if cfg.PaymentChannelURL == "" { // the embedded channel's own database too
-			cv, err := channel.Migrate(ctx, cfg.ChannelDatabaseURL)
+		if cfg.Payment.ChannelURL == "" { // the embedded channel's own database too
+			cv, err := channel.Migrate(ctx, cfg.Channel.DatabaseURL)
 			if err != nil {
 				return err
 			}
@@ -161,15 +161,15 @@ func Version() string {
 
 // cleanupOnce is `orderservice cleanup`: one pass of the cleanup job by hand.
 func cleanupOnce(ctx context.Context, cfg Config, logger *slog.Logger, stdout io.Writer) error {
-	db, err := database.Open(ctx, cfg.DatabaseURL, database.Options{MaxConns: 2, StatementTimeout: time.Minute, LockTimeout: cfg.DBLockTimeout})
+	db, err := database.Open(ctx, cfg.Database.URL, database.Options{MaxConns: 2, StatementTimeout: time.Minute, LockTimeout: cfg.Database.LockTimeout})
 	if err != nil {
 		return err
 	}
 	defer database.Close(db)
 	policy := cfg.Policy()
-	c := &idempotency.Cleaner{DB: db, Store: &idempotency.Store{Lease: cfg.Lease, Policy: policy},
+	c := &idempotency.Cleaner{DB: db, Store: &idempotency.Store{Lease: cfg.Recovery.Lease, Policy: policy},
 		Inbox: &idempotency.Inbox{Retention: policy.InboxRetention()},
-		Batch: cfg.CleanupBatch, Pause: cfg.CleanupPause, Logger: logger}
+		Batch: cfg.Cleanup.Batch, Pause: cfg.Cleanup.Pause, Logger: logger}
 	res, err := c.Pass(ctx)
 	fmt.Fprintf(stdout, "cleanup: deleted %d expired idempotency records, %d of them archived first (money operations: %v); forgot %d webhook deliveries\n",
 		res.Deleted, res.Archived, policy.MoneyOperations, res.Forgot)
@@ -229,31 +229,28 @@ func (m *Main) start(ctx context.Context) error {
 	// The API listens before the database is there: /healthz and /readyz
 	// answer (200, 503) while a failover or a booting database is awaited,
 	// and nothing touches a database that is not a writable primary.
-	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	ln, err := net.Listen("tcp", cfg.HTTP.Addr)
 	if err != nil {
-		return fmt.Errorf("listen on HTTP_ADDR %s: %w", cfg.HTTPAddr, err)
+		return fmt.Errorf("listen on HTTP_ADDR %s: %w", cfg.HTTP.Addr, err)
 	}
 	m.Addr = ln.Addr().String()
 
-	channelURL := cfg.PaymentChannelURL
+	channelURL := cfg.Payment.ChannelURL
 	if channelURL == "" {
 		// The channel's ledger is its own database, so a restart of the
 		// service forgets no charge, as a real acquirer would not. It
 		// delivers its webhooks to this service (the gate answers 503
 		// until the service is ready, and the channel delivers again).
-		m.Channel, err = channel.Open(ctx, cfg.ChannelDatabaseURL, channel.Options{
-			SlowDelay: cfg.ChannelSlowDelay, AsyncDelay: cfg.ChannelAsyncDelay,
-			WebhookURL: m.URL() + "/webhooks/payment-channel", WebhookSecret: cfg.WebhookSecrets[0],
-			WebhookRetryWindow: cfg.ChannelWebhookRetryWindow,
-			Logger:             m.Logger.With("component", "paymentchannel")})
+		m.Channel, err = channel.Open(ctx, cfg.Channel.DatabaseURL, cfg.Channel.Options(
+			m.URL()+"/webhooks/payment-channel", cfg.Payment.WebhookSecrets[0], m.Logger.With("component", "paymentchannel")))
 		if err != nil {
 			ln.Close()
 			return err
 		}
-		channelLn, err := net.Listen("tcp", cfg.ChannelAddr)
+		channelLn, err := net.Listen("tcp", cfg.Channel.Addr)
 		if err != nil {
 			ln.Close()
-			return fmt.Errorf("listen for the embedded payment channel on %s: %w", cfg.ChannelAddr, err)
+			return fmt.Errorf("listen for the embedded payment channel on %s: %w", cfg.Channel.Addr, err)
 		}
 		m.ChannelAddr = channelLn.Addr().String()
 		m.serve(channelLn, m.Channel.Handler())
@@ -283,27 +280,26 @@ func (m *Main) start(ctx context.Context) error {
 		return err
 	}
 
-	records := &idempotency.Store{Lease: cfg.Lease, PhaseTimeout: cfg.ChannelTimeout, Policy: policy}
+	records := &idempotency.Store{Lease: cfg.Recovery.Lease, PhaseTimeout: cfg.Payment.ChannelTimeout, Policy: policy}
 	inbox := &idempotency.Inbox{Retention: policy.InboxRetention()}
 	m.Metrics = metrics.New(func(ctx context.Context) (idempotency.Gauges, error) { return records.Gauges(db.WithContext(ctx)) },
 		m.Logger, order.Operations, order.MoneyOperations)
-	waiter := &idempotency.Waiter{URL: cfg.DatabaseURL, Poll: time.Second, Logger: m.Logger, Observe: m.Metrics.Waited}
+	waiter := &idempotency.Waiter{URL: cfg.Database.URL, Poll: time.Second, Logger: m.Logger, Observe: m.Metrics.Waited}
 	m.Waiter = waiter
 	stopping, stopWaiting := context.WithCancel(context.WithoutCancel(ctx))
 	m.stopping = stopWaiting
 	m.Orders = order.NewService(order.Deps{
-		DB: db, Records: records, Inbox: inbox, Logger: m.Logger, Observe: m.Metrics, Lifetime: m.lifetime,
-		Channel: payment.NewClient(channelURL, &http.Client{Transport: &http.Transport{
-			MaxIdleConnsPerHost: cfg.ChannelMaxInFlight, IdleConnTimeout: 90 * time.Second}}),
-		Money: order.MoneyConfig{ChannelTimeout: cfg.ChannelTimeout, RetryAfter: cfg.RetryAfter, ChannelKeyWindow: cfg.ChannelKeyWindow,
-			MaxChannelCalls: cfg.ChannelMaxInFlight, PendingCheckEvery: cfg.PendingCheckEvery},
-	})
-	api := &httpapi.Server{Orders: m.Orders, Records: records, DB: db, Logger: m.Logger,
-		Tenants: httpapi.NewTenants(cfg.APIKeys), Policy: policy, Metrics: m.Metrics,
+		DB: db, Records: records, Inbox: inbox, Logger: m.Logger, Observe: m.Metrics, Done: m.lifetime.Done(),
+		Waiter: waiter, MaxWait: cfg.HTTP.MaxWait, Stopping: stopping.Done(),
 		WindowSources: sources, OutboxRetention: outboxRetention(policy),
-		Waiter: waiter, MaxWait: cfg.MaxWait, Stopping: stopping,
-		Admission: httpapi.NewAdmission(cfg.HTTPMaxInFlight, cfg.HTTPMaxQueue, cfg.HTTPQueueTimeout), CORSOrigins: cfg.CORSAllowedOrigins,
-		WebhookSecrets: cfg.WebhookSecrets}
+		Channel: payment.NewClient(channelURL, &http.Client{Transport: &http.Transport{
+			MaxIdleConnsPerHost: cfg.Payment.ChannelMaxInFlight, IdleConnTimeout: 90 * time.Second}}),
+		Money: cfg.Payment.Money(),
+	})
+	api := &httpapi.Server{Orders: m.Orders, Ready: ready(db), Logger: m.Logger,
+		Tenants: httpapi.NewTenants(cfg.APIKeys), Metrics: m.Metrics,
+		Admission: cfg.HTTP.Admission(), CORSOrigins: cfg.HTTP.CORSAllowedOrigins,
+		WebhookSecrets: cfg.Payment.WebhookSecrets}
 	if api.Admission != nil {
 		api.Admission.OnShed, api.Admission.Logger = m.Metrics.Shed, m.Logger
 	}
@@ -311,7 +307,7 @@ func (m *Main) start(ctx context.Context) error {
 
 	workCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	m.stop = stop
-	cleaner := &idempotency.Cleaner{DB: db, Store: records, Inbox: inbox, Batch: cfg.CleanupBatch, Pause: cfg.CleanupPause,
+	cleaner := &idempotency.Cleaner{DB: db, Store: records, Inbox: inbox, Batch: cfg.Cleanup.Batch, Pause: cfg.Cleanup.Pause,
 		Logger: m.Logger, Observe: func(r idempotency.CleanupResult) { m.Metrics.Cleaned(r.Deleted, r.Archived) }}
 	outbox := &order.Outbox{DB: db}
 	m.Metrics.WatchOutbox(outbox.Lag)
@@ -319,15 +315,17 @@ func (m *Main) start(ctx context.Context) error {
 		m.Metrics.WatchDB(pool)
 	}
 	m.Metrics.WatchDLQ((&messaging.DLQ{JS: m.JS}).Depth)
-	m.Relay = &messaging.Relay{Outbox: outbox, JS: m.JS, Batch: cfg.OutboxBatch, Interval: cfg.OutboxInterval,
+	m.Relay = &messaging.Relay{Outbox: outbox, JS: m.JS, Batch: cfg.Outbox.Batch, Interval: cfg.Outbox.Interval,
 		Observe: m.Metrics, Logger: m.Logger}
-	outboxCleaner := &messaging.OutboxCleaner{Outbox: outbox, Retention: outboxRetention(policy), Batch: cfg.CleanupBatch, Logger: m.Logger}
+	outboxCleaner := &messaging.OutboxCleaner{Outbox: outbox, Retention: outboxRetention(policy), Batch: cfg.Cleanup.Batch, Logger: m.Logger}
 	for _, run := range []func(context.Context){
 		waiter.Run,
-		func(ctx context.Context) { m.Orders.RunSweeper(ctx, cfg.SweepInterval, cfg.SweepBatch) },
-		func(ctx context.Context) { cleaner.Run(ctx, cfg.CleanupInterval) },
+		func(ctx context.Context) {
+			m.Orders.RunSweeper(ctx, cfg.Recovery.SweepInterval, cfg.Recovery.SweepBatch)
+		},
+		func(ctx context.Context) { cleaner.Run(ctx, cfg.Cleanup.Interval) },
 		m.Relay.Run,
-		func(ctx context.Context) { outboxCleaner.Run(ctx, cfg.CleanupInterval) },
+		func(ctx context.Context) { outboxCleaner.Run(ctx, cfg.Cleanup.Interval) },
 	} {
 		m.workers.Add(1)
 		go func() {
@@ -336,15 +334,15 @@ func (m *Main) start(ctx context.Context) error {
 		}()
 	}
 	m.Consumer = &messaging.Consumer{JS: m.JS, Orders: m.Orders, Tenants: cfg.APIKeys,
-		MaxDeliver: cfg.CommandMaxDeliver, AckWait: cfg.CommandAckWait, Workers: cfg.CommandWorkers,
-		Backoff: messaging.Backoff{Base: cfg.CommandBackoff, Max: cfg.CommandBackoffMax},
+		MaxDeliver: cfg.Commands.MaxDeliver, AckWait: cfg.Commands.AckWait, Workers: cfg.Commands.Workers,
+		Backoff: messaging.Backoff{Base: cfg.Commands.Backoff, Max: cfg.Commands.BackoffMax},
 		Horizon: messaging.Horizon(policy), Observe: m.Metrics, Logger: m.Logger}
 	if err := m.Consumer.Start(ctx); err != nil {
 		return err
 	}
 
 	m.Logger.Info("orderservice started", "addr", m.Addr, "schema_version", version,
-		"payment_channel", channelURL, "nats", redactURL(m.NATSURL), "lease", cfg.Lease.String(), "retention", policy.Describe(cfg.Lease),
+		"payment_channel", channelURL, "nats", redactURL(m.NATSURL), "lease", cfg.Recovery.Lease.String(), "retention", policy.Describe(cfg.Recovery.Lease),
 		"message_redelivery_source", sources["message_redelivery"], "outbox_retention", outboxRetention(policy).String())
 	return nil
 }

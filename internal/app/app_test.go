@@ -71,6 +71,14 @@ func TestBadConfigurationStopsTheStart(t *testing.T) {
 			t.Fatalf("err = %v", err)
 		}
 	})
+	// Cleanup.Batch and Outbox.Batch are both fields named Batch: the
+	// error names the variable, not the field.
+	t.Run("a value that does not parse names its variable", func(t *testing.T) {
+		err := app.Run(context.Background(), nil, map[string]string{"OUTBOX_BATCH": "many", "CLEANUP_BATCH": "50"}, io.Discard)
+		if err == nil || !strings.HasPrefix(err.Error(), "OUTBOX_BATCH: ") || strings.Contains(err.Error(), "CLEANUP_BATCH") {
+			t.Fatalf("err = %v", err)
+		}
+	})
 }
 
 // help and version need no configuration at all: they work where the
@@ -356,7 +364,7 @@ func TestAMultiHostDatabaseURLIsAccepted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.DBConnMaxLifetime <= 0 || cfg.DBStartTimeout <= 0 {
-		t.Errorf("defaults: DB_CONN_MAX_LIFETIME %s, DB_START_TIMEOUT %s", cfg.DBConnMaxLifetime, cfg.DBStartTimeout)
+	if cfg.Database.ConnMaxLifetime <= 0 || cfg.Database.StartTimeout <= 0 {
+		t.Errorf("defaults: DB_CONN_MAX_LIFETIME %s, DB_START_TIMEOUT %s", cfg.Database.ConnMaxLifetime, cfg.Database.StartTimeout)
 	}
 }

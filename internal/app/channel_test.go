@@ -41,15 +41,15 @@ func TestEmbeddedChannelDatabase(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if cfg.ChannelDatabaseURL != tc.want {
-				t.Errorf("CHANNEL_DATABASE_URL = %q, want %q", cfg.ChannelDatabaseURL, tc.want)
+			if cfg.Channel.DatabaseURL != tc.want {
+				t.Errorf("CHANNEL_DATABASE_URL = %q, want %q", cfg.Channel.DatabaseURL, tc.want)
 			}
 		})
 	}
 	t.Run("takes CHANNEL_DATABASE_URL when it is set", func(t *testing.T) {
 		cfg, err := app.LoadConfig(map[string]string{"CHANNEL_DATABASE_URL": "postgres://x@y/ledger"})
-		if err != nil || cfg.ChannelDatabaseURL != "postgres://x@y/ledger" {
-			t.Errorf("config = %q, %v", cfg.ChannelDatabaseURL, err)
+		if err != nil || cfg.Channel.DatabaseURL != "postgres://x@y/ledger" {
+			t.Errorf("config = %q, %v", cfg.Channel.DatabaseURL, err)
 		}
 	})
 	t.Run("refuses a CHANNEL_DATABASE_URL of another kind in one line", func(t *testing.T) {

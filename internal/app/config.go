@@ -20,204 +20,328 @@ import (
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/messaging"
 	"github.com/orderservice/orderservice/internal/order"
+	"github.com/orderservice/orderservice/internal/payment/channel"
 	"github.com/orderservice/orderservice/internal/webhook"
 )
 
-// Config is every setting of the service, read once from the environment.
+// Config is every setting of the service, read once from the environment
+// and grouped by concern: a group is a struct of its own, whose envPrefix
+// (where all of its variables share one) is put before each of its names.
 // Each field's comment is its line in docs/configuration.md, which a test
-// generates from this struct (go test ./internal/app -run Reference -update
-// rewrites it); a "Default:" line names a default the tag cannot hold.
+// generates from these structs (go test ./internal/app -run Reference
+// -update rewrites it), a group's comment the text of its section; a
+// "Default:" line names a default the tag cannot hold.
 type Config struct {
-	// DatabaseURL is the PostgreSQL URL, one host or several
-	// (`postgres://u@h1:5432,h2:5432/db?target_session_attrs=read-write`,
-	// see docs/scaling.md).
-	DatabaseURL string `env:"DATABASE_URL" envDefault:"postgres://postgres:postgres@localhost:5432/orderservice?sslmode=disable"`
-	// HTTPAddr is the listen address of the order API.
-	HTTPAddr string `env:"HTTP_ADDR" envDefault:":8080"`
+	// LogLevel is `debug`, `info`, `warn` or `error`.
+	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
 	// APIKeys are `tenant=key` pairs, comma separated (keys of at least 8
 	// characters, distinct; a tenant is letters, digits, `-` and `_`).
 	APIKeys map[string]string `env:"API_KEYS" envDefault:"acme=demo-key-acme,globex=demo-key-globex" envKeyValSeparator:"="`
-	// PaymentChannelURL is the base URL of the payment channel; empty runs
-	// the mock channel in-process.
-	PaymentChannelURL string `env:"PAYMENT_CHANNEL_URL"`
-	// ChannelAddr is where the in-process mock channel listens.
-	ChannelAddr string `env:"CHANNEL_ADDR" envDefault:"127.0.0.1:8081"`
-	// LogLevel is `debug`, `info`, `warn` or `error`.
-	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
-	// ChannelDatabaseURL is the in-process channel's own database (created
-	// if missing, migrated at start).
-	// Default: DATABASE_URL's server, database `paymentchannel`
-	ChannelDatabaseURL string `env:"CHANNEL_DATABASE_URL"`
-	// ChannelSlowDelay is how long the in-process channel takes for `pm_slow`.
-	ChannelSlowDelay time.Duration `env:"PAYMENT_SLOW_DELAY" envDefault:"2s"`
-	// ChannelAsyncDelay is how long the in-process channel takes to settle a
-	// charge it took on as pending (`pm_async_ok`, `pm_async_declined`).
-	ChannelAsyncDelay time.Duration `env:"PAYMENT_ASYNC_DELAY" envDefault:"2s"`
-	// ChannelWebhookRetryWindow is how long the in-process channel retries
-	// a webhook delivery, with backoff.
-	ChannelWebhookRetryWindow time.Duration `env:"CHANNEL_WEBHOOK_RETRY_WINDOW" envDefault:"72h"`
-	// WebhookSecrets verify the payment channel's webhooks (Standard
-	// Webhooks: `whsec_` and base64, comma separated: two while one is
-	// rotated); the in-process channel signs with the first.
-	WebhookSecrets []string `env:"PAYMENT_WEBHOOK_SECRET" envDefault:"whsec_b3JkZXJzZXJ2aWNlLWRldi13ZWJob29rLXNlY3JldCE="`
+	// ShutdownTimeout bounds the whole shutdown after SIGTERM, background
+	// work included (below Docker's default 10s stop grace period).
+	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"8s"`
 
-	// DBMaxConns is the connection pool's size.
-	DBMaxConns int `env:"DB_MAX_CONNS" envDefault:"20"`
-	// DBStatementTimeout is the server-side statement timeout.
-	DBStatementTimeout time.Duration `env:"DB_STATEMENT_TIMEOUT" envDefault:"5s"`
-	// DBLockTimeout is how long a duplicate waits for the first request's
-	// transaction before its 409; shorter than DB_STATEMENT_TIMEOUT.
-	DBLockTimeout time.Duration `env:"DB_LOCK_TIMEOUT" envDefault:"3s"`
-	// DBConnMaxLifetime bounds a pooled connection's life: after a failover
-	// the pool is on the new primary within this long even where nothing
-	// broke the old connections.
-	DBConnMaxLifetime time.Duration `env:"DB_CONN_MAX_LIFETIME" envDefault:"2m"`
-	// DBStartTimeout is how long the start waits for a writable primary (a
-	// failover, a booting database) while /healthz answers 200 and /readyz
-	// 503; then it gives up.
-	DBStartTimeout time.Duration `env:"DB_START_TIMEOUT" envDefault:"60s"`
+	// HTTP is the order API's door: where it listens, how many requests
+	// it serves at once, which browsers may call it.
+	HTTP HTTPConfig
+	// Database is the service's PostgreSQL database and its pool.
+	Database DatabaseConfig
+	// Payment is how the service calls the payment channel and checks its
+	// webhooks.
+	Payment PaymentConfig `envPrefix:"PAYMENT_"`
+	// Channel is the mock payment channel the service runs in-process when
+	// PAYMENT_CHANNEL_URL is empty.
+	Channel ChannelConfig
+	// Recovery is how an intent whose owner stopped working on it is
+	// taken over.
+	Recovery RecoveryConfig
+	// Retention is how long idempotency records are kept: the replay
+	// windows they must outlive, the margin on top and the money floor, or
+	// an override.
+	Retention RetentionConfig
+	// Cleanup is the job that removes expired records.
+	Cleanup CleanupConfig `envPrefix:"CLEANUP_"`
+	// NATS is the message broker: an external server or cluster, or an
+	// embedded one.
+	NATS NATSConfig `envPrefix:"NATS_"`
+	// Commands is how the commands that arrive through NATS are consumed.
+	Commands CommandsConfig `envPrefix:"COMMAND_"`
+	// Outbox is the relay that publishes the outbox's events to NATS.
+	Outbox OutboxConfig `envPrefix:"OUTBOX_"`
+}
 
+// HTTPConfig is the order API's door.
+type HTTPConfig struct {
+	// Addr is the listen address of the order API.
+	Addr string `env:"HTTP_ADDR" envDefault:":8080"`
 	// CORSAllowedOrigins are the exact origins (`https://shop.example`,
 	// comma separated, no wildcard) whose pages may call /v1 from a browser;
 	// empty turns CORS off.
 	CORSAllowedOrigins []string `env:"CORS_ALLOWED_ORIGINS"`
-
-	// HTTPMaxInFlight is how many /v1 requests are served at once (a pay or
+	// MaxInFlight is how many /v1 requests are served at once (a pay or
 	// refund gives its slot back while it waits for the channel, a duplicate
 	// while it waits with Prefer: wait); 0 turns admission control off.
-	HTTPMaxInFlight int `env:"HTTP_MAX_IN_FLIGHT" envDefault:"32"`
-	// HTTPMaxQueue is the most that may wait for a slot (FIFO); fewer may
+	MaxInFlight int `env:"HTTP_MAX_IN_FLIGHT" envDefault:"32"`
+	// MaxQueue is the most that may wait for a slot (FIFO); fewer may
 	// when slots come free too slowly for them all to get one within a
 	// tenth of HTTP_QUEUE_TIMEOUT (never fewer than HTTP_MAX_IN_FLIGHT, nor
 	// 8). Beyond the bound a request is refused at once.
-	HTTPMaxQueue int `env:"HTTP_MAX_QUEUE" envDefault:"1024"`
-	// HTTPQueueTimeout is the longest wait for a slot; when every waiter for
+	MaxQueue int `env:"HTTP_MAX_QUEUE" envDefault:"1024"`
+	// QueueTimeout is the longest wait for a slot; when every waiter for
 	// a fifth of it waited longer than a tenth of it (a standing queue), new
 	// arrivals that find no free slot are refused at once, and those already
 	// queued are still served (docs/concepts.md §9).
-	HTTPQueueTimeout time.Duration `env:"HTTP_QUEUE_TIMEOUT" envDefault:"1s"`
+	QueueTimeout time.Duration `env:"HTTP_QUEUE_TIMEOUT" envDefault:"1s"`
+	// MaxWait caps Prefer: wait=N, how long a duplicate may wait for its
+	// first attempt's outcome.
+	MaxWait time.Duration `env:"MAX_WAIT" envDefault:"10s"`
+}
 
-	// Lease is how long an owner may work on an intent before it can be
-	// taken over; it must exceed PAYMENT_CHANNEL_TIMEOUT by a second.
-	Lease time.Duration `env:"IDEMPOTENCY_LEASE" envDefault:"30s"`
+// Admission is the API's admission control, nil when HTTP_MAX_IN_FLIGHT
+// turns it off.
+func (c HTTPConfig) Admission() *httpapi.Admission {
+	return httpapi.NewAdmission(c.MaxInFlight, c.MaxQueue, c.QueueTimeout)
+}
+
+// DatabaseConfig is the service's database.
+type DatabaseConfig struct {
+	// URL is the PostgreSQL URL, one host or several
+	// (`postgres://u@h1:5432,h2:5432/db?target_session_attrs=read-write`,
+	// see docs/scaling.md).
+	URL string `env:"DATABASE_URL" envDefault:"postgres://postgres:postgres@localhost:5432/orderservice?sslmode=disable"`
+	// MaxConns is the connection pool's size.
+	MaxConns int `env:"DB_MAX_CONNS" envDefault:"20"`
+	// StatementTimeout is the server-side statement timeout.
+	StatementTimeout time.Duration `env:"DB_STATEMENT_TIMEOUT" envDefault:"5s"`
+	// LockTimeout is how long a duplicate waits for the first request's
+	// transaction before its 409; shorter than DB_STATEMENT_TIMEOUT.
+	LockTimeout time.Duration `env:"DB_LOCK_TIMEOUT" envDefault:"3s"`
+	// ConnMaxLifetime bounds a pooled connection's life: after a failover
+	// the pool is on the new primary within this long even where nothing
+	// broke the old connections.
+	ConnMaxLifetime time.Duration `env:"DB_CONN_MAX_LIFETIME" envDefault:"2m"`
+	// StartTimeout is how long the start waits for a writable primary (a
+	// failover, a booting database) while /healthz answers 200 and /readyz
+	// 503; then it gives up.
+	StartTimeout time.Duration `env:"DB_START_TIMEOUT" envDefault:"60s"`
+}
+
+// Options are the pool's options.
+func (c DatabaseConfig) Options() database.Options {
+	return database.Options{MaxConns: c.MaxConns, StatementTimeout: c.StatementTimeout,
+		LockTimeout: c.LockTimeout, ConnMaxLifetime: c.ConnMaxLifetime}
+}
+
+// PaymentConfig is the payment channel as the service calls it; every
+// variable begins with PAYMENT_.
+type PaymentConfig struct {
+	// ChannelURL is the base URL of the payment channel; empty runs
+	// the mock channel in-process.
+	ChannelURL string `env:"CHANNEL_URL"`
 	// ChannelTimeout bounds one call to the payment channel.
-	ChannelTimeout time.Duration `env:"PAYMENT_CHANNEL_TIMEOUT" envDefault:"10s"`
+	ChannelTimeout time.Duration `env:"CHANNEL_TIMEOUT" envDefault:"10s"`
 	// ChannelMaxInFlight bounds the pays and refunds at the payment channel
 	// at once, per instance; one beyond it is refused before anything is
 	// recorded.
-	ChannelMaxInFlight int `env:"PAYMENT_CHANNEL_MAX_IN_FLIGHT" envDefault:"64"`
+	ChannelMaxInFlight int `env:"CHANNEL_MAX_IN_FLIGHT" envDefault:"64"`
 	// RetryAfter is the Retry-After after an unknown channel outcome (whole
 	// seconds, at least 1); the sweeper resumes the intent after it.
-	RetryAfter time.Duration `env:"PAYMENT_RETRY_AFTER" envDefault:"2s"`
+	RetryAfter time.Duration `env:"RETRY_AFTER" envDefault:"2s"`
 	// ChannelKeyWindow is how long the payment channel remembers an
 	// idempotency key; a retry of an intent older than this asks the channel
 	// what it holds before sending the key again.
-	ChannelKeyWindow time.Duration `env:"PAYMENT_CHANNEL_KEY_WINDOW" envDefault:"24h"`
+	ChannelKeyWindow time.Duration `env:"CHANNEL_KEY_WINDOW" envDefault:"24h"`
 	// PendingCheckEvery is how often the sweeper asks the channel about a
 	// payment it took on as pending, when no webhook told its outcome.
-	PendingCheckEvery time.Duration `env:"PAYMENT_PENDING_CHECK_EVERY" envDefault:"30s"`
+	PendingCheckEvery time.Duration `env:"PENDING_CHECK_EVERY" envDefault:"30s"`
+	// WebhookSecrets verify the payment channel's webhooks (Standard
+	// Webhooks: `whsec_` and base64, comma separated: two while one is
+	// rotated); the in-process channel signs with the first.
+	WebhookSecrets []string `env:"WEBHOOK_SECRET" envDefault:"whsec_b3JkZXJzZXJ2aWNlLWRldi13ZWJob29rLXNlY3JldCE="`
+}
+
+// Money is how the order service moves money through the channel.
+func (c PaymentConfig) Money() order.MoneyConfig {
+	return order.MoneyConfig{ChannelTimeout: c.ChannelTimeout, RetryAfter: c.RetryAfter, ChannelKeyWindow: c.ChannelKeyWindow,
+		MaxChannelCalls: c.ChannelMaxInFlight, PendingCheckEvery: c.PendingCheckEvery}
+}
+
+// ChannelConfig is the in-process mock payment channel.
+type ChannelConfig struct {
+	// Addr is where the in-process mock channel listens.
+	Addr string `env:"CHANNEL_ADDR" envDefault:"127.0.0.1:8081"`
+	// DatabaseURL is the in-process channel's own database (created
+	// if missing, migrated at start).
+	// Default: DATABASE_URL's server, database `paymentchannel`
+	DatabaseURL string `env:"CHANNEL_DATABASE_URL"`
+	// SlowDelay is how long the in-process channel takes for `pm_slow`.
+	SlowDelay time.Duration `env:"PAYMENT_SLOW_DELAY" envDefault:"2s"`
+	// AsyncDelay is how long the in-process channel takes to settle a
+	// charge it took on as pending (`pm_async_ok`, `pm_async_declined`).
+	AsyncDelay time.Duration `env:"PAYMENT_ASYNC_DELAY" envDefault:"2s"`
+	// WebhookRetryWindow is how long the in-process channel retries
+	// a webhook delivery, with backoff.
+	WebhookRetryWindow time.Duration `env:"CHANNEL_WEBHOOK_RETRY_WINDOW" envDefault:"72h"`
+}
+
+// Options are the in-process channel's options: it signs its webhooks to
+// webhookURL with webhookSecret.
+func (c ChannelConfig) Options(webhookURL, webhookSecret string, logger *slog.Logger) channel.Options {
+	return channel.Options{SlowDelay: c.SlowDelay, AsyncDelay: c.AsyncDelay, WebhookRetryWindow: c.WebhookRetryWindow,
+		WebhookURL: webhookURL, WebhookSecret: webhookSecret, Logger: logger}
+}
+
+// RecoveryConfig is the lease on an intent and the sweeper that takes
+// over the intents whose lease expired.
+type RecoveryConfig struct {
+	// Lease is how long an owner may work on an intent before it can be
+	// taken over; it must exceed PAYMENT_CHANNEL_TIMEOUT by a second.
+	Lease time.Duration `env:"IDEMPOTENCY_LEASE" envDefault:"30s"`
 	// SweepInterval is how often the sweeper looks for expired leases and
 	// retryable intents.
 	SweepInterval time.Duration `env:"SWEEP_INTERVAL" envDefault:"5s"`
 	// SweepBatch is the most intents one sweep takes.
 	SweepBatch int `env:"SWEEP_BATCH" envDefault:"100"`
+}
 
-	// ClientRetryWindow is how long clients may retry a request.
-	ClientRetryWindow time.Duration `env:"REPLAY_WINDOW_CLIENT_RETRY" envDefault:"24h"`
-	// MessageRedeliveryWindow is the max_age of ORDER_COMMANDS (and of the
+// RetentionConfig is what the retention policy (Config.Policy) derives
+// from.
+type RetentionConfig struct {
+	// Windows are the replay windows.
+	Windows ReplayWindows `envPrefix:"REPLAY_WINDOW_"`
+	// Margin is added to the longest window; a negative margin (or
+	// window) is refused.
+	Margin time.Duration `env:"RETENTION_MARGIN" envDefault:"24h"`
+	// MoneyFloor is the least retention of order.pay and
+	// order.cancel records (archived when removed).
+	MoneyFloor time.Duration `env:"MONEY_RETENTION_FLOOR" envDefault:"2160h"`
+	// Override overrides the derived retention; refused if shorter than the
+	// longest window plus the margin.
+	// Default: derived
+	Override time.Duration `env:"IDEMPOTENCY_RETENTION"`
+}
+
+// ReplayWindows are how long each source may replay a request; every
+// variable begins with REPLAY_WINDOW_.
+type ReplayWindows struct {
+	// ClientRetry is how long clients may retry a request.
+	ClientRetry time.Duration `env:"CLIENT_RETRY" envDefault:"24h"`
+	// MessageRedelivery is the max_age of ORDER_COMMANDS (and of the
 	// results and events streams) when the service creates it; an existing
 	// stream's max_age wins (docs/operations.md).
-	MessageRedeliveryWindow time.Duration `env:"REPLAY_WINDOW_MESSAGE_REDELIVERY" envDefault:"168h"`
-	// ManualCompensationWindow is how long operators may replay by hand;
+	MessageRedelivery time.Duration `env:"MESSAGE_REDELIVERY" envDefault:"168h"`
+	// ManualCompensation is how long operators may replay by hand;
 	// also the DLQ's max_age when the service creates it.
-	ManualCompensationWindow time.Duration `env:"REPLAY_WINDOW_MANUAL_COMPENSATION" envDefault:"720h"`
-	// WebhookReplayWindow is how long the payment channel may deliver a
+	ManualCompensation time.Duration `env:"MANUAL_COMPENSATION" envDefault:"720h"`
+	// Webhook is how long the payment channel may deliver a
 	// webhook again (the longest an acquirer is known to retry: 30 days);
 	// the webhook inbox remembers a delivery that long plus the margin. A
 	// window shorter than CHANNEL_WEBHOOK_RETRY_WINDOW is refused.
-	WebhookReplayWindow time.Duration `env:"REPLAY_WINDOW_WEBHOOK" envDefault:"720h"`
-	// RetentionMargin is added to the longest window; a negative margin (or
-	// window) is refused.
-	RetentionMargin time.Duration `env:"RETENTION_MARGIN" envDefault:"24h"`
-	// MoneyRetentionFloor is the least retention of order.pay and
-	// order.cancel records (archived when removed).
-	MoneyRetentionFloor time.Duration `env:"MONEY_RETENTION_FLOOR" envDefault:"2160h"`
-	// Retention overrides the derived retention; refused if shorter than the
-	// longest window plus the margin.
-	// Default: derived
-	Retention time.Duration `env:"IDEMPOTENCY_RETENTION"`
-
-	// CleanupInterval is the cleanup job's period.
-	CleanupInterval time.Duration `env:"CLEANUP_INTERVAL" envDefault:"1h"`
-	// CleanupBatch is how many records one cleanup transaction removes:
-	// small batches keep each commit's WAL small.
-	CleanupBatch int `env:"CLEANUP_BATCH" envDefault:"500"`
-	// CleanupPause is the cleanup's pause between batches.
-	CleanupPause time.Duration `env:"CLEANUP_PAUSE" envDefault:"5ms"`
-
-	// ShutdownTimeout bounds the whole shutdown after SIGTERM, background
-	// work included (below Docker's default 10s stop grace period).
-	ShutdownTimeout time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"8s"`
-
-	// MaxWait caps Prefer: wait=N, how long a duplicate may wait for its
-	// first attempt's outcome.
-	MaxWait time.Duration `env:"MAX_WAIT" envDefault:"10s"`
-
-	// NATSURL names the NATS server or cluster
-	// (`nats://user:password@host:4222`, comma separated); empty runs an
-	// embedded NATS server with JetStream.
-	NATSURL string `env:"NATS_URL"`
-	// NATSEmbeddedAddr is where the embedded NATS server listens (port 0:
-	// any free port).
-	NATSEmbeddedAddr string `env:"NATS_EMBEDDED_ADDR" envDefault:"127.0.0.1:4223"`
-	// NATSStoreDir is where the embedded server keeps JetStream's streams;
-	// it must survive restarts for a redelivery to survive one.
-	// Default: $TMPDIR/orderservice-nats
-	NATSStoreDir string `env:"NATS_STORE_DIR"`
-	// NATSServicePassword is the embedded server's password for the
-	// service's own user `orderservice`, which `orderservice dlq` uses too.
-	NATSServicePassword string `env:"NATS_SERVICE_PASSWORD" envDefault:"orderservice-dev-secret"`
-	// NATSStreamReplicas is how many copies of each stream the service
-	// creates: 3 on a three-node JetStream cluster.
-	NATSStreamReplicas int `env:"NATS_STREAM_REPLICAS" envDefault:"1"`
-	// CommandMaxDeliver is how many deliveries a transiently failing
-	// command gets before it is dead-lettered.
-	CommandMaxDeliver int `env:"COMMAND_MAX_DELIVER" envDefault:"5"`
-	// CommandAckWait is how long JetStream waits for an answer before it
-	// redelivers (a running command reports progress).
-	CommandAckWait time.Duration `env:"COMMAND_ACK_WAIT" envDefault:"30s"`
-	// CommandBackoff is the first delay before a transient failure is
-	// redelivered, doubled per delivery.
-	CommandBackoff time.Duration `env:"COMMAND_BACKOFF" envDefault:"1s"`
-	// CommandBackoffMax caps that delay.
-	CommandBackoffMax time.Duration `env:"COMMAND_BACKOFF_MAX" envDefault:"30s"`
-	// CommandWorkers is how many commands one instance runs (and fetches)
-	// at once.
-	CommandWorkers int `env:"COMMAND_WORKERS" envDefault:"16"`
-	// OutboxInterval is the relay's pause when the outbox is empty.
-	OutboxInterval time.Duration `env:"OUTBOX_INTERVAL" envDefault:"100ms"`
-	// OutboxBatch is how many events the relay publishes per batch.
-	OutboxBatch int `env:"OUTBOX_BATCH" envDefault:"200"`
+	Webhook time.Duration `env:"WEBHOOK" envDefault:"720h"`
 }
 
-// natsStoreDir is NATS_STORE_DIR or its default.
-func (c Config) natsStoreDir() string {
-	if c.NATSStoreDir != "" {
-		return c.NATSStoreDir
+// CleanupConfig is the cleanup job; every variable begins with CLEANUP_.
+type CleanupConfig struct {
+	// Interval is the cleanup job's period.
+	Interval time.Duration `env:"INTERVAL" envDefault:"1h"`
+	// Batch is how many records one cleanup transaction removes:
+	// small batches keep each commit's WAL small.
+	Batch int `env:"BATCH" envDefault:"500"`
+	// Pause is the cleanup's pause between batches.
+	Pause time.Duration `env:"PAUSE" envDefault:"5ms"`
+}
+
+// NATSConfig is the broker; every variable begins with NATS_.
+type NATSConfig struct {
+	// URL names the NATS server or cluster
+	// (`nats://user:password@host:4222`, comma separated); empty runs an
+	// embedded NATS server with JetStream.
+	URL string `env:"URL"`
+	// EmbeddedAddr is where the embedded NATS server listens (port 0:
+	// any free port).
+	EmbeddedAddr string `env:"EMBEDDED_ADDR" envDefault:"127.0.0.1:4223"`
+	// StoreDir is where the embedded server keeps JetStream's streams;
+	// it must survive restarts for a redelivery to survive one.
+	// Default: $TMPDIR/orderservice-nats
+	StoreDir string `env:"STORE_DIR"`
+	// ServicePassword is the embedded server's password for the
+	// service's own user `orderservice`, which `orderservice dlq` uses too.
+	ServicePassword string `env:"SERVICE_PASSWORD" envDefault:"orderservice-dev-secret"`
+	// StreamReplicas is how many copies of each stream the service
+	// creates: 3 on a three-node JetStream cluster.
+	StreamReplicas int `env:"STREAM_REPLICAS" envDefault:"1"`
+}
+
+// Embedded are the embedded server's options, with a NATS user per tenant.
+func (c NATSConfig) Embedded(tenants map[string]string) messaging.EmbeddedOptions {
+	storeDir := c.StoreDir
+	if storeDir == "" {
+		storeDir = filepath.Join(os.TempDir(), "orderservice-nats")
 	}
-	return filepath.Join(os.TempDir(), "orderservice-nats")
+	return messaging.EmbeddedOptions{Addr: c.EmbeddedAddr, StoreDir: storeDir, Tenants: tenants, ServicePassword: c.ServicePassword}
+}
+
+// CommandsConfig is the command consumer; every variable begins with
+// COMMAND_.
+type CommandsConfig struct {
+	// MaxDeliver is how many deliveries a transiently failing
+	// command gets before it is dead-lettered.
+	MaxDeliver int `env:"MAX_DELIVER" envDefault:"5"`
+	// AckWait is how long JetStream waits for an answer before it
+	// redelivers (a running command reports progress).
+	AckWait time.Duration `env:"ACK_WAIT" envDefault:"30s"`
+	// Backoff is the first delay before a transient failure is
+	// redelivered, doubled per delivery.
+	Backoff time.Duration `env:"BACKOFF" envDefault:"1s"`
+	// BackoffMax caps that delay.
+	BackoffMax time.Duration `env:"BACKOFF_MAX" envDefault:"30s"`
+	// Workers is how many commands one instance runs (and fetches)
+	// at once.
+	Workers int `env:"WORKERS" envDefault:"16"`
+}
+
+// OutboxConfig is the outbox relay; every variable begins with OUTBOX_.
+type OutboxConfig struct {
+	// Interval is the relay's pause when the outbox is empty.
+	Interval time.Duration `env:"INTERVAL" envDefault:"100ms"`
+	// Batch is how many events the relay publishes per batch.
+	Batch int `env:"BATCH" envDefault:"200"`
 }
 
 // LoadConfig parses and validates the configuration in environ.
 func LoadConfig(environ map[string]string) (Config, error) {
 	var cfg Config
 	if err := env.ParseWithOptions(&cfg, env.Options{Environment: environ}); err != nil {
-		return cfg, errors.New(strings.ReplaceAll(err.Error(), "\n", "; "))
+		return cfg, parseError(environ, err)
 	}
-	if cfg.ChannelDatabaseURL == "" {
-		cfg.ChannelDatabaseURL = withDatabase(cfg.DatabaseURL, DefaultChannelDatabase)
+	if cfg.Channel.DatabaseURL == "" {
+		cfg.Channel.DatabaseURL = withDatabase(cfg.Database.URL, DefaultChannelDatabase)
 	}
 	return cfg, cfg.validate()
+}
+
+// parseError names the variables env could not parse, in one line. env's
+// own errors name the struct field, which in a group does not say which
+// variable (Cleanup.Batch and Outbox.Batch are both "Batch"): each
+// variable set is parsed again on its own to find the ones at fault.
+func parseError(environ map[string]string, err error) error {
+	params, _ := env.GetFieldParams(&Config{})
+	var msgs []string
+	for _, p := range params {
+		value, set := environ[p.Key]
+		if !set {
+			continue
+		}
+		var one Config
+		var pe env.ParseError
+		if e := env.ParseWithOptions(&one, env.Options{Environment: map[string]string{p.Key: value}}); errors.As(e, &pe) {
+			msgs = append(msgs, fmt.Sprintf("%s: %v", p.Key, pe.Err))
+		}
+	}
+	if len(msgs) == 0 { // not a value env could not parse
+		return errors.New(oneLine(err))
+	}
+	return errors.New(strings.ReplaceAll(strings.Join(msgs, "; "), "\n", " "))
 }
 
 // DefaultChannelDatabase is the embedded channel's database on DATABASE_URL's
@@ -244,13 +368,13 @@ func withDatabase(dbURL, name string) string {
 func (c Config) validate() error {
 	// pgx's parser, not url.Parse: it knows libpq's multi-host form
 	// (postgres://u@h1:5432,h2:5432/db?target_session_attrs=read-write).
-	if !strings.HasPrefix(c.DatabaseURL, "postgres://") && !strings.HasPrefix(c.DatabaseURL, "postgresql://") {
+	if !strings.HasPrefix(c.Database.URL, "postgres://") && !strings.HasPrefix(c.Database.URL, "postgresql://") {
 		return fmt.Errorf("DATABASE_URL must be a postgres:// URL")
 	}
-	if err := database.CheckURL(c.DatabaseURL); err != nil {
+	if err := database.CheckURL(c.Database.URL); err != nil {
 		return fmt.Errorf("DATABASE_URL is not a valid postgres:// URL (one or more host:port, comma separated): %s", oneLine(err))
 	}
-	if err := database.CheckURL(c.ChannelDatabaseURL); err != nil || !strings.HasPrefix(c.ChannelDatabaseURL, "postgres") {
+	if err := database.CheckURL(c.Channel.DatabaseURL); err != nil || !strings.HasPrefix(c.Channel.DatabaseURL, "postgres") {
 		return fmt.Errorf("CHANNEL_DATABASE_URL must be a postgres:// URL")
 	}
 	if len(c.APIKeys) == 0 {
@@ -266,8 +390,8 @@ func (c Config) validate() error {
 		}
 		seen[key] = tenant
 	}
-	if c.PaymentChannelURL != "" {
-		if u, err := url.Parse(c.PaymentChannelURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+	if c.Payment.ChannelURL != "" {
+		if u, err := url.Parse(c.Payment.ChannelURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return fmt.Errorf("PAYMENT_CHANNEL_URL must be an http(s) URL")
 		}
 	}
@@ -275,36 +399,36 @@ func (c Config) validate() error {
 		return err
 	}
 	for name, d := range map[string]time.Duration{
-		"DB_STATEMENT_TIMEOUT": c.DBStatementTimeout, "DB_LOCK_TIMEOUT": c.DBLockTimeout,
-		"DB_CONN_MAX_LIFETIME": c.DBConnMaxLifetime, "DB_START_TIMEOUT": c.DBStartTimeout,
-		"IDEMPOTENCY_LEASE": c.Lease, "PAYMENT_CHANNEL_TIMEOUT": c.ChannelTimeout, "PAYMENT_RETRY_AFTER": c.RetryAfter,
-		"PAYMENT_CHANNEL_KEY_WINDOW": c.ChannelKeyWindow, "PAYMENT_PENDING_CHECK_EVERY": c.PendingCheckEvery,
-		"PAYMENT_ASYNC_DELAY": c.ChannelAsyncDelay, "CHANNEL_WEBHOOK_RETRY_WINDOW": c.ChannelWebhookRetryWindow,
-		"SWEEP_INTERVAL": c.SweepInterval, "SHUTDOWN_TIMEOUT": c.ShutdownTimeout, "CLEANUP_INTERVAL": c.CleanupInterval,
-		"COMMAND_ACK_WAIT": c.CommandAckWait, "COMMAND_BACKOFF": c.CommandBackoff, "COMMAND_BACKOFF_MAX": c.CommandBackoffMax,
-		"OUTBOX_INTERVAL": c.OutboxInterval,
+		"DB_STATEMENT_TIMEOUT": c.Database.StatementTimeout, "DB_LOCK_TIMEOUT": c.Database.LockTimeout,
+		"DB_CONN_MAX_LIFETIME": c.Database.ConnMaxLifetime, "DB_START_TIMEOUT": c.Database.StartTimeout,
+		"IDEMPOTENCY_LEASE": c.Recovery.Lease, "PAYMENT_CHANNEL_TIMEOUT": c.Payment.ChannelTimeout, "PAYMENT_RETRY_AFTER": c.Payment.RetryAfter,
+		"PAYMENT_CHANNEL_KEY_WINDOW": c.Payment.ChannelKeyWindow, "PAYMENT_PENDING_CHECK_EVERY": c.Payment.PendingCheckEvery,
+		"PAYMENT_ASYNC_DELAY": c.Channel.AsyncDelay, "CHANNEL_WEBHOOK_RETRY_WINDOW": c.Channel.WebhookRetryWindow,
+		"SWEEP_INTERVAL": c.Recovery.SweepInterval, "SHUTDOWN_TIMEOUT": c.ShutdownTimeout, "CLEANUP_INTERVAL": c.Cleanup.Interval,
+		"COMMAND_ACK_WAIT": c.Commands.AckWait, "COMMAND_BACKOFF": c.Commands.Backoff, "COMMAND_BACKOFF_MAX": c.Commands.BackoffMax,
+		"OUTBOX_INTERVAL": c.Outbox.Interval,
 	} {
 		if d <= 0 {
 			return fmt.Errorf("%s must be a positive duration", name)
 		}
 	}
-	if c.DBMaxConns < 1 || c.ChannelMaxInFlight < 1 || c.SweepBatch < 1 || c.CleanupBatch < 1 {
+	if c.Database.MaxConns < 1 || c.Payment.ChannelMaxInFlight < 1 || c.Recovery.SweepBatch < 1 || c.Cleanup.Batch < 1 {
 		return fmt.Errorf("DB_MAX_CONNS, PAYMENT_CHANNEL_MAX_IN_FLIGHT, SWEEP_BATCH and CLEANUP_BATCH must be at least 1")
 	}
-	if c.MaxWait < 0 || c.MaxWait >= c.ShutdownTimeout+time.Minute {
-		return fmt.Errorf("MAX_WAIT must be between 0 and a minute beyond SHUTDOWN_TIMEOUT, not %s", c.MaxWait)
+	if c.HTTP.MaxWait < 0 || c.HTTP.MaxWait >= c.ShutdownTimeout+time.Minute {
+		return fmt.Errorf("MAX_WAIT must be between 0 and a minute beyond SHUTDOWN_TIMEOUT, not %s", c.HTTP.MaxWait)
 	}
-	if c.CommandMaxDeliver < 1 || c.CommandWorkers < 1 || c.OutboxBatch < 1 {
+	if c.Commands.MaxDeliver < 1 || c.Commands.Workers < 1 || c.Outbox.Batch < 1 {
 		return fmt.Errorf("COMMAND_MAX_DELIVER, COMMAND_WORKERS and OUTBOX_BATCH must be at least 1")
 	}
-	if c.CommandBackoffMax < c.CommandBackoff {
-		return fmt.Errorf("COMMAND_BACKOFF_MAX (%s) must not be shorter than COMMAND_BACKOFF (%s)", c.CommandBackoffMax, c.CommandBackoff)
+	if c.Commands.BackoffMax < c.Commands.Backoff {
+		return fmt.Errorf("COMMAND_BACKOFF_MAX (%s) must not be shorter than COMMAND_BACKOFF (%s)", c.Commands.BackoffMax, c.Commands.Backoff)
 	}
-	if c.CommandAckWait < time.Second {
+	if c.Commands.AckWait < time.Second {
 		return fmt.Errorf("COMMAND_ACK_WAIT must be at least 1s")
 	}
-	for _, server := range strings.Split(c.NATSURL, ",") {
-		if u, err := url.Parse(server); c.NATSURL != "" && (err != nil || (u.Scheme != "nats" && u.Scheme != "tls") || u.Host == "") {
+	for _, server := range strings.Split(c.NATS.URL, ",") {
+		if u, err := url.Parse(server); c.NATS.URL != "" && (err != nil || (u.Scheme != "nats" && u.Scheme != "tls") || u.Host == "") {
 			return fmt.Errorf("NATS_URL must be nats:// or tls:// URLs, comma-separated (or empty for the embedded server)")
 		}
 	}
@@ -316,37 +440,37 @@ func (c Config) validate() error {
 			return fmt.Errorf("API_KEYS: tenant %q must be letters, digits, '-' and '_' only: it is a NATS subject token and user name", tenant)
 		}
 	}
-	for _, o := range c.CORSAllowedOrigins {
+	for _, o := range c.HTTP.CORSAllowedOrigins {
 		if err := httpapi.CheckOrigin(o); err != nil {
 			return fmt.Errorf("CORS_ALLOWED_ORIGINS: %w", err)
 		}
 	}
-	if c.CleanupPause < 0 {
+	if c.Cleanup.Pause < 0 {
 		return fmt.Errorf("CLEANUP_PAUSE must not be negative")
 	}
-	if c.HTTPMaxInFlight < 0 || c.HTTPMaxQueue < 0 || c.HTTPQueueTimeout <= 0 {
+	if c.HTTP.MaxInFlight < 0 || c.HTTP.MaxQueue < 0 || c.HTTP.QueueTimeout <= 0 {
 		return fmt.Errorf("HTTP_MAX_IN_FLIGHT and HTTP_MAX_QUEUE must not be negative, HTTP_QUEUE_TIMEOUT must be positive")
 	}
 	// A duplicate waiting on the first request's lock must give up (409)
 	// before its statement is cancelled (which would read as an outage, 503).
-	if c.DBLockTimeout >= c.DBStatementTimeout {
-		return fmt.Errorf("DB_LOCK_TIMEOUT (%s) must be shorter than DB_STATEMENT_TIMEOUT (%s)", c.DBLockTimeout, c.DBStatementTimeout)
+	if c.Database.LockTimeout >= c.Database.StatementTimeout {
+		return fmt.Errorf("DB_LOCK_TIMEOUT (%s) must be shorter than DB_STATEMENT_TIMEOUT (%s)", c.Database.LockTimeout, c.Database.StatementTimeout)
 	}
 	// An owner must be able to finish a channel call within its lease, or
 	// a takeover would race a call that is still running.
-	if c.Lease < c.ChannelTimeout+time.Second {
-		return fmt.Errorf("IDEMPOTENCY_LEASE (%s) must exceed PAYMENT_CHANNEL_TIMEOUT (%s) by at least 1s", c.Lease, c.ChannelTimeout)
+	if c.Recovery.Lease < c.Payment.ChannelTimeout+time.Second {
+		return fmt.Errorf("IDEMPOTENCY_LEASE (%s) must exceed PAYMENT_CHANNEL_TIMEOUT (%s) by at least 1s", c.Recovery.Lease, c.Payment.ChannelTimeout)
 	}
 	// The inbox must remember a delivery for as long as the channel may
 	// send it again, or a late redelivery would be applied as a first one.
-	if c.WebhookReplayWindow < c.ChannelWebhookRetryWindow {
+	if c.Retention.Windows.Webhook < c.Channel.WebhookRetryWindow {
 		return fmt.Errorf("REPLAY_WINDOW_WEBHOOK (%s) is unsafe: the payment channel retries a webhook for CHANNEL_WEBHOOK_RETRY_WINDOW (%s), so its deliveries must be remembered at least that long",
-			c.WebhookReplayWindow, c.ChannelWebhookRetryWindow)
+			c.Retention.Windows.Webhook, c.Channel.WebhookRetryWindow)
 	}
-	if len(c.WebhookSecrets) == 0 {
+	if len(c.Payment.WebhookSecrets) == 0 {
 		return fmt.Errorf("PAYMENT_WEBHOOK_SECRET must name at least one secret")
 	}
-	for _, secret := range c.WebhookSecrets {
+	for _, secret := range c.Payment.WebhookSecrets {
 		if _, err := webhook.ParseSecret(secret); err != nil {
 			return fmt.Errorf("PAYMENT_WEBHOOK_SECRET: %w", err)
 		}
@@ -356,25 +480,25 @@ func (c Config) validate() error {
 
 // streamWindows are the settings of the streams the service creates.
 func (c Config) streamWindows() messaging.StreamWindows {
-	return messaging.StreamWindows{Redelivery: c.MessageRedeliveryWindow, Compensation: c.ManualCompensationWindow,
-		Replicas: c.NATSStreamReplicas}
+	return messaging.StreamWindows{Redelivery: c.Retention.Windows.MessageRedelivery, Compensation: c.Retention.Windows.ManualCompensation,
+		Replicas: c.NATS.StreamReplicas}
 }
 
 // Policy is the retention policy the replay windows imply.
 func (c Config) Policy() idempotency.Policy {
 	return idempotency.Policy{
 		Windows: []idempotency.Window{
-			{Name: "client_retry", Duration: c.ClientRetryWindow},
-			{Name: "message_redelivery", Duration: c.MessageRedeliveryWindow},
-			{Name: "manual_compensation", Duration: c.ManualCompensationWindow},
+			{Name: "client_retry", Duration: c.Retention.Windows.ClientRetry},
+			{Name: "message_redelivery", Duration: c.Retention.Windows.MessageRedelivery},
+			{Name: "manual_compensation", Duration: c.Retention.Windows.ManualCompensation},
 		},
 		Chained:         []string{"client_retry", "message_redelivery"},
-		Margin:          c.RetentionMargin,
-		MoneyFloor:      c.MoneyRetentionFloor,
-		Retention:       c.Retention,
+		Margin:          c.Retention.Margin,
+		MoneyFloor:      c.Retention.MoneyFloor,
+		Retention:       c.Retention.Override,
 		MoneyOperations: order.MoneyOperations,
 		Operations:      order.Operations,
-		Webhook:         c.WebhookReplayWindow,
+		Webhook:         c.Retention.Windows.Webhook,
 	}
 }
 

@@ -18,21 +18,20 @@ import (
 // connects to whichever server is in use. embedded is nil for an external one.
 func connectNATS(cfg Config, embedded bool) (*messaging.Embedded, *nats.Conn, string, error) {
 	var srv *messaging.Embedded
-	serverURL := cfg.NATSURL
+	serverURL := cfg.NATS.URL
 	opts := []nats.Option{nats.Name("orderservice"), nats.MaxReconnects(-1), nats.ReconnectWait(500 * time.Millisecond)}
 	if serverURL == "" {
 		if embedded {
 			var err error
-			srv, err = messaging.StartEmbedded(messaging.EmbeddedOptions{Addr: cfg.NATSEmbeddedAddr, StoreDir: cfg.natsStoreDir(),
-				Tenants: cfg.APIKeys, ServicePassword: cfg.NATSServicePassword})
+			srv, err = messaging.StartEmbedded(cfg.NATS.Embedded(cfg.APIKeys))
 			if err != nil {
 				return nil, nil, "", err
 			}
 			serverURL = srv.URL()
 		} else { // a command-line tool talks to the running service's embedded server
-			serverURL = "nats://" + cfg.NATSEmbeddedAddr
+			serverURL = "nats://" + cfg.NATS.EmbeddedAddr
 		}
-		opts = append(opts, nats.UserInfo(messaging.ServiceUser, cfg.NATSServicePassword))
+		opts = append(opts, nats.UserInfo(messaging.ServiceUser, cfg.NATS.ServicePassword))
 	}
 	nc, err := nats.Connect(serverURL, opts...)
 	if err != nil {

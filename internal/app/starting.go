@@ -18,7 +18,7 @@ import (
 // (bad credentials, a failed migration) stops the start at once.
 func (m *Main) openDatabase(ctx context.Context) (uint, error) {
 	cfg := m.Config
-	deadline := time.Now().Add(cfg.DBStartTimeout)
+	deadline := time.Now().Add(cfg.Database.StartTimeout)
 	var lastLog time.Time
 	for {
 		version, err := m.tryOpenDatabase(ctx)
@@ -42,8 +42,7 @@ func (m *Main) openDatabase(ctx context.Context) (uint, error) {
 
 func (m *Main) tryOpenDatabase(ctx context.Context) (uint, error) {
 	cfg := m.Config
-	db, err := database.Open(ctx, cfg.DatabaseURL, database.Options{MaxConns: cfg.DBMaxConns,
-		StatementTimeout: cfg.DBStatementTimeout, LockTimeout: cfg.DBLockTimeout, ConnMaxLifetime: cfg.DBConnMaxLifetime})
+	db, err := database.Open(ctx, cfg.Database.URL, cfg.Database.Options())
 	if err != nil {
 		return 0, err
 	}
@@ -55,7 +54,7 @@ func (m *Main) tryOpenDatabase(ctx context.Context) (uint, error) {
 		database.Close(db)
 		return 0, err
 	}
-	version, err := database.Migrate(cfg.DatabaseURL)
+	version, err := database.Migrate(cfg.Database.URL)
 	if err != nil {
 		database.Close(db)
 		return 0, err

@@ -4,9 +4,10 @@ import (
 	"maps"
 	"reflect"
 	"slices"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/caarlos0/env/v11"
 
 	"github.com/orderservice/orderservice/internal/app"
 	"github.com/orderservice/orderservice/internal/payment/channel"
@@ -32,7 +33,7 @@ func TestComposeEnvironmentIsWhatTheServiceReads(t *testing.T) {
 			if err != nil {
 				t.Fatalf("app.LoadConfig rejects the compose environment: %v", err)
 			}
-			if cfg.PaymentChannelURL == "" {
+			if cfg.Payment.ChannelURL == "" {
 				t.Errorf("PAYMENT_CHANNEL_URL is empty: each replica would run its own in-process channel")
 			}
 			if cfg.APIKeys["acme"] != "demo-key-acme" || cfg.APIKeys["globex"] != "demo-key-globex" || len(cfg.APIKeys) != 2 {
@@ -88,20 +89,24 @@ var otelVariables = map[string]bool{
 func configVariables(t *testing.T) map[string]bool {
 	t.Helper()
 	vars := envVariables(t, reflect.TypeFor[app.Config]())
-	if !vars["DATABASE_URL"] || !vars["API_KEYS"] {
+	// CLEANUP_BATCH is a group's BATCH under its envPrefix CLEANUP_.
+	if !vars["DATABASE_URL"] || !vars["API_KEYS"] || !vars["CLEANUP_BATCH"] {
 		t.Fatalf("app.Config env tags not found: %v", vars)
 	}
 	return vars
 }
 
-// envVariables are the env tags of a configuration struct.
+// envVariables are the variables a configuration struct reads, as the env
+// library names them: each group's envPrefix before its fields' env tags.
 func envVariables(t *testing.T, typ reflect.Type) map[string]bool {
 	t.Helper()
+	params, err := env.GetFieldParams(reflect.New(typ).Interface())
+	if err != nil {
+		t.Fatalf("%s: %v", typ, err)
+	}
 	vars := map[string]bool{}
-	for f := range typ.Fields() {
-		if name, _, _ := strings.Cut(f.Tag.Get("env"), ","); name != "" {
-			vars[name] = true
-		}
+	for _, p := range params {
+		vars[p.Key] = true
 	}
 	if len(vars) == 0 {
 		t.Fatalf("%s has no env tags", typ)

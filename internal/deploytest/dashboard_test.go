@@ -88,7 +88,7 @@ func TestDashboardQueriesReturnDataFromARealPrometheus(t *testing.T) {
 	var failedChecks []string
 	var mu sync.Mutex
 	s := lessons.NewSession(lessons.Config{BaseURL: m.URL(), ChannelURL: "http://" + m.ChannelAddr, APIKey: apptest.KeyAcme,
-		Tenant: "acme", NATSURL: m.NATSURL, NATSOperator: "orderservice:" + m.Config.NATSServicePassword,
+		Tenant: "acme", NATSURL: m.NATSURL, NATSOperator: "orderservice:" + m.Config.NATS.ServicePassword,
 		SweepWait: 15 * time.Second}, func(e lessons.Event) {
 		if e.Kind == lessons.KindCheck && !e.OK {
 			mu.Lock()

@@ -105,9 +105,9 @@ func TestNATSConfiguration(t *testing.T) {
 		}
 	})
 	t.Run("the replicas' NATS_URL names the nats service and the service's user", func(t *testing.T) {
-		u, err := url.Parse(cfg.NATSURL)
+		u, err := url.Parse(cfg.NATS.URL)
 		if err != nil || u.Hostname() != svcNATS || u.Port() != "4222" {
-			t.Fatalf("NATS_URL = %q", cfg.NATSURL)
+			t.Fatalf("NATS_URL = %q", cfg.NATS.URL)
 		}
 		pass, _ := u.User.Password()
 		if svc := users[u.User.Username()]; svc == nil || svc.Password != pass || svc.Permissions != nil {
@@ -133,7 +133,7 @@ func TestNATSConfiguration(t *testing.T) {
 
 	t.Run("a server run from the file refuses a tenant another tenant's prefix", func(t *testing.T) {
 		srv := startNATSFromConf(t)
-		nc, err := nats.Connect(loopbackNATSURL(t, cfg.NATSURL, srv))
+		nc, err := nats.Connect(loopbackNATSURL(t, cfg.NATS.URL, srv))
 		if err != nil {
 			t.Fatalf("the service's credentials: %v", err)
 		}

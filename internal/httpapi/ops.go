@@ -2,44 +2,27 @@ package httpapi
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"time"
 
 	"github.com/labstack/echo/v4"
 
 	"github.com/orderservice/orderservice/internal/answer"
-	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
-	"github.com/orderservice/orderservice/internal/problem"
 )
 
 func (s *Server) healthz(c echo.Context) error {
 	return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
 }
 
-// readyz is ready when the database answers, accepts writes (a replica, or
-// no primary at all, is not ready: a failover is under way) and its schema
-// is the one this binary was built for.
+// readyz is ready when the service can serve /v1 (see Ready: the database
+// answers, accepts writes and has the schema this binary was built for).
 func (s *Server) readyz(c echo.Context) error {
 	ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Second)
 	defer cancel()
-	unavailable := func(detail string) error {
-		return &problem.Error{Code: problem.ServiceUnavailable, Detail: detail, RetryAfter: time.Second}
-	}
-	switch err := database.CheckWritable(ctx, s.DB); {
-	case errors.Is(err, database.ErrReadOnly):
-		return unavailable("The database is read-only (a replica): waiting for a primary.")
-	case err != nil:
-		return unavailable("No read-write database is reachable.")
-	}
-	latest, err := database.LatestVersion()
+	version, err := s.Ready(ctx)
 	if err != nil {
 		return err
-	}
-	version, dirty, err := database.SchemaVersion(ctx, s.DB)
-	if err != nil || dirty || version < latest {
-		return unavailable("Database migrations are pending.")
 	}
 	return c.JSON(http.StatusOK, map[string]any{"status": "ready", "schema_version": version})
 }
@@ -63,11 +46,7 @@ type recordJSON struct {
 // idempotencyRecords shows the tenant's records for one key: the teaching
 // view of "what did the service remember about this intent?".
 func (s *Server) idempotencyRecords(c echo.Context) error {
-	key := c.QueryParam("key") // the stored, unquoted form, taken literally
-	if err := idempotency.CheckKey(key); err != nil {
-		return problem.Errorf(problem.InvalidRequest, "key: must be an idempotency key").With("field", "key")
-	}
-	recs, err := s.Records.Find(s.DB.WithContext(c.Request().Context()), tenant(c), key)
+	recs, err := s.Orders.IdempotencyRecords(c.Request().Context(), tenant(c), c.QueryParam("key"))
 	if err != nil {
 		return err
 	}
@@ -99,20 +78,8 @@ func responseStatus(r idempotency.Record) (*int, error) {
 	return &status, nil
 }
 
-// policyJSON is the policy with where each window comes from and how long
-// published outbox events are kept.
-type policyJSON struct {
-	idempotency.PolicyView
-	WindowSources   map[string]string `json:"window_sources,omitempty"`
-	OutboxRetention string            `json:"outbox_retention,omitempty"`
-}
-
 // idempotencyPolicy shows the retention policy in force and how it follows
 // from the replay windows.
 func (s *Server) idempotencyPolicy(c echo.Context) error {
-	v := policyJSON{PolicyView: s.Policy.Describe(s.Records.Lease), WindowSources: s.WindowSources}
-	if s.OutboxRetention > 0 {
-		v.OutboxRetention = s.OutboxRetention.String()
-	}
-	return c.JSON(http.StatusOK, v)
+	return c.JSON(http.StatusOK, s.Orders.IdempotencyPolicy())
 }

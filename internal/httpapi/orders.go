@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"time"
 	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
@@ -39,7 +40,7 @@ func idempotentOn[Req any](s *Server, op string, run useCase[Req]) echo.HandlerF
 			return err
 		}
 		c.Set(ctxKey, key)
-		wait, err := preferredWait(c.Request().Header.Values("Prefer"), s.MaxWait)
+		wait, err := preferredWait(c.Request().Header.Values("Prefer"))
 		if err != nil {
 			return err
 		}
@@ -47,11 +48,11 @@ func idempotentOn[Req any](s *Server, op string, run useCase[Req]) echo.HandlerF
 		if err := readBody(c, &req); err != nil {
 			return err
 		}
-		caller := order.Caller{TenantID: tenant(c), Key: key, Yield: slotOf(c.Request().Context())}
-		scope := idempotency.Scope{TenantID: caller.TenantID, Operation: op, Key: key}
-		res, err := s.awaitFirst(c, scope, wait, func() (idempotency.Result, error) {
-			return run(c.Request().Context(), caller, c.Param("id"), req)
-		})
+		caller := order.Caller{TenantID: tenant(c), Key: key, Yield: slotOf(c.Request().Context()), Wait: wait,
+			Waited: func(d time.Duration) {
+				c.Response().Header().Set("Preference-Applied", "wait="+strconv.Itoa(int(d/time.Second)))
+			}}
+		res, err := run(c.Request().Context(), caller, c.Param("id"), req)
 		if err != nil {
 			return err
 		}

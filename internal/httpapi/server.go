@@ -15,7 +15,6 @@ import (
 
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
-	"gorm.io/gorm"
 
 	"github.com/orderservice/orderservice/internal/answer"
 	"github.com/orderservice/orderservice/internal/idempotency"
@@ -24,29 +23,32 @@ import (
 	"github.com/orderservice/orderservice/internal/problem"
 )
 
+// Orders is what the handlers ask of the service: the order use cases
+// (order.Service), and nothing the use cases run on.
+type Orders interface {
+	Create(ctx context.Context, c order.Caller, req order.CreateRequest) (idempotency.Result, error)
+	Pay(ctx context.Context, c order.Caller, orderID string, req order.PayRequest) (idempotency.Result, error)
+	Cancel(ctx context.Context, c order.Caller, orderID string, req order.CancelRequest) (idempotency.Result, error)
+	Ship(ctx context.Context, c order.Caller, orderID string, req order.ShipRequest) (idempotency.Result, error)
+	Deliver(ctx context.Context, c order.Caller, orderID string, req order.DeliverRequest) (idempotency.Result, error)
+	Get(ctx context.Context, tenantID, orderID string) (*order.Order, error)
+	List(ctx context.Context, tenantID string, f order.ListFilter) (order.Page, error)
+	History(ctx context.Context, tenantID, orderID string, pg order.PageRequest) (order.HistoryPage, error)
+	ReceiveChannelEvent(ctx context.Context, webhookID, eventType, channelKey string) (order.Receipt, error)
+	IdempotencyRecords(ctx context.Context, tenantID, key string) ([]idempotency.Record, error)
+	IdempotencyPolicy() order.PolicyView
+}
+
 // Server holds what the handlers need.
 type Server struct {
-	Orders  *order.Service
-	Records *idempotency.Store
-	DB      *gorm.DB
-	Logger  *slog.Logger
+	Orders Orders
+	// Ready reports whether the service can serve /v1 (GET /readyz): the
+	// schema version when it can, a problem saying why not when it cannot.
+	Ready  func(ctx context.Context) (schemaVersion uint, err error)
+	Logger *slog.Logger
 	// Tenants maps the SHA-256 of an API key to its tenant.
 	Tenants map[[32]byte]string
-	// Policy is the retention policy in force, shown read-only.
-	Policy idempotency.Policy
-	// WindowSources names where each replay window comes from: a setting,
-	// or a stream's max_age read from the broker at start.
-	WindowSources map[string]string
-	// OutboxRetention is how long published outbox events are kept.
-	OutboxRetention time.Duration
-	Metrics         *metrics.Metrics
-	// Waiter lets a duplicate wait for its intent's first outcome (Prefer:
-	// wait), up to MaxWait; nil answers 409 at once.
-	Waiter  *idempotency.Waiter
-	MaxWait time.Duration
-	// Stopping ends when the service begins to shut down: waiting
-	// duplicates then get their 409 at once.
-	Stopping context.Context
+	Metrics *metrics.Metrics
 	// Admission sheds load on /v1 (see HTTPHandler); nil admits everything.
 	Admission *Admission
 	// CORSOrigins are the origins whose pages may call /v1; none: CORS off.

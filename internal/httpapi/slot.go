@@ -39,11 +39,3 @@ func slotOf(ctx context.Context) func() {
 	}
 	return nil
 }
-
-// yieldSlot gives back the slot ctx carries, if any: the request waits now
-// without using the service's capacity.
-func yieldSlot(ctx context.Context) {
-	if release := slotOf(ctx); release != nil {
-		release()
-	}
-}

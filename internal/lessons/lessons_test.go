@@ -57,7 +57,7 @@ func TestEveryLessonTellsAWellFormedStory(t *testing.T) {
 	defer cancel()
 	var got events
 	s := NewSession(Config{BaseURL: m.URL(), ChannelURL: "http://" + m.ChannelAddr, APIKey: apptest.KeyAcme,
-		Tenant: "acme", NATSURL: m.NATSURL, NATSOperator: "orderservice:" + m.Config.NATSServicePassword,
+		Tenant: "acme", NATSURL: m.NATSURL, NATSOperator: "orderservice:" + m.Config.NATS.ServicePassword,
 		SweepWait: 15 * time.Second, Observe: true, NaiveDatabaseURL: dbURL}, got.sink)
 	defer s.Close()
 	if err := s.Preflight(ctx); err != nil {

@@ -87,8 +87,8 @@ func newWorld(t *testing.T) *world {
 	svc := order.NewService(order.Deps{DB: db, Records: records, Logger: logger,
 		Channel: payment.NewClient(ch.URL, &http.Client{}),
 		Money:   order.MoneyConfig{ChannelTimeout: 2 * time.Second, RetryAfter: time.Second}})
-	api := httptest.NewServer((&httpapi.Server{Orders: svc, Records: records, DB: db, Logger: logger,
-		Tenants: httpapi.NewTenants(tenants), Policy: policy, Metrics: metrics.New(func(ctx context.Context) (idempotency.Gauges, error) { return records.Gauges(db.WithContext(ctx)) }, logger, order.Operations, order.MoneyOperations)}).Handler())
+	api := httptest.NewServer((&httpapi.Server{Orders: svc, Logger: logger,
+		Tenants: httpapi.NewTenants(tenants), Metrics: metrics.New(func(ctx context.Context) (idempotency.Gauges, error) { return records.Gauges(db.WithContext(ctx)) }, logger, order.Operations, order.MoneyOperations)}).Handler())
 	t.Cleanup(api.Close)
 
 	srv, err := messaging.StartEmbedded(messaging.EmbeddedOptions{Addr: "127.0.0.1:0", StoreDir: t.TempDir(),

@@ -34,8 +34,8 @@ func TestBurstsAreServedNotShed(t *testing.T) {
 	// The whole program, booted as apptest does for internal/app's tests:
 	// this is the one whole-program test left in this package, for
 	// `make test-bursts` runs it here.
-	m := apptest.Start(t, dbURL, map[string]string{"HTTP_QUEUE_TIMEOUT": defaults.HTTPQueueTimeout.String(),
-		"HTTP_MAX_IN_FLIGHT": fmt.Sprint(defaults.HTTPMaxInFlight), "HTTP_MAX_QUEUE": fmt.Sprint(defaults.HTTPMaxQueue)})
+	m := apptest.Start(t, dbURL, map[string]string{"HTTP_QUEUE_TIMEOUT": defaults.HTTP.QueueTimeout.String(),
+		"HTTP_MAX_IN_FLIGHT": fmt.Sprint(defaults.HTTP.MaxInFlight), "HTTP_MAX_QUEUE": fmt.Sprint(defaults.HTTP.MaxQueue)})
 	c := apptest.NewClient(m, apptest.KeyAcme)
 	c.HTTP = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxConnsPerHost: 0}}
 	databaseIsIdle(t, m.DB)

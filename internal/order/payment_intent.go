@@ -47,9 +47,11 @@ func (s *Service) Pay(ctx context.Context, c Caller, orderID string, req PayRequ
 	if !slices.Contains(tokens, method) {
 		return idempotency.Result{}, invalid("payment_method", "must be one of the channel's test tokens: %s", strings.Join(tokens, ", "))
 	}
-	return s.runPaymentIntent(ctx, c, OpPay, orderID, PayRequest{PaymentMethod: method}, func(o *Order) (plan, error) {
-		charge, err := o.Pay(method)
-		return viaChannel(EventPay, charge), err
+	return s.awaitFirst(ctx, c, OpPay, func() (idempotency.Result, error) {
+		return s.runPaymentIntent(ctx, c, OpPay, orderID, PayRequest{PaymentMethod: method}, func(o *Order) (plan, error) {
+			charge, err := o.Pay(method)
+			return viaChannel(EventPay, charge), err
+		})
 	})
 }
 
@@ -61,12 +63,14 @@ func (s *Service) Cancel(ctx context.Context, c Caller, orderID string, req Canc
 	if err != nil {
 		return idempotency.Result{}, err
 	}
-	return s.runPaymentIntent(ctx, c, OpCancel, orderID, n, func(o *Order) (plan, error) {
-		if !o.HoldsMoney() {
-			return withoutChannel(EventCancel), o.Cancel()
-		}
-		refund, err := o.Refund()
-		return viaChannel(EventRefund, refund), err
+	return s.awaitFirst(ctx, c, OpCancel, func() (idempotency.Result, error) {
+		return s.runPaymentIntent(ctx, c, OpCancel, orderID, n, func(o *Order) (plan, error) {
+			if !o.HoldsMoney() {
+				return withoutChannel(EventCancel), o.Cancel()
+			}
+			refund, err := o.Refund()
+			return viaChannel(EventRefund, refund), err
+		})
 	})
 }
 

@@ -25,8 +25,21 @@ type Caller struct {
 	// while the service works for it (the HTTP door's admission slot). A
 	// use case calls it when it goes on to wait on something other than
 	// the service, holding no database connection: a pay or cancel for the
-	// payment channel. It may be called more than once; the first counts.
+	// payment channel, or a duplicate for its first attempt's outcome. It
+	// may be called more than once; the first counts.
 	Yield func()
+	// Wait is how long a duplicate of an intent whose first attempt is
+	// still in flight waits for that attempt's outcome (HTTP's Prefer:
+	// wait), capped by Deps.MaxWait. Zero: it is answered 409 at once.
+	Wait time.Duration
+	// Waited, when set, is told how long the caller was let wait when its
+	// answer came after such a wait (HTTP's Preference-Applied).
+	Waited func(time.Duration)
+}
+
+// scope names the intent op of c's key.
+func (c Caller) scope(op string) idempotency.Scope {
+	return idempotency.Scope{TenantID: c.TenantID, Operation: op, Key: c.Key}
 }
 
 // yield calls c.Yield, if any.
@@ -39,7 +52,7 @@ func (c Caller) yield() {
 func (c Caller) intent(op, resource string, fields any) (idempotency.Intent, error) {
 	fp, err := idempotency.Fingerprint(op, resource, fields)
 	return idempotency.Intent{
-		Scope:       idempotency.Scope{TenantID: c.TenantID, Operation: op, Key: c.Key},
+		Scope:       c.scope(op),
 		Fingerprint: fp,
 		ResourceID:  resource,
 	}, err
@@ -69,12 +82,25 @@ type Deps struct {
 	Money   MoneyConfig
 	Observe Observer
 	Logger  *slog.Logger
-	// Lifetime bounds the work that outlives the request or sweep that
-	// started it (a payment's channel call and the storing of its reply):
-	// when it ends, at the shutdown deadline, that work stops and its
+	// Waiter lets a duplicate wait for its intent's first outcome
+	// (Caller.Wait), up to MaxWait; nil: it is answered 409 at once.
+	Waiter  Waiter
+	MaxWait time.Duration
+	// Stopping is closed when the service begins to shut down: waiting
+	// duplicates then get their 409 at once. Nil is never closed.
+	Stopping <-chan struct{}
+	// Done is closed at the shutdown deadline. It bounds the work that
+	// outlives the request or sweep that started it (a payment's channel
+	// call and the storing of its reply): that work stops then, and its
 	// intent is left to the lease and the sweeper. Nil means the work
 	// always runs to its end.
-	Lifetime context.Context
+	Done <-chan struct{}
+	// WindowSources names where each replay window comes from (a setting,
+	// or a stream's max_age read from the broker at start), and
+	// OutboxRetention how long published outbox events are kept: both are
+	// shown with the policy (IdempotencyPolicy).
+	WindowSources   map[string]string
+	OutboxRetention time.Duration
 }
 
 // Service runs the order use cases on its Deps. Build it with NewService.
@@ -101,13 +127,10 @@ func NewService(deps Deps) *Service {
 
 // detach returns a context for work that must not stop when ctx's caller
 // hangs up (the result is recorded so its retry gets the replay), but does
-// stop with the service's Lifetime.
+// stop with the service (Done).
 func (s *Service) detach(ctx context.Context) (context.Context, context.CancelFunc) {
 	work, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	if s.Lifetime == nil {
-		return work, cancel
-	}
-	stop := context.AfterFunc(s.Lifetime, cancel)
+	stop := cancelOn(s.Done, cancel)
 	return work, func() { stop(); cancel() }
 }
 
@@ -286,21 +309,23 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (idem
 	if err != nil {
 		return idempotency.Result{}, err
 	}
-	return s.once(ctx, in, func(tx *gorm.DB) (idempotency.Result, error) {
-		// Built once the read found nothing to replay: a replay never pays for it.
-		o, err := newOrder(c.TenantID, n, total)
-		if err != nil {
-			return idempotency.Result{}, err
-		}
-		res, err := created(o)
-		if err != nil {
-			return idempotency.Result{}, err
-		}
-		return s.insertRecordFirst(tx, in, res, func() error {
-			if err := insertOrder(tx, o, OpCreate, c.Key); err != nil {
-				return err
+	return s.awaitFirst(ctx, c, OpCreate, func() (idempotency.Result, error) {
+		return s.once(ctx, in, func(tx *gorm.DB) (idempotency.Result, error) {
+			// Built once the read found nothing to replay: a replay never pays for it.
+			o, err := newOrder(c.TenantID, n, total)
+			if err != nil {
+				return idempotency.Result{}, err
 			}
-			return s.Hooks.run(s.Hooks.AfterOrderInsert)
+			res, err := created(o)
+			if err != nil {
+				return idempotency.Result{}, err
+			}
+			return s.insertRecordFirst(tx, in, res, func() error {
+				if err := insertOrder(tx, o, OpCreate, c.Key); err != nil {
+					return err
+				}
+				return s.Hooks.run(s.Hooks.AfterOrderInsert)
+			})
 		})
 	})
 }
@@ -331,20 +356,22 @@ func (s *Service) transition(ctx context.Context, c Caller, op string, ev Event,
 	if err != nil {
 		return idempotency.Result{}, err
 	}
-	return s.once(ctx, in, s.insertRecordLast(in, func(tx *gorm.DB) (idempotency.Result, error) {
-		o, err := lockOrder(tx, c.TenantID, id)
-		if err != nil {
-			return idempotency.Result{}, err
-		}
-		from := o.Status
-		if err := change(o); err != nil {
-			return idempotency.Result{}, err
-		}
-		if err := saveTransition(tx, o, from, ev, op, c.Key); err != nil {
-			return idempotency.Result{}, err
-		}
-		return done(o)
-	}))
+	return s.awaitFirst(ctx, c, op, func() (idempotency.Result, error) {
+		return s.once(ctx, in, s.insertRecordLast(in, func(tx *gorm.DB) (idempotency.Result, error) {
+			o, err := lockOrder(tx, c.TenantID, id)
+			if err != nil {
+				return idempotency.Result{}, err
+			}
+			from := o.Status
+			if err := change(o); err != nil {
+				return idempotency.Result{}, err
+			}
+			if err := saveTransition(tx, o, from, ev, op, c.Key); err != nil {
+				return idempotency.Result{}, err
+			}
+			return done(o)
+		}))
+	})
 }
 
 // Ship marks a paid order shipped.

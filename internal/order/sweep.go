@@ -85,7 +85,7 @@ func (s *Service) Sweep(ctx context.Context, batch int) (int, error) {
 	// The intents taken over are finished even if ctx ends meanwhile (the
 	// process is stopping), rather than left PROCESSING until their lease
 	// runs out; a stopping sweeper only takes no new batch. The shutdown
-	// deadline (Lifetime) still bounds them: what is left then is left to
+	// deadline (Deps.Done) still bounds them: what is left then is left to
 	// the lease and the next sweeper.
 	work, cancel := s.detach(ctx)
 	defer cancel()

@@ -94,6 +94,12 @@ var logLevels = map[string]slog.Level{"debug": slog.LevelDebug, "info": slog.Lev
 // Level is LogLevel as a slog level.
 func (c Config) Level() slog.Level { return logLevels[c.LogLevel] }
 
+// Options are the channel's options, signing with the first secret.
+func (c Config) Options(logger *slog.Logger) Options {
+	return Options{SlowDelay: c.SlowDelay, AsyncDelay: c.AsyncDelay, WebhookURL: c.WebhookURL,
+		WebhookSecret: c.WebhookSecrets[0], WebhookRetryWindow: c.WebhookRetryWindow, Logger: logger}
+}
+
 // configError rewrites env's errors, which name struct fields, to name the
 // variables instead.
 func configError(err error) error {

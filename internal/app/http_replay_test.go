@@ -1,4 +1,4 @@
-package httpapi_test
+package app_test
 
 // What HTTP adds to a use case's answer: the status, Location, Retry-After
 // and Idempotent-Replayed headers, and the problem documents. What the use
@@ -26,7 +26,7 @@ func purchase(customer string) map[string]any {
 }
 
 // placeOrder creates an order as c's tenant and returns its id.
-func placeOrder(t *testing.T, c *apptest.Client) string {
+func placeAnOrder(t *testing.T, c *apptest.Client) string {
 	t.Helper()
 	r := c.Do(t, http.MethodPost, "/v1/orders", "create-"+uuid.NewString(), purchase("cus_"+uuid.NewString()[:8]))
 	if r.Status != http.StatusCreated {
@@ -94,7 +94,7 @@ func TestCreateIsIdempotentOverHTTP(t *testing.T) {
 func TestRetryAfterIsAlwaysAWholeSecondAtLeastOne(t *testing.T) {
 	m := apptest.Start(t, dbURL, map[string]string{"API_KEYS": "waiter=waiter-key-1", "PAYMENT_RETRY_AFTER": "500ms", "SWEEP_INTERVAL": "1h"})
 	c := apptest.NewClient(m, "waiter-key-1")
-	id, key := placeOrder(t, c), "R2-unavailable-"+uuid.NewString()[:8]
+	id, key := placeAnOrder(t, c), "R2-unavailable-"+uuid.NewString()[:8]
 	pay := map[string]any{"payment_method": "pm_unavailable_once"}
 	r := c.Do(t, http.MethodPost, "/v1/orders/"+id+"/pay", key, pay)
 	apptest.WantProblem(t, r, http.StatusServiceUnavailable, "service_unavailable")
@@ -132,7 +132,7 @@ func TestACrashInsideAUseCaseIs500AndTheServiceLivesOn(t *testing.T) {
 		})
 
 		t.Run(name+" inside a pay, after the channel answered", func(t *testing.T) {
-			id, key := placeOrder(t, c), "crash-pay-"+uuid.NewString()
+			id, key := placeAnOrder(t, c), "crash-pay-"+uuid.NewString()
 			m.Orders.Hooks.AfterChannelCall = crash
 			r, err := c.Send(http.MethodPost, "/v1/orders/"+id+"/pay", key, map[string]any{"payment_method": "pm_ok"}, nil)
 			m.Orders.Hooks.AfterChannelCall = nil

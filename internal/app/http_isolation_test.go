@@ -1,11 +1,10 @@
-package httpapi_test
+package app_test
 
 import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
-	"os"
 	"regexp"
 	"strings"
 	"sync"
@@ -16,13 +15,6 @@ import (
 	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/testdb"
 )
-
-// dbURL is this package's own database, created fresh by TestMain.
-var dbURL string
-
-func TestMain(m *testing.M) {
-	os.Exit(testdb.Main(func(url string) int { dbURL = url; return m.Run() }, "httpapi"))
-}
 
 // side is one tenant of the isolation test. Everything it writes carries its
 // name (customer ids, metadata, tracking numbers, tenant-only keys), so a
@@ -111,7 +103,8 @@ type sent struct {
 }
 
 func TestTenantIsolation(t *testing.T) {
-	m := apptest.Start(t, dbURL, nil)
+	// A database of its own: it counts every order of acme and globex.
+	m := apptest.Start(t, testdb.Fresh(t, "isolation"), nil)
 	acme := &side{name: "acme", client: apptest.NewClient(m, apptest.KeyAcme), got: map[string]bool{}}
 	globex := &side{name: "globex", client: apptest.NewClient(m, apptest.KeyGlobex), got: map[string]bool{}}
 	acme.other, globex.other = globex, acme

@@ -1,4 +1,4 @@
-package httpapi_test
+package app_test
 
 import (
 	"bufio"
@@ -393,7 +393,7 @@ func TestHostileQueriesAreRefused(t *testing.T) {
 func TestBadListAndHistoryParametersAre400(t *testing.T) {
 	m := apptest.Start(t, dbURL, map[string]string{"API_KEYS": "pager=pager-key-1"})
 	c := apptest.NewClient(m, "pager-key-1")
-	id := placeOrder(t, c)
+	id := placeAnOrder(t, c)
 	for _, q := range []string{"limit=0", "limit=101", "limit=x", "status=LOST", "cursor=zzz", "cursor=not*base64"} {
 		apptest.WantProblem(t, c.Do(t, http.MethodGet, "/v1/orders?"+q, "", nil), http.StatusBadRequest, "invalid_request")
 	}

@@ -1,4 +1,4 @@
-package httpapi_test
+package app_test
 
 // A duplicate may wait for the first result (issue 14): Prefer: wait=N.
 // Waits across two instances, and what a shutdown does to a wait, are
@@ -28,7 +28,7 @@ import (
 // test ends); first waits for its answer.
 func payInFlight(t *testing.T, m *app.Main, c *apptest.Client) (id, key string, release func(), first func() apptest.Response) {
 	t.Helper()
-	id, key = placeOrder(t, c), "R2-in-flight-"+uuid.NewString()[:8]
+	id, key = placeAnOrder(t, c), "R2-in-flight-"+uuid.NewString()[:8]
 	inFlight, released := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	m.Orders.Hooks.AfterPhase1 = func() error {
@@ -48,8 +48,6 @@ func payInFlight(t *testing.T, m *app.Main, c *apptest.Client) (id, key string, 
 	<-inFlight
 	return id, key, release, func() apptest.Response { return <-answer }
 }
-
-func preferWait(n int) http.Header { return http.Header{"Prefer": {"wait=" + strconv.Itoa(n)}} }
 
 // Without Prefer: wait a duplicate of an intent in flight is answered at
 // once, 409 request_in_progress with Retry-After (when to come back is the
