@@ -704,7 +704,7 @@ func (b *bench) send(ctx context.Context, url, key string, body []byte) (answer,
 }
 
 // admissionMemory is a little more than how long the service's admission
-// limit refuses at once after a refusal.
+// limit refuses at once after a sign of overload.
 const admissionMemory = httpapi.CongestedFor + 100*time.Millisecond
 
 // storm is scenario 4: Storm copies of one request (one key, one body)

@@ -226,8 +226,15 @@ func (a *Admission) waited(now, enqueued int64) {
 // congest marks the service overloaded for CongestedFor from now: a sign
 // of overload was seen (a standing queue, an arrival the queue had no
 // room for, a queue timeout).
+//
+// The evidence that a queue stands is spent: once the congestion ends, the
+// queue that forms is judged afresh, over a whole interval of its own
+// waiters, not by the slow waiters that ended the last one (clients that
+// honour Retry-After come back together, and their first wait may be
+// long).
 func (a *Admission) congest(now int64) {
 	a.congestedUntil.Store(now + int64(CongestedFor))
+	a.aboveUntil.Store(0)
 }
 
 // shed answers a request the service has no slot for: 503 with

@@ -301,6 +301,59 @@ func sheddingAfterAStall(t *testing.T, clients int) {
 	}
 }
 
+// Once the congestion ends, the queue is judged afresh: a waiter after it
+// that waits longer than the target starts an interval of evidence, and is
+// no proof of a standing queue by itself, whatever the waiters before the
+// congestion showed. One slot, QueueTimeout 400ms (target 40ms, interval
+// 80ms).
+func TestTheQueueIsJudgedAfreshAfterTheCongestion(t *testing.T) {
+	handler, entered, release := heldHandler()
+	h := httpapi.NewAdmission(1, 100, 400*time.Millisecond).Wrap(handler)
+	// waitBehind sends a request behind the holder, lets the holder go
+	// after hold, and returns the new holder (the request that waited).
+	waitBehind := func(holder chan int, hold time.Duration) chan int {
+		next := sendTo(h)
+		time.Sleep(hold)
+		release <- struct{}{}
+		if code := <-holder; code != http.StatusOK {
+			t.Fatalf("the holder = %d", code)
+		}
+		<-entered
+		return next
+	}
+	holder := sendTo(h)
+	<-entered
+	// Waits of 100ms then 250ms: the queue stood for an interval.
+	holder = waitBehind(waitBehind(holder, 100*time.Millisecond), 250*time.Millisecond)
+	select {
+	case code := <-sendTo(h):
+		if code != http.StatusServiceUnavailable {
+			t.Fatalf("an arrival while the queue stands = %d, want 503", code)
+		}
+	case <-time.After(100 * time.Millisecond):
+		t.Fatal("an arrival while the queue stands was queued: the test did not congest the service")
+	}
+	time.Sleep(httpapi.CongestedFor + 100*time.Millisecond)
+	// One wait of 60ms (above the target): an interval of evidence starts.
+	holder = waitBehind(holder, 60*time.Millisecond)
+	last := sendTo(h)
+	select {
+	case code := <-last:
+		t.Errorf("an arrival after one slow wait, past the congestion, answered %d at once: want it queued", code)
+		release <- struct{}{}
+		<-holder
+		return
+	case <-time.After(20 * time.Millisecond):
+	}
+	release <- struct{}{}
+	<-holder
+	<-entered
+	release <- struct{}{}
+	if code := <-last; code != http.StatusOK {
+		t.Errorf("the last arrival = %d, want it served", code)
+	}
+}
+
 // heldHandler answers 200 once the test lets it: each request it serves
 // says so on entered, then holds its slot until a value on release.
 func heldHandler() (h http.Handler, entered, release chan struct{}) {
