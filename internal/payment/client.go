@@ -30,6 +30,13 @@ var (
 	ErrNotFound = errors.New("payment channel has no such charge or refund")
 )
 
+// The codes with which the channel says that it holds nothing under a key:
+// only a 404 that carries one is ErrNotFound.
+const (
+	CodeChargeNotFound = "charge_not_found"
+	CodeRefundNotFound = "refund_not_found"
+)
+
 // maxResponseBody bounds what the client reads from one response.
 const maxResponseBody = 1 << 20
 
@@ -66,11 +73,12 @@ func (e *StatusError) Error() string {
 // from an unknown outcome (retry with the same key, or look it up).
 func (e *StatusError) Unwrap() error {
 	switch {
-	case e.StatusCode == http.StatusNotFound && e.Lookup:
+	case e.Lookup && e.StatusCode == http.StatusNotFound && (e.Code == CodeChargeNotFound || e.Code == CodeRefundNotFound):
 		return ErrNotFound
 	case e.Lookup:
-		// Any other failed lookup (400, 403, 410, 422, a gateway's answer)
-		// says nothing of the charge under the key: it is no refusal of it.
+		// Any other failed lookup (400, 403, 410, 422, a 404 from a gateway
+		// or a wrong path) says nothing of the charge under the key: it is
+		// no refusal of it, and no proof that there is none.
 		return ErrUnavailable
 	case e.StatusCode == http.StatusRequestTimeout,
 		e.StatusCode == http.StatusConflict, // request_in_progress: the first attempt is still running

@@ -228,22 +228,26 @@ func TestClientLookupCharge(t *testing.T) {
 func TestStatusErrorClassifiesByMethod(t *testing.T) {
 	for _, c := range []struct {
 		status       int
+		code         string
 		post, lookup error
 	}{
-		{400, payment.ErrRejected, payment.ErrUnavailable},
-		{403, payment.ErrRejected, payment.ErrUnavailable},
-		{404, payment.ErrRejected, payment.ErrNotFound},
-		{409, payment.ErrUnavailable, payment.ErrUnavailable},
-		{410, payment.ErrRejected, payment.ErrUnavailable},
-		{422, payment.ErrRejected, payment.ErrUnavailable},
-		{429, payment.ErrUnavailable, payment.ErrUnavailable},
-		{502, payment.ErrUnavailable, payment.ErrUnavailable},
+		{400, "", payment.ErrRejected, payment.ErrUnavailable},
+		{403, "", payment.ErrRejected, payment.ErrUnavailable},
+		{404, payment.CodeChargeNotFound, payment.ErrRejected, payment.ErrNotFound},
+		{404, payment.CodeRefundNotFound, payment.ErrRejected, payment.ErrNotFound},
+		{404, "not_found", payment.ErrRejected, payment.ErrUnavailable}, // a wrong path, a gateway: no proof there is none
+		{404, "", payment.ErrRejected, payment.ErrUnavailable},
+		{409, "", payment.ErrUnavailable, payment.ErrUnavailable},
+		{410, "", payment.ErrRejected, payment.ErrUnavailable},
+		{422, "", payment.ErrRejected, payment.ErrUnavailable},
+		{429, "", payment.ErrUnavailable, payment.ErrUnavailable},
+		{502, "", payment.ErrUnavailable, payment.ErrUnavailable},
 	} {
-		if err := (&payment.StatusError{StatusCode: c.status}); !errors.Is(err, c.post) {
-			t.Errorf("POST answered %d: %v, want %v", c.status, errors.Unwrap(err), c.post)
+		if err := (&payment.StatusError{StatusCode: c.status, Code: c.code}); !errors.Is(err, c.post) {
+			t.Errorf("POST answered %d %q: %v, want %v", c.status, c.code, errors.Unwrap(err), c.post)
 		}
-		if err := (&payment.StatusError{StatusCode: c.status, Lookup: true}); !errors.Is(err, c.lookup) {
-			t.Errorf("lookup answered %d: %v, want %v", c.status, errors.Unwrap(err), c.lookup)
+		if err := (&payment.StatusError{StatusCode: c.status, Code: c.code, Lookup: true}); !errors.Is(err, c.lookup) {
+			t.Errorf("lookup answered %d %q: %v, want %v", c.status, c.code, errors.Unwrap(err), c.lookup)
 		}
 	}
 }
