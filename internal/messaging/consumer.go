@@ -127,7 +127,8 @@ func (c *Consumer) logger() *slog.Logger {
 // on its last transient failure, and at once any command delivered more
 // often than that (its every handler died before answering). Were the
 // server to stop delivering instead, a command whose dead-lettering failed
-// would stay in the stream unhandled, and no one would know.
+// would stay in the stream unhandled, and no one would know; this way its
+// dead letter is tried again, and given up only loudly (deadLetter).
 func ConsumerConfig(ackWait time.Duration) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable: ConsumerName, Description: "order commands, shared by every orderservice instance",

@@ -148,10 +148,10 @@ func TestADeadLetterThatCannotBeStoredIsGivenUpLoudlyNotRetriedForever(t *testin
 	t.Errorf("no error log says the dead letter was given up; error logs: %v", seen)
 }
 
-// Two distinct bad commands carry the same client
-// Nats-Msg-Id, published further apart than ORDER_COMMANDS's duplicate
-// window so that the broker keeps both. Each gets its own dead letter:
-// the DLQ must not drop the second as a duplicate of the first.
+// Two distinct commands carry the same client Nats-Msg-Id (which alone
+// dead-letters them), published further apart than ORDER_COMMANDS's
+// duplicate window so that the broker keeps both. Each gets its own dead
+// letter: the DLQ must not drop the second as a duplicate of the first.
 func TestTwoBadCommandsWithTheSameClientMsgIdAreBothDeadLettered(t *testing.T) {
 	w := newWorld(t)
 	const window = 100 * time.Millisecond // the shortest JetStream allows

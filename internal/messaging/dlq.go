@@ -33,8 +33,10 @@ func (c *Consumer) deadLetter(ctx context.Context, d delivery, op, reason string
 	msg := d.msg
 	duplicate, err := c.storeLetter(ctx, letter(d, reason, copyable))
 	if refused(err) {
-		reason = fmt.Sprintf("%s; stored without its other headers, %s refused the letter as it was: %v", reason, DLQStream, err)
-		duplicate, err = c.storeLetter(ctx, letter(d, reason, isKey))
+		smaller := fmt.Sprintf("%s; stored without its other headers, %s refused the letter as it was: %v", reason, DLQStream, err)
+		if duplicate, err = c.storeLetter(ctx, letter(d, smaller, isKey)); err == nil {
+			reason = smaller
+		}
 	}
 	if err != nil && d.count < c.deadLetterDeliveries() {
 		c.logger().Error("messaging: could not dead-letter a command; it stays in "+CommandsStream+" and is tried again",
@@ -45,8 +47,8 @@ func (c *Consumer) deadLetter(ctx context.Context, d delivery, op, reason string
 	if err != nil {
 		c.logger().Error("messaging: dead letter given up; the command is terminated, and kept in "+CommandsStream+" until its max_age",
 			"subject", msg.Subject(), "sequence", d.seq, "key", msg.Headers().Get(HeaderKey), "reason", reason, "deliveries", d.count, "err", err)
+		observer(c.Observe).DeadLetterGivenUp(op) // counted before the term, which may be lost
 		_ = msg.TermWithReason("not dead-lettered: " + reason)
-		observer(c.Observe).DeadLetterGivenUp(op)
 		return
 	}
 	if duplicate { // an earlier delivery stored it, and its term was lost
@@ -61,8 +63,8 @@ func (c *Consumer) deadLetter(ctx context.Context, d delivery, op, reason string
 	}
 }
 
-// letter is the dead letter of d: its body, those of its headers keep
-// lets through, and ours.
+// letter is the dead letter of d: its body, the headers keep lets
+// through, and ours.
 //
 // Its Nats-Msg-Id is its own, named after the command's sequence in
 // ORDER_COMMANDS, which no other command shares: two commands are two

@@ -44,7 +44,7 @@ func StreamConfigs(w StreamWindows) []jetstream.StreamConfig {
 		{Name: CommandsStream, Subjects: []string{CommandPrefix + ">"}, MaxAge: w.Redelivery,
 			Description: "Order commands; max_age is the message redelivery window the idempotency records must outlive."},
 		{Name: DLQStream, Subjects: []string{DLQPrefix + ">"}, MaxAge: w.Compensation,
-			Description: "Dead-lettered order commands, headers and body unchanged, until `orderservice dlq replay`."},
+			Description: "Dead-lettered order commands, body and headers unchanged but the broker's Nats-* ones, until `orderservice dlq replay`."},
 		{Name: ResultsStream, Subjects: []string{ResultPrefix + ">"}, MaxAge: w.Redelivery, Duplicates: dedup(w.Redelivery),
 			Description: "Outcomes of order commands, as HTTP would have answered them; Nats-Msg-Id names the command."},
 		{Name: EventsStream, Subjects: []string{EventPrefix + ">"}, MaxAge: w.Redelivery, Duplicates: dedup(w.Redelivery),
