@@ -111,9 +111,11 @@ func readEvent(id string, body []byte) (channelEvent, error) {
 
 // storable reports whether PostgreSQL can hold s as text: valid UTF-8
 // without NUL. A signature proves who sent a delivery, not that its words
-// can be stored; one that cannot is rejected here, with 400, rather than
-// failing its transaction (SQLSTATE 22021) and coming back as a 500 the
-// channel would retry for days.
+// can be stored; one that cannot is rejected here, with 400 naming the
+// field and nothing read or written, rather than failing its transaction
+// (SQLSTATE 22021) as a 500, an error of ours. (A sender that retries
+// every answer but 2xx, as the mock channel does, still retries the 400
+// for its window: a malformed event is the sender's to fix.)
 func storable(s string) bool {
 	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
 }

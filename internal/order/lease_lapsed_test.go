@@ -17,12 +17,15 @@ import (
 // It gives the intent back instead, and the retry finishes it: one charge.
 func TestAnOwnerWhoseLeaseRanOutBeforeItsCallDoesNotCall(t *testing.T) {
 	a := newAcquirer()
-	s := useCases(t, a.channel(), 300*time.Millisecond)
+	// A lease long enough that the retry, on a loaded machine, finishes
+	// well within its own; the stall outlasts it.
+	const lease = 2 * time.Second
+	s := useCases(t, a.channel(), lease)
 	ctx := context.Background()
 	id := placeOrder(t, s)
 	pay := acme(newKey("lapsed"))
 
-	s.Hooks.AfterPhase1 = func() error { time.Sleep(400 * time.Millisecond); return nil } // a stall past the lease
+	s.Hooks.AfterPhase1 = func() error { time.Sleep(lease + 200*time.Millisecond); return nil } // a stall past the lease
 	_, err := s.Pay(ctx, pay, id, payWith(payment.MethodOK))
 	if code := problem.CodeOf(err); code != problem.ServiceUnavailable {
 		t.Fatalf("the pay whose lease ran out before its call = %v, want service_unavailable (given back)", err)
