@@ -69,7 +69,7 @@ func dlq(ctx context.Context, cfg Config, args []string, stdout io.Writer) error
 		w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w, "SEQ\tDEAD-LETTERED\tSUBJECT\tIDEMPOTENCY-KEY\tDELIVERIES\tREASON")
 		for _, d := range letters {
-			key := d.Header.Get(messaging.HeaderKey)
+			key := d.Key()
 			if key == "" {
 				key = "(none)"
 			}
@@ -137,7 +137,7 @@ func dlq(ctx context.Context, cfg Config, args []string, stdout io.Writer) error
 // keyOf names a dead letter's Idempotency-Key for the operator, or says it
 // had none (a malformed command, dead-lettered at once).
 func keyOf(d messaging.DeadLetter) string {
-	if k := d.Header.Get(messaging.HeaderKey); k != "" {
+	if k := d.Key(); k != "" {
 		return "Idempotency-Key " + k
 	}
 	return "no Idempotency-Key"

@@ -46,7 +46,7 @@ func (c *Consumer) deadLetter(ctx context.Context, d delivery, op, reason string
 	}
 	if err != nil {
 		c.logger().Error("messaging: dead letter given up; the command is terminated, and kept in "+CommandsStream+" until its max_age",
-			"subject", msg.Subject(), "sequence", d.seq, "key", msg.Headers().Get(HeaderKey), "reason", reason, "deliveries", d.count, "err", err)
+			"subject", msg.Subject(), "sequence", d.seq, "key", keyIn(msg.Headers()), "reason", reason, "deliveries", d.count, "err", err)
 		observer(c.Observe).DeadLetterGivenUp(op) // counted before the term, which may be lost
 		_ = msg.TermWithReason("not dead-lettered: " + reason)
 		return
@@ -54,7 +54,7 @@ func (c *Consumer) deadLetter(ctx context.Context, d delivery, op, reason string
 	if duplicate { // an earlier delivery stored it, and its term was lost
 		c.logger().Info("messaging: command already dead-lettered", "subject", msg.Subject(), "sequence", d.seq)
 	} else {
-		c.logger().Warn("messaging: command dead-lettered", "subject", msg.Subject(), "key", msg.Headers().Get(HeaderKey),
+		c.logger().Warn("messaging: command dead-lettered", "subject", msg.Subject(), "key", keyIn(msg.Headers()),
 			"reason", reason, "deliveries", d.count)
 		observer(c.Observe).MessageDeadLettered(op)
 	}
@@ -155,6 +155,20 @@ type DeadLetter struct {
 
 // Reason is why the command was dead-lettered.
 func (d DeadLetter) Reason() string { return d.Header.Get(HeaderReason) }
+
+// Key is the Idempotency-Key the command carried, whatever the case its
+// publisher wrote the header in; "" for none (or several, which is
+// malformed: the reason says so).
+func (d DeadLetter) Key() string { return keyIn(d.Header) }
+
+// keyIn reads the one Idempotency-Key of h, as the consumer does
+// (headerValues), for an operator's eyes.
+func keyIn(h nats.Header) string {
+	if vs := headerValues(h, HeaderKey); len(vs) == 1 {
+		return vs[0]
+	}
+	return ""
+}
 
 // DLQ is the operator's handle on the dead-letter stream: `orderservice
 // dlq list` and `orderservice dlq replay`.
