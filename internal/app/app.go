@@ -206,7 +206,6 @@ type Main struct {
 	stopping context.CancelFunc // waiting duplicates stop waiting: the shutdown began
 	stop     context.CancelFunc // background loops take no new work
 	kill     context.CancelFunc // work in flight stops: the shutdown deadline passed
-	lifetime context.Context    // what kill ends: the requests being served, the detached work of a pay
 	workers  sync.WaitGroup
 }
 
@@ -224,7 +223,9 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Main, error) 
 
 func (m *Main) start(ctx context.Context) error {
 	cfg := m.Config
-	m.lifetime, m.kill = context.WithCancel(context.WithoutCancel(ctx))
+	// What kill ends: the requests being served, the detached work of a pay.
+	lifetime, kill := context.WithCancel(context.WithoutCancel(ctx))
+	m.kill = kill
 	var err error
 	// The API listens before the database is there: /healthz and /readyz
 	// answer (200, 503) while a failover or a booting database is awaited,
@@ -253,13 +254,13 @@ func (m *Main) start(ctx context.Context) error {
 			return fmt.Errorf("listen for the embedded payment channel on %s: %w", cfg.Channel.Addr, err)
 		}
 		m.ChannelAddr = channelLn.Addr().String()
-		m.serve(channelLn, m.Channel.Handler())
+		m.serve(channelLn, m.Channel.Handler(), lifetime)
 		channelURL = "http://" + m.ChannelAddr
 	}
 	// Served last, so that it is the first to stop (Close): the channel
 	// outlives the requests that call it.
 	gate := &startingGate{}
-	m.serve(ln, gate)
+	m.serve(ln, gate, lifetime)
 
 	version, err := m.openDatabase(ctx)
 	if err != nil {
@@ -289,7 +290,7 @@ func (m *Main) start(ctx context.Context) error {
 	stopping, stopWaiting := context.WithCancel(context.WithoutCancel(ctx))
 	m.stopping = stopWaiting
 	m.Orders = order.NewService(order.Deps{
-		DB: db, Records: records, Inbox: inbox, Logger: m.Logger, Observe: m.Metrics, Done: m.lifetime.Done(),
+		DB: db, Records: records, Inbox: inbox, Logger: m.Logger, Observe: m.Metrics, Done: lifetime.Done(),
 		Waiter: waiter, MaxWait: cfg.HTTP.MaxWait, Stopping: stopping.Done(),
 		WindowSources: sources, OutboxRetention: outboxRetention(policy),
 		Channel: payment.NewClient(channelURL, &http.Client{Transport: &http.Transport{
@@ -347,10 +348,11 @@ func (m *Main) start(ctx context.Context) error {
 	return nil
 }
 
-func (m *Main) serve(ln net.Listener, h http.Handler) {
+// serve serves h on ln, each request's context a child of lifetime.
+func (m *Main) serve(ln net.Listener, h http.Handler, lifetime context.Context) {
 	srv := &http.Server{Handler: m.requests.track(h), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog:    slog.NewLogLogger(m.Logger.Handler(), slog.LevelWarn),
-		BaseContext: func(net.Listener) context.Context { return m.lifetime }}
+		BaseContext: func(net.Listener) context.Context { return lifetime }}
 	m.servers = append(m.servers, srv)
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
