@@ -47,11 +47,9 @@ func (s *Service) Pay(ctx context.Context, c Caller, orderID string, req PayRequ
 	if !slices.Contains(tokens, method) {
 		return idempotency.Result{}, invalid("payment_method", "must be one of the channel's test tokens: %s", strings.Join(tokens, ", "))
 	}
-	return s.awaitFirst(ctx, c, OpPay, func() (idempotency.Result, error) {
-		return s.runPaymentIntent(ctx, c, OpPay, orderID, PayRequest{PaymentMethod: method}, func(o *Order) (plan, error) {
-			charge, err := o.Pay(method)
-			return viaChannel(EventPay, charge), err
-		})
+	return s.runPaymentIntent(ctx, c, OpPay, orderID, PayRequest{PaymentMethod: method}, func(o *Order) (plan, error) {
+		charge, err := o.Pay(method)
+		return viaChannel(EventPay, charge), err
 	})
 }
 
@@ -63,14 +61,12 @@ func (s *Service) Cancel(ctx context.Context, c Caller, orderID string, req Canc
 	if err != nil {
 		return idempotency.Result{}, err
 	}
-	return s.awaitFirst(ctx, c, OpCancel, func() (idempotency.Result, error) {
-		return s.runPaymentIntent(ctx, c, OpCancel, orderID, n, func(o *Order) (plan, error) {
-			if !o.HoldsMoney() {
-				return withoutChannel(EventCancel), o.Cancel()
-			}
-			refund, err := o.Refund()
-			return viaChannel(EventRefund, refund), err
-		})
+	return s.runPaymentIntent(ctx, c, OpCancel, orderID, n, func(o *Order) (plan, error) {
+		if !o.HoldsMoney() {
+			return withoutChannel(EventCancel), o.Cancel()
+		}
+		refund, err := o.Refund()
+		return viaChannel(EventRefund, refund), err
 	})
 }
 
@@ -85,9 +81,18 @@ type plan struct {
 func viaChannel(ev Event, p Payment) plan { return plan{event: ev, viaChannel: true, payment: p} }
 func withoutChannel(ev Event) plan        { return plan{event: ev} }
 
-// runPaymentIntent runs the three phases of the intent op on the order
+// runPaymentIntent runs c's payment intent op (paymentIntent), letting a
+// duplicate of one still in flight wait for its outcome when c asked to
+// (awaitFirst).
+func (s *Service) runPaymentIntent(ctx context.Context, c Caller, op, orderID string, fields any, rule func(*Order) (plan, error)) (idempotency.Result, error) {
+	return s.awaitFirst(ctx, c, c.scope(op), func() (idempotency.Result, error) {
+		return s.paymentIntent(ctx, c, op, orderID, fields, rule)
+	})
+}
+
+// paymentIntent runs the three phases of the intent op on the order
 // orderID, with rule deciding what the order does.
-func (s *Service) runPaymentIntent(ctx context.Context, c Caller, op, orderID string, fields any, rule func(*Order) (plan, error)) (res idempotency.Result, err error) {
+func (s *Service) paymentIntent(ctx context.Context, c Caller, op, orderID string, fields any, rule func(*Order) (plan, error)) (res idempotency.Result, err error) {
 	id, in, err := c.intentOn(op, orderID, fields)
 	if err != nil {
 		return idempotency.Result{}, err

@@ -184,7 +184,13 @@ func (s *Service) logger() *slog.Logger {
 	return s.Logger
 }
 
-// once runs a single-transaction operation exactly once per intent:
+// once runs c's single-transaction intent in (runOnce), letting a duplicate
+// of one still in flight wait for its outcome when c asked to (awaitFirst).
+func (s *Service) once(ctx context.Context, c Caller, in idempotency.Intent, exec func(tx *gorm.DB) (idempotency.Result, error)) (idempotency.Result, error) {
+	return s.awaitFirst(ctx, c, in.Scope, func() (idempotency.Result, error) { return s.runOnce(ctx, in, exec) })
+}
+
+// runOnce runs a single-transaction operation exactly once per intent:
 //
 //  1. answer with the stored result, found by one plain read, if there is one;
 //  2. otherwise run exec, which executes the business write and records its
@@ -197,7 +203,7 @@ func (s *Service) logger() *slog.Logger {
 // (idempotency.Store.Insert): PROCESSING would be seen by nobody. Any error
 // but a final one rolls everything back and records nothing, so the same
 // key may simply be sent again.
-func (s *Service) once(ctx context.Context, in idempotency.Intent, exec func(tx *gorm.DB) (idempotency.Result, error)) (res idempotency.Result, err error) {
+func (s *Service) runOnce(ctx context.Context, in idempotency.Intent, exec func(tx *gorm.DB) (idempotency.Result, error)) (res idempotency.Result, err error) {
 	ctx, end := traced(ctx, in)
 	defer func() { end(res, err) }()
 	for race := 1; ; race++ {
@@ -309,23 +315,21 @@ func (s *Service) Create(ctx context.Context, c Caller, req CreateRequest) (idem
 	if err != nil {
 		return idempotency.Result{}, err
 	}
-	return s.awaitFirst(ctx, c, OpCreate, func() (idempotency.Result, error) {
-		return s.once(ctx, in, func(tx *gorm.DB) (idempotency.Result, error) {
-			// Built once the read found nothing to replay: a replay never pays for it.
-			o, err := newOrder(c.TenantID, n, total)
-			if err != nil {
-				return idempotency.Result{}, err
+	return s.once(ctx, c, in, func(tx *gorm.DB) (idempotency.Result, error) {
+		// Built once the read found nothing to replay: a replay never pays for it.
+		o, err := newOrder(c.TenantID, n, total)
+		if err != nil {
+			return idempotency.Result{}, err
+		}
+		res, err := created(o)
+		if err != nil {
+			return idempotency.Result{}, err
+		}
+		return s.insertRecordFirst(tx, in, res, func() error {
+			if err := insertOrder(tx, o, OpCreate, c.Key); err != nil {
+				return err
 			}
-			res, err := created(o)
-			if err != nil {
-				return idempotency.Result{}, err
-			}
-			return s.insertRecordFirst(tx, in, res, func() error {
-				if err := insertOrder(tx, o, OpCreate, c.Key); err != nil {
-					return err
-				}
-				return s.Hooks.run(s.Hooks.AfterOrderInsert)
-			})
+			return s.Hooks.run(s.Hooks.AfterOrderInsert)
 		})
 	})
 }
@@ -356,22 +360,20 @@ func (s *Service) transition(ctx context.Context, c Caller, op string, ev Event,
 	if err != nil {
 		return idempotency.Result{}, err
 	}
-	return s.awaitFirst(ctx, c, op, func() (idempotency.Result, error) {
-		return s.once(ctx, in, s.insertRecordLast(in, func(tx *gorm.DB) (idempotency.Result, error) {
-			o, err := lockOrder(tx, c.TenantID, id)
-			if err != nil {
-				return idempotency.Result{}, err
-			}
-			from := o.Status
-			if err := change(o); err != nil {
-				return idempotency.Result{}, err
-			}
-			if err := saveTransition(tx, o, from, ev, op, c.Key); err != nil {
-				return idempotency.Result{}, err
-			}
-			return done(o)
-		}))
-	})
+	return s.once(ctx, c, in, s.insertRecordLast(in, func(tx *gorm.DB) (idempotency.Result, error) {
+		o, err := lockOrder(tx, c.TenantID, id)
+		if err != nil {
+			return idempotency.Result{}, err
+		}
+		from := o.Status
+		if err := change(o); err != nil {
+			return idempotency.Result{}, err
+		}
+		if err := saveTransition(tx, o, from, ev, op, c.Key); err != nil {
+			return idempotency.Result{}, err
+		}
+		return done(o)
+	}))
 }
 
 // Ship marks a paid order shipped.

@@ -23,12 +23,12 @@ type Waiter interface {
 	Await(ctx context.Context, db *gorm.DB, scope idempotency.Scope) bool
 }
 
-// awaitFirst runs an idempotent use case and, when its first attempt is
+// awaitFirst runs an idempotent use case (the intent scope) and, when its first attempt is
 // still in flight and the caller asked to wait, waits for that attempt's
 // outcome, then runs it again. The wait ends with the 409 when it runs out
 // (c.Wait, capped by MaxWait), when the caller hangs up, or when the
 // service begins to stop (Stopping).
-func (s *Service) awaitFirst(ctx context.Context, c Caller, op string, run func() (idempotency.Result, error)) (idempotency.Result, error) {
+func (s *Service) awaitFirst(ctx context.Context, c Caller, scope idempotency.Scope, run func() (idempotency.Result, error)) (idempotency.Result, error) {
 	res, err := run()
 	wait := min(c.Wait, s.MaxWait)
 	if wait <= 0 || s.Waiter == nil || problem.CodeOf(err) != problem.RequestInProgress {
@@ -38,7 +38,7 @@ func (s *Service) awaitFirst(ctx context.Context, c Caller, op string, run func(
 	defer cancel()
 	defer cancelOn(s.Stopping, cancel)()
 	c.yield() // it waits holding neither the door's slot nor a connection
-	for problem.CodeOf(err) == problem.RequestInProgress && s.Waiter.Await(ctx, s.DB, c.scope(op)) {
+	for problem.CodeOf(err) == problem.RequestInProgress && s.Waiter.Await(ctx, s.DB, scope) {
 		res, err = run()
 	}
 	if err == nil && c.Waited != nil {
