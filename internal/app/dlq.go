@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -84,52 +83,41 @@ func dlq(ctx context.Context, cfg Config, args []string, stdout io.Writer) error
 		return err
 	}
 	done, err := q.Replay(ctx, horizon, seqs...)
-	replayed, failed := 0, 0
+	if err != nil {
+		return err
+	}
+	replayed, kept, notFound, unread := 0, 0, 0, 0
 	for _, r := range done {
 		switch {
+		case errors.Is(r.Unread, jetstream.ErrMsgNotFound):
+			notFound++
+			fmt.Fprintf(stdout, "not found: dead letter %d (not in %s: replayed or deleted already? `orderservice dlq list` shows what is there)\n",
+				r.Sequence, messaging.DLQStream)
+		case r.Unread != nil:
+			unread++
+			fmt.Fprintf(stdout, "not read: dead letter %d: %v\n", r.Sequence, r.Unread)
 		case r.Refused != "":
-			failed++
+			kept++
 			fmt.Fprintf(stdout, "kept %d (%s): %s\n", r.Sequence, keyOf(r.DeadLetter), r.Refused)
 		case r.Err != nil:
-			failed++
+			kept++
 			fmt.Fprintf(stdout, "kept %d (%s): %v\n", r.Sequence, keyOf(r.DeadLetter), r.Err)
 		default:
 			replayed++
 			fmt.Fprintf(stdout, "replayed %d to %s (%s)\n", r.Sequence, r.Subject, keyOf(r.DeadLetter))
 		}
 	}
-	// The sequences asked for that could not be read (not in the DLQ, or
-	// the broker did not answer), each on its line before the sum, which
-	// counts them.
-	var unread []error
-	if err != nil {
-		if joined, ok := err.(interface{ Unwrap() []error }); ok {
-			unread = joined.Unwrap()
-		} else {
-			unread = []error{err}
-		}
-	}
-	notFound := 0
-	for _, e := range unread {
-		if errors.Is(e, jetstream.ErrMsgNotFound) {
-			notFound++
-			fmt.Fprintf(stdout, "not found: %v (not in %s: replayed or deleted already? `orderservice dlq list` shows what is there)\n",
-				strings.TrimSuffix(e.Error(), ": "+jetstream.ErrMsgNotFound.Error()), messaging.DLQStream)
-		} else {
-			fmt.Fprintf(stdout, "not read: %v\n", e)
-		}
-	}
-	sum := fmt.Sprintf("%d dead-lettered commands replayed, %d kept", replayed, failed)
+	sum := fmt.Sprintf("%d dead-lettered commands replayed, %d kept", replayed, kept)
 	if notFound > 0 {
 		sum += fmt.Sprintf(", %d not found", notFound)
 	}
-	if n := len(unread) - notFound; n > 0 {
-		sum += fmt.Sprintf(", %d not read", n)
+	if unread > 0 {
+		sum += fmt.Sprintf(", %d not read", unread)
 	}
 	fmt.Fprintln(stdout, sum)
-	if failed+len(unread) > 0 {
+	if n := len(done) - replayed; n > 0 {
 		// The lines above said which and why; the error only says that.
-		return fmt.Errorf("dlq replay: %d of %d dead letters were not replayed", failed+len(unread), len(done)+len(unread))
+		return fmt.Errorf("dlq replay: %d of %d dead letters were not replayed", n, len(done))
 	}
 	return nil
 }

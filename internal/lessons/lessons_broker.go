@@ -277,8 +277,8 @@ func deadLetterReplayed(ctx context.Context, s *Session) error {
 			return err
 		}
 		for _, r := range replayed {
-			if r.Err != nil || r.Refused != "" {
-				s.got("kept %d: %v%s", r.Sequence, r.Err, r.Refused)
+			if r.Unread != nil || r.Err != nil || r.Refused != "" {
+				s.got("kept %d: %v%s", r.Sequence, errors.Join(r.Unread, r.Err), r.Refused)
 				continue
 			}
 			s.got("replayed %d to %s (Idempotency-Key %s)", r.Sequence, r.Subject, r.Header.Get(messaging.HeaderKey))

@@ -233,6 +233,10 @@ func (d DeadLetter) FirstPublished() time.Time { return firstPublished(d.Header,
 // Replayed is what Replay did with one dead letter: replayed, or not and why.
 type Replayed struct {
 	DeadLetter
+	// Unread is why the dead letter asked for by its sequence could not
+	// be read (only Sequence is set then): jetstream.ErrMsgNotFound when
+	// the DLQ does not hold it (replayed or deleted already).
+	Unread error
 	// Refused says why the dead letter was not replayed (it is kept):
 	// its intent's record may be gone.
 	Refused string
@@ -254,8 +258,9 @@ type Replayed struct {
 // replayed: the record of its intent may have been removed, and the copy
 // would run as a first attempt. Zero horizon: no bound.
 //
-// A failing dead letter does not stop the others: each gets its outcome.
-// The error is for the dead letters that could not be read at all.
+// A failing dead letter does not stop the others: each, and each sequence
+// that could not be read, gets its outcome. The error is for a DLQ that
+// could not be read at all.
 func (q *DLQ) Replay(ctx context.Context, horizon time.Duration, seqs ...uint64) ([]Replayed, error) {
 	s, err := q.JS.Stream(ctx, DLQStream)
 	if err != nil {
@@ -267,20 +272,19 @@ func (q *DLQ) Replay(ctx context.Context, horizon time.Duration, seqs ...uint64)
 			return nil, err
 		}
 	}
-	var missing []error
+	out := make([]Replayed, 0, max(len(letters), len(seqs)))
 	for _, seq := range seqs {
 		d, err := q.get(ctx, s, seq)
 		if err != nil {
-			missing = append(missing, fmt.Errorf("dead letter %d: %w", seq, err))
+			out = append(out, Replayed{DeadLetter: DeadLetter{Sequence: seq}, Unread: err})
 			continue
 		}
 		letters = append(letters, d)
 	}
-	out := make([]Replayed, 0, len(letters))
 	for _, d := range letters {
 		out = append(out, q.replay(ctx, s, d, horizon))
 	}
-	return out, errors.Join(missing...)
+	return out, nil
 }
 
 // replay republishes one dead letter and deletes it from the DLQ.
