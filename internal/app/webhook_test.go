@@ -130,6 +130,24 @@ func dropChannelWebhooks(t *testing.T, m *app.Main) *apptest.Client {
 	return admin
 }
 
+// settledButNotTold starts a service whose embedded channel drops its own
+// webhooks, pays an order with a charge the channel settles later, and
+// waits until it has: the order waits in PAYMENT_PENDING for a delivery
+// the test makes itself. The sweeper does not ask meanwhile.
+func settledButNotTold(t *testing.T) (m *app.Main, c *apptest.Client, orderID string, charge payment.Charge) {
+	t.Helper()
+	m = apptest.Start(t, dbURL, map[string]string{"PAYMENT_ASYNC_DELAY": "200ms", "PAYMENT_PENDING_CHECK_EVERY": "1h"})
+	dropChannelWebhooks(t, m)
+	c = apptest.NewClient(m, apptest.KeyAcme)
+	orderID = asyncPay(t, c, payment.MethodAsyncOK)
+	return m, c, orderID, settledCharge(t, m, orderID)
+}
+
+// deliver posts one webhook delivery to m, as the channel would.
+func deliver(m *app.Main, body []byte, h http.Header) (apptest.Response, error) {
+	return (&apptest.Client{BaseURL: m.URL(), HTTP: http.DefaultClient}).Send(http.MethodPost, "/webhooks/payment-channel", "", body, h)
+}
+
 // devSecret is PAYMENT_WEBHOOK_SECRET's default, which the tests' services use.
 const devSecret = "whsec_b3JkZXJzZXJ2aWNlLWRldi13ZWJob29rLXNlY3JldCE="
 
@@ -175,7 +193,7 @@ func TestTheSameWebhookTwentyTimesAtOnceOnTwoInstancesMovesTheOrderOnce(t *testi
 		go func() {
 			defer wg.Done()
 			target := []*app.Main{one, two}[i%2]
-			r, err := (&apptest.Client{BaseURL: target.URL(), HTTP: http.DefaultClient}).Send(http.MethodPost, "/webhooks/payment-channel", "", body, header)
+			r, err := deliver(target, body, header)
 			if err != nil || r.Status != http.StatusOK {
 				t.Errorf("delivery %d: %v %d %s", i, err, r.Status, r.Body)
 				return
@@ -205,13 +223,9 @@ func TestTheSameWebhookTwentyTimesAtOnceOnTwoInstancesMovesTheOrderOnce(t *testi
 // each is 401, changes nothing, and is counted; an unknown event type is
 // answered 200 and ignored.
 func TestAWebhookThatDoesNotVerifyChangesNothing(t *testing.T) {
-	m := apptest.Start(t, dbURL, map[string]string{"PAYMENT_ASYNC_DELAY": "200ms", "PAYMENT_PENDING_CHECK_EVERY": "1h"})
-	dropChannelWebhooks(t, m)
-	c := apptest.NewClient(m, apptest.KeyAcme)
-	id := asyncPay(t, c, payment.MethodAsyncOK)
-	charge := settledCharge(t, m, id)
+	m, _, id, charge := settledButNotTold(t)
 	post := func(body []byte, h http.Header) apptest.Response {
-		r, err := (&apptest.Client{BaseURL: m.URL(), HTTP: http.DefaultClient}).Send(http.MethodPost, "/webhooks/payment-channel", "", body, h)
+		r, err := deliver(m, body, h)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -319,15 +333,11 @@ func TestAPaymentWhoseWebhookNeverComesIsFinishedByTheSweeper(t *testing.T) {
 // succeeded (out of order, or simply wrong) moves the order to what the
 // channel says when asked, PAID.
 func TestAWebhookIsAHintAndTheChannelIsAsked(t *testing.T) {
-	m := apptest.Start(t, dbURL, map[string]string{"PAYMENT_ASYNC_DELAY": "200ms", "PAYMENT_PENDING_CHECK_EVERY": "1h"})
-	dropChannelWebhooks(t, m)
-	c := apptest.NewClient(m, apptest.KeyAcme)
-	id := asyncPay(t, c, payment.MethodAsyncOK)
-	charge := settledCharge(t, m, id)
+	m, c, id, charge := settledButNotTold(t)
 	wrong := charge
 	wrong.Status = payment.StatusDeclined
 	body, h := signedDelivery(t, "msg_"+uuid.NewString(), payment.EventChargeDeclined, wrong, time.Now())
-	r, err := (&apptest.Client{BaseURL: m.URL(), HTTP: http.DefaultClient}).Send(http.MethodPost, "/webhooks/payment-channel", "", body, h)
+	r, err := deliver(m, body, h)
 	if err != nil || r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"applied"`) {
 		t.Fatalf("the out-of-order event: %v %d %s; want 200 applied", err, r.Status, r.Body)
 	}
@@ -338,11 +348,7 @@ func TestAWebhookIsAHintAndTheChannelIsAsked(t *testing.T) {
 // store as text (NUL, invalid UTF-8) is refused with 400 and changes
 // nothing: a 500 would be retried by the channel for days.
 func TestASignedWebhookWithWordsPostgreSQLCannotStoreIsRefused(t *testing.T) {
-	m := apptest.Start(t, dbURL, map[string]string{"PAYMENT_ASYNC_DELAY": "200ms", "PAYMENT_PENDING_CHECK_EVERY": "1h"})
-	dropChannelWebhooks(t, m)
-	c := apptest.NewClient(m, apptest.KeyAcme)
-	id := asyncPay(t, c, payment.MethodAsyncOK)
-	charge := settledCharge(t, m, id)
+	m, _, id, charge := settledButNotTold(t)
 	inbox := apptest.Count(t, m.DB, "SELECT count(*) FROM webhook_inbox")
 	withKey := func(key string) payment.Charge { ch := charge; ch.IdempotencyKey = key; return ch }
 	for name, d := range map[string]struct {
@@ -355,7 +361,7 @@ func TestASignedWebhookWithWordsPostgreSQLCannotStoreIsRefused(t *testing.T) {
 		"a key with NUL":           {"msg_nul_key", payment.EventChargeSucceeded, withKey(charge.IdempotencyKey + "\x00"), "data.idempotency_key"},
 	} {
 		body, h := signedDelivery(t, d.id, d.eventType, d.charge, time.Now())
-		r, err := (&apptest.Client{BaseURL: m.URL(), HTTP: http.DefaultClient}).Send(http.MethodPost, "/webhooks/payment-channel", "", body, h)
+		r, err := deliver(m, body, h)
 		if err != nil {
 			t.Fatal(err)
 		}
