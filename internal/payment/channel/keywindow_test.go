@@ -5,6 +5,7 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -78,6 +79,37 @@ func TestAKeyIsForgottenForDeduplicationAfterItsWindowButALookupStillFindsTheCha
 		}
 		if !kept {
 			t.Errorf("the old charge %s is not kept under its forgotten key: %+v", old.ID, h.srv.Charges())
+		}
+	})
+
+	t.Run("two POSTs past the window at once make one new charge", func(t *testing.T) {
+		h := newHarness(t, channel.Options{})
+		expectStatus(t, h.charge("kw-race", ok(2500)), http.StatusCreated, "")
+		h.age("charges", "kw-race", 25*time.Hour)
+		const racers = 8
+		ids := make(chan string, racers)
+		var wg sync.WaitGroup
+		for range racers {
+			wg.Go(func() {
+				r, err := h.do(context.Background(), http.MethodPost, "/v1/charges", "kw-race", ok(2500))
+				if err != nil || r.status != http.StatusCreated {
+					t.Errorf("a racing POST: %v %d %s", err, r.status, r.body)
+					return
+				}
+				ids <- decode[payment.Charge](t, r).ID
+			})
+		}
+		wg.Wait()
+		close(ids)
+		distinct := map[string]bool{}
+		for id := range ids {
+			distinct[id] = true
+		}
+		if len(distinct) != 1 {
+			t.Errorf("%d racing POSTs past the window were answered with %d charges, want one new charge for all", racers, len(distinct))
+		}
+		if st := h.srv.Stats(); st.Charges != 2 {
+			t.Errorf("the channel made %d charges, want 2 (the old one and one new)", st.Charges)
 		}
 	})
 
