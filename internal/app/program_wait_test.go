@@ -86,7 +86,11 @@ func waitsEnded(t *testing.T, c *apptest.Client) map[idempotency.Wake]int {
 // the first's answer they were answered is logged, not bounded.
 func TestDuplicatesWaitingOnAnotherInstanceAreToldOfTheFirstResult(t *testing.T) {
 	isolateMoney(t)
-	a, b := apptest.Start(t, dbURL, slowPayEnv), apptest.Start(t, dbURL, slowPayEnv)
+	// The first pay is held 8s, not 2s: a hundred requests under -race on
+	// a loaded machine took longer than 2s to reach their waits, and ones
+	// that arrive after the first answer are replayed without waiting.
+	held := slowPayEnvWith(map[string]string{"PAYMENT_SLOW_DELAY": "8s", "PAYMENT_CHANNEL_TIMEOUT": "10s", "IDEMPOTENCY_LEASE": "12s"})
+	a, b := apptest.Start(t, dbURL, held), apptest.Start(t, dbURL, held)
 	ca, cb := apptest.NewClient(a, apptest.KeyAcme), apptest.NewClient(b, apptest.KeyAcme)
 	// Waits begun before b listens would also be woken once when it does.
 	apptest.Eventually(t, 5*time.Second, "the second instance listening", func() (bool, string) {
@@ -112,7 +116,7 @@ func TestDuplicatesWaitingOnAnotherInstanceAreToldOfTheFirstResult(t *testing.T)
 		})
 	}
 	// While they wait, they hold no connection and no transaction.
-	apptest.Eventually(t, 5*time.Second, "every duplicate waiting", func() (bool, string) {
+	apptest.Eventually(t, 7*time.Second, "every duplicate waiting", func() (bool, string) {
 		n := apptest.GoroutinesIn("idempotency.(*Waiter).Await")
 		return n == duplicates, strconv.Itoa(n) + " waiting"
 	})
