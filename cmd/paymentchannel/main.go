@@ -45,7 +45,7 @@ func environ() map[string]string {
 func run(ctx context.Context, args []string, environ map[string]string, stdout, _ io.Writer) error {
 	if len(args) > 1 {
 		return fmt.Errorf("unexpected arguments %q: configure with HTTP_ADDR, PAYMENT_SLOW_DELAY, LOG_LEVEL, CHANNEL_DATABASE_URL, "+
-			"PAYMENT_ASYNC_DELAY, CHANNEL_WEBHOOK_URL, CHANNEL_WEBHOOK_RETRY_WINDOW, PAYMENT_WEBHOOK_SECRET", args[1:])
+			"PAYMENT_ASYNC_DELAY, CHANNEL_WEBHOOK_URL, CHANNEL_WEBHOOK_RETRY_WINDOW, PAYMENT_WEBHOOK_SECRET, CHANNEL_KEY_WINDOW", args[1:])
 	}
 	cfg, err := channel.LoadConfig(environ)
 	if err != nil {

@@ -242,8 +242,8 @@ func (m *Main) start(ctx context.Context) error {
 		// service forgets no charge, as a real acquirer would not. It
 		// delivers its webhooks to this service (the gate answers 503
 		// until the service is ready, and the channel delivers again).
-		m.Channel, err = channel.Open(ctx, cfg.Channel.DatabaseURL, cfg.Channel.Options(
-			m.URL()+"/webhooks/payment-channel", cfg.Payment.WebhookSecrets[0], m.Logger.With("component", "paymentchannel")))
+		m.Channel, err = channel.Open(ctx, cfg.Channel.DatabaseURL, cfg.Channel.Options(cfg.Payment,
+			m.URL()+"/webhooks/payment-channel", m.Logger.With("component", "paymentchannel")))
 		if err != nil {
 			ln.Close()
 			return err

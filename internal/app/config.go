@@ -149,7 +149,9 @@ type PaymentConfig struct {
 	RetryAfter time.Duration `env:"RETRY_AFTER" envDefault:"2s"`
 	// ChannelKeyWindow is how long the payment channel remembers an
 	// idempotency key; a retry of an intent older than this asks the channel
-	// what it holds before sending the key again.
+	// what it holds before sending the key again. The in-process channel
+	// remembers keys this long; a standalone one must remember them at
+	// least as long (its CHANNEL_KEY_WINDOW).
 	ChannelKeyWindow time.Duration `env:"CHANNEL_KEY_WINDOW" envDefault:"24h"`
 	// PendingCheckEvery is how often the sweeper asks the channel about a
 	// payment it took on as pending, when no webhook told its outcome.
@@ -185,10 +187,11 @@ type ChannelConfig struct {
 }
 
 // Options are the in-process channel's options: it signs its webhooks to
-// webhookURL with webhookSecret.
-func (c ChannelConfig) Options(webhookURL, webhookSecret string, logger *slog.Logger) channel.Options {
+// webhookURL with the service's first webhook secret, and remembers a key
+// exactly as long as the service trusts it to (PAYMENT_CHANNEL_KEY_WINDOW).
+func (c ChannelConfig) Options(p PaymentConfig, webhookURL string, logger *slog.Logger) channel.Options {
 	return channel.Options{SlowDelay: c.SlowDelay, AsyncDelay: c.AsyncDelay, WebhookRetryWindow: c.WebhookRetryWindow,
-		WebhookURL: webhookURL, WebhookSecret: webhookSecret, Logger: logger}
+		WebhookURL: webhookURL, WebhookSecret: p.WebhookSecrets[0], KeyWindow: p.ChannelKeyWindow, Logger: logger}
 }
 
 // RecoveryConfig is the lease on an intent and the sweeper that takes

@@ -42,6 +42,11 @@ type Config struct {
 	// base64, comma separated as the order service reads them); the channel
 	// signs with the first.
 	WebhookSecrets []string `env:"PAYMENT_WEBHOOK_SECRET" envDefault:"whsec_b3JkZXJzZXJ2aWNlLWRldi13ZWJob29rLXNlY3JldCE="`
+	// KeyWindow is how long an idempotency key deduplicates: past it a POST
+	// with the key makes a new charge, while a lookup by the key still
+	// finds the last one. The order service must not trust a longer window
+	// (its PAYMENT_CHANNEL_KEY_WINDOW).
+	KeyWindow time.Duration `env:"CHANNEL_KEY_WINDOW" envDefault:"24h"`
 }
 
 // LoadConfig parses and validates the configuration in environ; an error
@@ -78,6 +83,9 @@ func (c Config) validate() error {
 	if c.WebhookRetryWindow <= 0 {
 		return fmt.Errorf("CHANNEL_WEBHOOK_RETRY_WINDOW must be a positive duration such as 72h, not %s", c.WebhookRetryWindow)
 	}
+	if c.KeyWindow <= 0 {
+		return fmt.Errorf("CHANNEL_KEY_WINDOW must be a positive duration such as 24h, not %s", c.KeyWindow)
+	}
 	if len(c.WebhookSecrets) == 0 {
 		return errors.New("PAYMENT_WEBHOOK_SECRET must name at least one secret")
 	}
@@ -97,7 +105,7 @@ func (c Config) Level() slog.Level { return logLevels[c.LogLevel] }
 // Options are the channel's options, signing with the first secret.
 func (c Config) Options(logger *slog.Logger) Options {
 	return Options{SlowDelay: c.SlowDelay, AsyncDelay: c.AsyncDelay, WebhookURL: c.WebhookURL,
-		WebhookSecret: c.WebhookSecrets[0], WebhookRetryWindow: c.WebhookRetryWindow, Logger: logger}
+		WebhookSecret: c.WebhookSecrets[0], WebhookRetryWindow: c.WebhookRetryWindow, KeyWindow: c.KeyWindow, Logger: logger}
 }
 
 // configError rewrites env's errors, which name struct fields, to name the
