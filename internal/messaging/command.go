@@ -26,8 +26,8 @@ type Orders interface {
 	Cancel(context.Context, order.Caller, string, order.CancelRequest) (idempotency.Result, error)
 	Ship(context.Context, order.Caller, string, order.ShipRequest) (idempotency.Result, error)
 	Deliver(context.Context, order.Caller, string, order.DeliverRequest) (idempotency.Result, error)
-	// Answered reports whether the intent has its definitive answer stored.
-	Answered(ctx context.Context, c order.Caller, operation string) (bool, error)
+	// IntentState is the state of the intent's record, "" when it has none.
+	IntentState(ctx context.Context, c order.Caller, operation string) (idempotency.State, error)
 }
 
 // useCase runs one operation's use case on a decoded body.

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/orderservice/orderservice/internal/answer"
+	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/tracing"
 )
@@ -277,17 +278,18 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
 	stop := c.keepInProgress(msg)
 	defer stop()
 	if reason == "" && d.count > c.MaxDeliver {
-		// Delivered more often than allowed: every instance that took it
-		// stopped before acknowledging. Only an intent still unfinished is
-		// evidence of a command no instance survives; an answered one is
-		// replayed, which runs nothing.
-		answered, err := c.Orders.Answered(ctx, caller, "order."+cmd.op)
+		// Delivered more often than allowed. Only an intent no run finished
+		// is evidence of a command no instance survives. An answered one is
+		// replayed, which runs nothing; a retryable one is run again, and
+		// dead-lettered below with its own failure if it fails again (its
+		// last dead letter could not be stored).
+		state, err := c.Orders.IntentState(ctx, caller, "order."+cmd.op)
 		if err != nil {
 			c.logger().Warn("messaging: could not read the record of an over-delivered command", "subject", msg.Subject(), "key", cmd.key, "err", err)
 			_ = msg.NakWithDelay(c.Backoff.Delay(d.count))
 			return
 		}
-		if !answered {
+		if !state.Definitive() && state != idempotency.FailedRetryable {
 			reason = fmt.Sprintf("delivered %d times and its intent is still unfinished: every instance that took it stopped first", d.count)
 		}
 	}

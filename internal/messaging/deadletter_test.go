@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -291,3 +293,97 @@ func (h *errorLog) Handle(_ context.Context, r slog.Record) error {
 }
 func (h *errorLog) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h *errorLog) WithGroup(string) slog.Handler      { return h }
+
+// A pay fails for a reason that may pass (the channel is down) at
+// delivery COMMAND_MAX_DELIVER, and its dead letter cannot be stored
+// (ORDER_COMMANDS_DLQ is gone). The next delivery is over the limit, but
+// its intent is FAILED_RETRYABLE: a run that ended, not an instance that
+// died. It is run again: it completes if the channel is back, and if the
+// channel still fails it is dead-lettered with that failure as its
+// reason, not blamed on instances that stopped.
+func TestAnOverDeliveredCommandWhoseLastRunFailedIsRunAgainNotBlamedOnDeadInstances(t *testing.T) {
+	for name, tc := range map[string]struct {
+		mend func(w *world) // what comes back before the third delivery runs
+		want func(t *testing.T, w *world, results chan *nats.Msg, id string)
+	}{
+		"the channel is back: the pay completes": {
+			mend: func(w *world) { w.faults(map[string]any{"unavailable_rate": 0}) },
+			want: func(t *testing.T, w *world, results chan *nats.Msg, id string) {
+				r := next(t, results, "result of the third delivery")
+				if r.Header.Get(messaging.HeaderStatus) != "200" || jsonField(t, r.Data, "status") != "PAID" {
+					t.Errorf("result %v %s, want 200 PAID", r.Header, r.Data)
+				}
+				if n := w.count("SELECT count(*) FROM payments WHERE order_id = ? AND status = 'succeeded'", id); n != 1 {
+					t.Errorf("succeeded payments = %d, want 1", n)
+				}
+				if got := w.counters.get(w.counters.dead, "pay") + w.counters.get(w.counters.givenUp, "pay"); got != 0 {
+					t.Errorf("dead-lettered or given up = %d, want 0", got)
+				}
+			},
+		},
+		"the DLQ is back, the channel is not: the letter says why": {
+			mend: func(w *world) {
+				if _, err := messaging.EnsureStreams(context.Background(), w.js, messaging.StreamWindows{Redelivery: time.Hour, Compensation: time.Hour}); err != nil {
+					w.t.Fatal(err)
+				}
+			},
+			want: func(t *testing.T, w *world, results chan *nats.Msg, _ string) {
+				select {
+				case <-w.counters.deadCh:
+				case <-time.After(30 * time.Second):
+					t.Fatal("not dead-lettered")
+				}
+				letters, err := (&messaging.DLQ{JS: w.js}).List(context.Background())
+				if err != nil || len(letters) != 1 {
+					t.Fatalf("the DLQ holds %d letters (%v), want 1", len(letters), err)
+				}
+				if reason := letters[0].Header.Get(messaging.HeaderReason); !strings.Contains(reason, "still failing after 3 deliveries: 503") {
+					t.Errorf("Dead-Letter-Reason = %q, want the channel's failure", reason)
+				}
+				if len(results) != 0 {
+					t.Errorf("%d results for a pay that never completed", len(results))
+				}
+			},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			w := newWorld(t)
+			if err := w.js.DeleteStream(context.Background(), messaging.DLQStream); err != nil {
+				t.Fatal(err)
+			}
+			run := time.Now().UnixNano()
+			created := w.api.Do(t, http.MethodPost, "/v1/orders", fmt.Sprintf("overdelivered-create-%d", run), createBody("cus_overdelivered"))
+			if created.Status != http.StatusCreated {
+				t.Fatalf("create: %d %s", created.Status, created.Body)
+			}
+			id := jsonField(t, created.Body, "id")
+			w.faults(map[string]any{"unavailable_rate": 1})
+
+			third, resume := make(chan struct{}), make(chan struct{})
+			var runs atomic.Int32
+			w.consumer(messaging.ConsumerHooks{BeforeRun: func(string, string) error {
+				if runs.Add(1) == 3 {
+					close(third)
+					<-resume
+				}
+				return nil
+			}}, nil, func(c *messaging.Consumer) {
+				c.MaxDeliver = 2
+				c.Backoff = messaging.Backoff{Base: 20 * time.Millisecond, Max: 100 * time.Millisecond}
+			})
+			results := subscribe(t, w.nc, messaging.ResultSubject("acme", "pay"))
+			publish(t, w.js, messaging.CommandSubject("acme", "pay"), fmt.Sprintf("overdelivered-pay-%d", run),
+				fmt.Sprintf(`{"order_id":%q,"payment_method":"pm_ok"}`, id))
+
+			select {
+			case <-third:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("the third delivery was not run (runs: %d, dead-lettered: %d, given up: %d)", runs.Load(),
+					w.counters.get(w.counters.dead, "pay"), w.counters.get(w.counters.givenUp, "pay"))
+			}
+			tc.mend(w)
+			close(resume)
+			tc.want(t, w, results, id)
+		})
+	}
+}

@@ -291,16 +291,17 @@ func (s *Service) finish(tx *gorm.DB, in idempotency.Intent, token int64, res id
 	return res, s.Records.Complete(tx, in.Scope, token, res)
 }
 
-// Answered reports whether the intent (c, op) has its definitive answer
-// stored, so that running it again can only replay that answer. The
-// message door asks it of a command delivered more often than it allows,
-// before it decides the command is one no instance survives.
-func (s *Service) Answered(ctx context.Context, c Caller, op string) (bool, error) {
+// IntentState is the state of the intent (c, op)'s record, "" when it
+// has none. The message door asks it of a command delivered more often
+// than it allows: a definitive state can only be replayed, a retryable
+// one ran to its end and may be run again, and only an intent no run
+// finished (PROCESSING, or no record) is a command no instance survives.
+func (s *Service) IntentState(ctx context.Context, c Caller, op string) (idempotency.State, error) {
 	rec, err := s.Records.Get(s.DB.WithContext(ctx), idempotency.Scope{TenantID: c.TenantID, Operation: op, Key: c.Key})
 	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return false, nil
+		return "", nil
 	}
-	return err == nil && rec.State.Definitive(), err
+	return rec.State, err
 }
 
 // Create makes a new order. The Idempotency-Key is what makes a lost
