@@ -262,7 +262,7 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
 	received := time.Now()
 	d := delivery{msg: msg, count: 1, published: received}
 	if md, err := msg.Metadata(); err == nil {
-		d.count, d.seq, d.published = int(md.NumDelivered), md.Sequence.Stream, md.Timestamp
+		d.count, d.seq, d.stored, d.published = int(md.NumDelivered), md.Sequence.Stream, md.Timestamp, md.Timestamp
 	}
 	d.published = firstPublished(msg.Headers(), d.published)
 	op := opLabel(msg.Subject())
@@ -325,7 +325,7 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
 		}
 	}
 
-	if err := c.publishResult(ctx, cmd, d.seq, resp); err != nil {
+	if err := c.publishResult(ctx, cmd, d.msgID("result"), resp); err != nil {
 		// The outcome is committed; the redelivery replays it.
 		c.logger().Warn("messaging: result not published, command redelivered", "subject", msg.Subject(), "key", cmd.key, "err", err)
 		_ = msg.NakWithDelay(c.Backoff.Delay(d.count))
@@ -345,12 +345,27 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
 
 // delivery is one delivery of a command, as JetStream numbered it.
 type delivery struct {
-	msg   jetstream.Msg
-	seq   uint64 // in ORDER_COMMANDS
-	count int    // how often it was delivered, this time included
+	msg    jetstream.Msg
+	seq    uint64    // in ORDER_COMMANDS
+	stored time.Time // when ORDER_COMMANDS stored this copy
+	count  int       // how often it was delivered, this time included
 	// published is when the command was first published: by its tenant,
 	// not by a replay of its dead letter (see firstPublished).
 	published time.Time
+}
+
+// msgID is the Nats-Msg-Id of what the service publishes for the command
+// (kind "result" or "dead-letter"), so that the stream it goes to keeps
+// one per command however often the command is delivered. It names the
+// command by its sequence and the time ORDER_COMMANDS stored it: the
+// sequence alone names one command only while the stream lives, and a
+// stream recreated counts from 1 again, within the duplicate window of
+// the old one's results and letters. "" when JetStream gave no metadata.
+func (d delivery) msgID(kind string) string {
+	if d.seq == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s-%d-%d", kind, d.seq, d.stored.UnixNano())
 }
 
 // keepInProgress tells JetStream, until stop is called, that the command is
@@ -376,14 +391,14 @@ func (c *Consumer) keepInProgress(msg jetstream.Msg) (stop func()) {
 // Status is the HTTP status, the body is the HTTP body byte for byte, and
 // a replay says so, as the HTTP header does.
 //
-// Its Nats-Msg-Id names the command's stream sequence, so ORDER_RESULTS
-// keeps one result per command even if a handler died between publishing
-// and acknowledging and the redelivery published its replay again.
-func (c *Consumer) publishResult(ctx context.Context, cmd command, seq uint64, resp answer.Response) error {
+// Its Nats-Msg-Id, msgID, names the command, so ORDER_RESULTS keeps one
+// result per command even if a handler died between publishing and
+// acknowledging and the redelivery published its replay again.
+func (c *Consumer) publishResult(ctx context.Context, cmd command, msgID string, resp answer.Response) error {
 	m := nats.NewMsg(ResultSubject(cmd.tenant, cmd.op))
 	m.Header.Set(HeaderKey, cmd.key)
-	if seq > 0 {
-		m.Header.Set(HeaderMsgID, "result-"+strconv.FormatUint(seq, 10))
+	if msgID != "" {
+		m.Header.Set(HeaderMsgID, msgID)
 	}
 	m.Header.Set(HeaderStatus, strconv.Itoa(resp.Status))
 	if resp.ContentType != "" {

@@ -198,22 +198,69 @@ func TestTwoBadCommandsWithTheSameClientMsgIdAreBothDeadLettered(t *testing.T) {
 // DLQ already holds, not a second one, and is counted once.
 func TestACommandDeadLetteredAgainAfterItsTermWasLostIsOneLetter(t *testing.T) {
 	w := newWorld(t)
-	// What an earlier delivery of ORDER_COMMANDS's first command left
-	// behind before it died: its letter, with the id the letter's are given.
+	ctx := context.Background()
+	publish(t, w.js, messaging.CommandSubject("acme", "create"), "dead-twice", `{"customer_id":`)
+	commands, err := w.js.Stream(ctx, messaging.CommandsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, err := commands.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What an earlier delivery of that command left behind before it died:
+	// its letter, with the id letters are given (docs/messaging.md).
 	m := nats.NewMsg(messaging.DLQPrefix + "commands.acme.create")
-	m.Header.Set(messaging.HeaderMsgID, "dead-letter-1")
+	m.Header.Set(messaging.HeaderMsgID, fmt.Sprintf("dead-letter-1-%d", stored.Time.UnixNano()))
 	m.Header.Set(messaging.HeaderReason, "body is not JSON")
-	m.Data = []byte(`{"customer_id":`)
-	if _, err := w.js.PublishMsg(context.Background(), m); err != nil {
+	m.Data = stored.Data
+	if _, err := w.js.PublishMsg(ctx, m); err != nil {
 		t.Fatal(err)
 	}
 	w.consumer(messaging.ConsumerHooks{}, nil)
-	publish(t, w.js, messaging.CommandSubject("acme", "create"), "dead-twice", `{"customer_id":`)
 
 	waitAckPending(t, w, 0)
 	waitDLQDepth(t, w, 1)
 	if got := w.counters.get(w.counters.dead, "create"); got != 0 {
 		t.Errorf("dead-lettered = %d, want 0: the earlier delivery counted it", got)
+	}
+}
+
+// An operator recreates ORDER_COMMANDS (to change its storage, say): its
+// sequence starts again at 1, within the duplicate window of the results
+// and dead letters its old commands left. The new commands' results and
+// letters are kept all the same: their ids name the command, not only its
+// sequence.
+func TestCommandsOfARecreatedStreamKeepTheirResultsAndDeadLetters(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	run := time.Now().UnixNano()
+	commandsOf := func(incarnation int) (resultKey string) {
+		t.Helper()
+		consumer := w.consumer(messaging.ConsumerHooks{}, nil)
+		publish(t, w.js, messaging.CommandSubject("acme", "create"), fmt.Sprintf("recreated-bad-%d-%d", incarnation, run), `{"customer_id":`)
+		resultKey = fmt.Sprintf("recreated-good-%d-%d", incarnation, run)
+		publish(t, w.js, messaging.CommandSubject("acme", "create"), resultKey, createBody(resultKey))
+		waitAckPending(t, w, 0)
+		if err := consumer.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return resultKey
+	}
+	first := commandsOf(1)
+	if err := w.js.DeleteStream(ctx, messaging.CommandsStream); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := messaging.EnsureStreams(ctx, w.js, messaging.StreamWindows{Redelivery: 168 * time.Hour, Compensation: 720 * time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	second := commandsOf(2)
+
+	waitDLQDepth(t, w, 2)
+	for _, key := range []string{first, second} {
+		if n := streamResults(t, w, key); n != 1 {
+			t.Errorf("%s holds %d results for %s, want 1", messaging.ResultsStream, n, key)
+		}
 	}
 }
 

@@ -66,10 +66,10 @@ func (c *Consumer) deadLetter(ctx context.Context, d delivery, op, reason string
 // letter is the dead letter of d: its body, the headers keep lets
 // through, and ours.
 //
-// Its Nats-Msg-Id is its own, named after the command's sequence in
-// ORDER_COMMANDS, which no other command shares: two commands are two
-// letters whatever ids their tenants gave them, and a command delivered
-// again after its term was lost is recognised as the letter it already is.
+// Its Nats-Msg-Id is its own, named after the command (msgID), which no
+// other command shares: two commands are two letters whatever ids their
+// tenants gave them, and a command delivered again after its term was
+// lost is recognised as the letter it already is.
 func letter(d delivery, reason string, keep func(header string) bool) *nats.Msg {
 	msg := d.msg
 	m := nats.NewMsg(dlqSubject(msg.Subject()))
@@ -78,8 +78,8 @@ func letter(d delivery, reason string, keep func(header string) bool) *nats.Msg 
 			m.Header[k] = append([]string(nil), vs...)
 		}
 	}
-	if d.seq > 0 {
-		m.Header.Set(HeaderMsgID, "dead-letter-"+strconv.FormatUint(d.seq, 10))
+	if id := d.msgID("dead-letter"); id != "" {
+		m.Header.Set(HeaderMsgID, id)
 	}
 	m.Header.Set(HeaderReason, reason)
 	m.Header.Set(HeaderDLSubject, msg.Subject())

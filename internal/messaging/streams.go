@@ -43,7 +43,9 @@ func StreamConfigs(w StreamWindows) []jetstream.StreamConfig {
 	configs := []jetstream.StreamConfig{
 		{Name: CommandsStream, Subjects: []string{CommandPrefix + ">"}, MaxAge: w.Redelivery,
 			Description: "Order commands; max_age is the message redelivery window the idempotency records must outlive."},
-		{Name: DLQStream, Subjects: []string{DLQPrefix + ">"}, MaxAge: w.Compensation,
+		// A letter stored twice (its command's term was lost) is stored
+		// again one ack wait later: well inside the window.
+		{Name: DLQStream, Subjects: []string{DLQPrefix + ">"}, MaxAge: w.Compensation, Duplicates: dedup(w.Compensation),
 			Description: "Dead-lettered order commands, body and headers unchanged but the broker's Nats-* ones, until `orderservice dlq replay`."},
 		{Name: ResultsStream, Subjects: []string{ResultPrefix + ">"}, MaxAge: w.Redelivery, Duplicates: dedup(w.Redelivery),
 			Description: "Outcomes of order commands, as HTTP would have answered them; Nats-Msg-Id names the command."},
