@@ -48,7 +48,9 @@ func slowPaysAtTheChannel(t *testing.T, m *app.Main, c *apptest.Client, n int) (
 func TestWaitingDuplicatesDoNotTakeTheAdmissionSlotsOfOtherRequests(t *testing.T) {
 	isolateMoney(t)
 	m := apptest.Start(t, dbURL, slowPayEnvWith(map[string]string{"HTTP_MAX_IN_FLIGHT": "4", "HTTP_MAX_QUEUE": "4", "HTTP_QUEUE_TIMEOUT": "200ms",
-		"PAYMENT_SLOW_DELAY": "3s"}))
+		// The first pay outlasts the five waves (1.5s) with room for a
+		// loaded machine: a duplicate arriving after it is not waiting.
+		"PAYMENT_SLOW_DELAY": "5s", "PAYMENT_CHANNEL_TIMEOUT": "7s"}))
 	c := apptest.NewClient(m, apptest.KeyAcme)
 	key := newKey("R2-admitted")
 	id, first := startSlowPay(t, m, c, key)
