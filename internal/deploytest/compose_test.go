@@ -216,6 +216,14 @@ func TestCompose(t *testing.T) {
 		expectLoopbackOnly(t, service(t, p, svcNATS))
 	})
 
+	// A teaching stack: the lab resets state and drives faults, Grafana
+	// has a default admin, Jaeger takes any span. None is for the network.
+	t.Run("every service publishes its ports on loopback only", func(t *testing.T) {
+		for _, s := range p.Services {
+			expectLoopbackOnly(t, s)
+		}
+	})
+
 	t.Run("the image is built with the VERSION it is given, devel without", func(t *testing.T) {
 		for _, name := range append([]string{svcChannel, svcLab}, replicas...) {
 			// Loaded without the caller's environment: ${VERSION:-devel}.
