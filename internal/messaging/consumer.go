@@ -125,8 +125,8 @@ func (c *Consumer) logger() *slog.Logger {
 // ConsumerConfig is the durable consumer every instance creates or updates
 // to the same settings. JetStream's own MaxDeliver is unlimited on purpose:
 // COMMAND_MAX_DELIVER is enforced by handle, which dead-letters a command
-// on its last transient failure, and at once any command delivered more
-// often than that (its every handler died before answering). Were the
+// on its last transient failure, and at once a command delivered more
+// often than that whose intent no run finished (overDelivered). Were the
 // server to stop delivering instead, a command whose dead-lettering failed
 // would stay in the stream unhandled, and no one would know; this way its
 // dead letter is tried again, and given up only loudly (deadLetter).
@@ -278,20 +278,18 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
 	stop := c.keepInProgress(msg)
 	defer stop()
 	if reason == "" && d.count > c.MaxDeliver {
-		// Delivered more often than allowed. Only an intent no run finished
-		// is evidence of a command no instance survives. An answered one is
-		// replayed, which runs nothing; a retryable one is run again, and
-		// dead-lettered below with its own failure if it fails again (its
-		// last dead letter could not be stored).
+		// Delivered more often than allowed. An answered intent is
+		// replayed, which runs nothing. A retryable one ran to its end
+		// (its last dead letter could not be stored): it is run again, and
+		// dead-lettered below with its own failure if it fails again. Any
+		// other may be a command no instance survives.
 		state, err := c.Orders.IntentState(ctx, caller, "order."+cmd.op)
 		if err != nil {
 			c.logger().Warn("messaging: could not read the record of an over-delivered command", "subject", msg.Subject(), "key", cmd.key, "err", err)
 			_ = msg.NakWithDelay(c.Backoff.Delay(d.count))
 			return
 		}
-		if !state.Definitive() && state != idempotency.FailedRetryable {
-			reason = fmt.Sprintf("delivered %d times and its intent is still unfinished: every instance that took it stopped first", d.count)
-		}
+		reason = overDelivered(d.count, state)
 	}
 	if reason != "" {
 		c.deadLetter(ctx, d, op, reason)
@@ -341,6 +339,21 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	obs.MessageAcked(ctx, op, resp.Replayed, time.Since(received))
+}
+
+// overDelivered is why a command delivered count times, more than
+// COMMAND_MAX_DELIVER, is dead-lettered, given its intent's state; "" when
+// it is not (it is replayed or run again). The reason says what the record
+// shows, not a guess at what stopped it.
+func overDelivered(count int, state idempotency.State) string {
+	switch {
+	case state.Definitive(), state == idempotency.FailedRetryable:
+		return ""
+	case state == idempotency.Processing:
+		return fmt.Sprintf("delivered %d times and its intent is still PROCESSING: the runs that took it stopped before they finished, or another owner (the sweeper) holds it now", count)
+	default:
+		return fmt.Sprintf("delivered %d times and no run recorded its intent: each stopped, or was refused, before it began", count)
+	}
 }
 
 // delivery is one delivery of a command, as JetStream numbered it.

@@ -113,7 +113,9 @@ func refused(err error) bool {
 
 // deadLetterDeliveries is how many deliveries a command gets in all
 // before its dead letter is given up: COMMAND_MAX_DELIVER to run, and as
-// many again to be dead-lettered.
+// many again to be dead-lettered (a retryable intent is run again on each
+// of those, so the channel may be asked up to twice COMMAND_MAX_DELIVER
+// times while the DLQ cannot be reached).
 func (c *Consumer) deadLetterDeliveries() int { return 2 * max(c.MaxDeliver, 1) }
 
 // copyable reports whether a copy of a command, its dead letter or the

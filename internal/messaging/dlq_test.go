@@ -174,7 +174,7 @@ func TestACommandWhoseHandlersAlwaysDieIsDeadLettered(t *testing.T) {
 
 	d := next(t, dead, "dead letter")
 	<-w.counters.deadCh
-	if d.Header.Get(messaging.HeaderDLDeliveries) != "4" || !strings.Contains(d.Header.Get(messaging.HeaderReason), "still unfinished") {
+	if d.Header.Get(messaging.HeaderDLDeliveries) != "4" || !strings.Contains(d.Header.Get(messaging.HeaderReason), "no run recorded its intent") {
 		t.Errorf("dead letter headers: %v", d.Header)
 	}
 	if got := w.counters.get(w.counters.received, "create"); got != 4 {
@@ -220,9 +220,15 @@ func TestAnOverDeliveredCommandWhoseIntentIsAnsweredIsReplayedNotDeadLettered(t 
 		t.Errorf("orders = %d, want 1", n)
 	}
 	// Each handler published before dying; the 4th result may reach this
-	// subscriber just after the ack that woke the test, so wait for it.
+	// subscriber just after the ack that woke the test, so wait for it,
+	// and then a while for a fifth that must not come.
 	for i := 1; i <= 4; i++ {
 		next(t, results, fmt.Sprintf("result %d of 4 (each handler published before dying)", i))
+	}
+	select {
+	case m := <-results:
+		t.Errorf("a fifth result was published live: %v %s", m.Header, m.Data)
+	case <-time.After(300 * time.Millisecond):
 	}
 	if n := streamResults(t, w, key); n != 1 {
 		t.Errorf("%s holds %d results for the command, want 1", messaging.ResultsStream, n)
