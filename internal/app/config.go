@@ -484,7 +484,7 @@ func (c Config) validate() error {
 // streamWindows are the settings of the streams the service creates.
 func (c Config) streamWindows() messaging.StreamWindows {
 	return messaging.StreamWindows{Redelivery: c.Retention.Windows.MessageRedelivery, Compensation: c.Retention.Windows.ManualCompensation,
-		Replicas: c.NATS.StreamReplicas}
+		Replicas: c.NATS.StreamReplicas, AckWait: c.Commands.AckWait}
 }
 
 // Policy is the retention policy the replay windows imply.

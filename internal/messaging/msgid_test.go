@@ -87,3 +87,25 @@ func TestNoTenantsMessageIdCanSuppressAnotherTenantsCommand(t *testing.T) {
 		}
 	})
 }
+
+// A result or dead letter is published again one COMMAND_ACK_WAIT after
+// its handler died: the streams it goes to must still remember the first
+// copy's id then, whatever the ack wait, and no longer than they keep it.
+func TestTheDuplicateWindowsCoverARepublicationAfterTheAckWait(t *testing.T) {
+	for _, tc := range []struct {
+		ackWait, maxAge, want time.Duration
+	}{
+		{30 * time.Second, time.Hour, 2 * time.Minute},
+		{5 * time.Minute, time.Hour, 10 * time.Minute},
+		{5 * time.Minute, 3 * time.Minute, 3 * time.Minute}, // never past max_age, which the server refuses
+	} {
+		for _, cfg := range messaging.StreamConfigs(messaging.StreamWindows{Redelivery: tc.maxAge, Compensation: tc.maxAge, AckWait: tc.ackWait}) {
+			if cfg.Name != messaging.ResultsStream && cfg.Name != messaging.DLQStream {
+				continue
+			}
+			if cfg.Duplicates != tc.want {
+				t.Errorf("ack wait %s, max_age %s: %s's duplicate window = %s, want %s", tc.ackWait, tc.maxAge, cfg.Name, cfg.Duplicates, tc.want)
+			}
+		}
+	}
+}

@@ -23,6 +23,10 @@ type StreamWindows struct {
 	// Replicas is NATS_STREAM_REPLICAS: 3 on a three-node cluster, so a
 	// node lost loses no command.
 	Replicas int
+	// AckWait is COMMAND_ACK_WAIT. A result or dead letter is published
+	// again when its handler died before the ack, one ack wait later: the
+	// duplicate windows of ORDER_RESULTS and the DLQ cover twice that.
+	AckWait time.Duration
 }
 
 // Streams is what the service found (or created) on the broker.
@@ -39,12 +43,10 @@ type Streams struct {
 // duplicate window longer than a stream's max_age is refused by the
 // server, so it is cut to the max_age.
 func StreamConfigs(w StreamWindows) []jetstream.StreamConfig {
-	dedup := func(maxAge time.Duration) time.Duration { return min(2*time.Minute, maxAge) }
+	dedup := func(maxAge time.Duration) time.Duration { return min(max(2*time.Minute, 2*w.AckWait), maxAge) }
 	configs := []jetstream.StreamConfig{
 		{Name: CommandsStream, Subjects: []string{CommandPrefix + ">"}, MaxAge: w.Redelivery,
 			Description: "Order commands; max_age is the message redelivery window the idempotency records must outlive."},
-		// A letter stored twice (its command's term was lost) is stored
-		// again one ack wait later: well inside the window.
 		{Name: DLQStream, Subjects: []string{DLQPrefix + ">"}, MaxAge: w.Compensation, Duplicates: dedup(w.Compensation),
 			Description: "Dead-lettered order commands, body and headers unchanged but the broker's Nats-* ones, until `orderservice dlq replay`."},
 		{Name: ResultsStream, Subjects: []string{ResultPrefix + ">"}, MaxAge: w.Redelivery, Duplicates: dedup(w.Redelivery),
