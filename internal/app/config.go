@@ -50,7 +50,9 @@ type Config struct {
 	// webhooks.
 	Payment PaymentConfig `envPrefix:"PAYMENT_"`
 	// Channel is the mock payment channel the service runs in-process when
-	// PAYMENT_CHANNEL_URL is empty.
+	// PAYMENT_CHANNEL_URL is empty. It signs with PAYMENT_WEBHOOK_SECRET and
+	// remembers a key for PAYMENT_CHANNEL_KEY_WINDOW, the service's own
+	// settings (CHANNEL_KEY_WINDOW is the standalone channel's).
 	Channel ChannelConfig
 	// Recovery is how an intent whose owner stopped working on it is
 	// taken over.

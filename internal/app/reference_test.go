@@ -42,7 +42,9 @@ is generated from the configuration structs' tags and comments
 
 The mock channel as its own binary (` + "`cmd/paymentchannel`" + `, the compose
 stack's ` + "`channel`" + ` service). Embedded in the order service, the channel
-takes its settings from the service's instead.
+takes its settings from the service's instead (its key window is
+` + "`PAYMENT_CHANNEL_KEY_WINDOW`" + ` there; ` + "`CHANNEL_KEY_WINDOW`" + ` set on the service does
+nothing).
 
 `)
 	table(t, &b, "../payment/channel/config.go")

@@ -54,8 +54,17 @@ func TestComposeEnvironmentIsWhatTheServiceReads(t *testing.T) {
 				t.Errorf("paymentchannel sets %s, which neither channel.Config nor the OpenTelemetry SDK reads (channel.Config reads %v)", k, slices.Sorted(maps.Keys(read)))
 			}
 		}
-		if _, err := channel.LoadConfig(env); err != nil {
+		cfg, err := channel.LoadConfig(env)
+		if err != nil {
 			t.Errorf("channel.LoadConfig rejects the compose environment: %v", err)
+		}
+		// The replicas resend a key only while the channel remembers it.
+		for _, name := range replicas {
+			replica, err := app.LoadConfig(environment(t, service(t, p, name)))
+			if err == nil && replica.Payment.ChannelKeyWindow > cfg.KeyWindow {
+				t.Errorf("%s trusts the channel with a key for %s (PAYMENT_CHANNEL_KEY_WINDOW), but the channel remembers it %s (CHANNEL_KEY_WINDOW)",
+					name, replica.Payment.ChannelKeyWindow, cfg.KeyWindow)
+			}
 		}
 		if s.StopGracePeriod == nil || time.Duration(*s.StopGracePeriod) <= channelShutdownTimeout {
 			t.Errorf("paymentchannel stop_grace_period must exceed its %s shutdown timeout", channelShutdownTimeout)
