@@ -214,7 +214,8 @@ func restartWithOneCharge(t *testing.T, first *app.Main, cfg app.Config, logger 
 // trusts it to (PAYMENT_CHANNEL_KEY_WINDOW): a longer trust than the
 // channel's memory would let a resumed pay charge twice.
 func TestTheEmbeddedChannelKeepsAKeyAsLongAsTheServiceTrustsIt(t *testing.T) {
-	m := apptest.Start(t, dbURL, map[string]string{"PAYMENT_CHANNEL_KEY_WINDOW": "1500ms"})
+	const window = 3 * time.Second
+	m := apptest.Start(t, dbURL, map[string]string{"PAYMENT_CHANNEL_KEY_WINDOW": window.String()})
 	pc := payment.NewClient("http://"+m.ChannelAddr, nil)
 	ctx := context.Background()
 	key := "window-" + uuid.NewString()[:8]
@@ -223,10 +224,11 @@ func TestTheEmbeddedChannelKeepsAKeyAsLongAsTheServiceTrustsIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	made := time.Now() // the charge was made before this
 	if again, err := pc.Charge(ctx, key, req); err != nil || !again.Replayed || again.Value.ID != first.Value.ID {
 		t.Fatalf("within the window: %+v, %v; want the first charge replayed", again, err)
 	}
-	time.Sleep(1600 * time.Millisecond)
+	time.Sleep(time.Until(made.Add(window + 200*time.Millisecond)))
 	past, err := pc.Charge(ctx, key, req)
 	if err != nil || past.Replayed || past.Value.ID == first.Value.ID {
 		t.Errorf("past PAYMENT_CHANNEL_KEY_WINDOW: %+v, %v; want a new charge, as the channel forgot the key", past, err)

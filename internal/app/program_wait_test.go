@@ -88,8 +88,10 @@ func TestDuplicatesWaitingOnAnotherInstanceAreToldOfTheFirstResult(t *testing.T)
 	isolateMoney(t)
 	// The first pay is held 8s, not 2s: a hundred requests under -race on
 	// a loaded machine took longer than 2s to reach their waits, and ones
-	// that arrive after the first answer are replayed without waiting.
-	held := slowPayEnvWith(map[string]string{"PAYMENT_SLOW_DELAY": "8s", "PAYMENT_CHANNEL_TIMEOUT": "10s", "IDEMPOTENCY_LEASE": "12s"})
+	// that arrive after the first answer are replayed without waiting. The
+	// duplicates may wait 20s, so the first's answer has room to reach them.
+	held := slowPayEnvWith(map[string]string{"PAYMENT_SLOW_DELAY": "8s", "PAYMENT_CHANNEL_TIMEOUT": "10s", "IDEMPOTENCY_LEASE": "12s",
+		"MAX_WAIT": "20s"})
 	a, b := apptest.Start(t, dbURL, held), apptest.Start(t, dbURL, held)
 	ca, cb := apptest.NewClient(a, apptest.KeyAcme), apptest.NewClient(b, apptest.KeyAcme)
 	// Waits begun before b listens would also be woken once when it does.
@@ -108,7 +110,7 @@ func TestDuplicatesWaitingOnAnotherInstanceAreToldOfTheFirstResult(t *testing.T)
 	var wg sync.WaitGroup
 	for i := range answers {
 		wg.Go(func() {
-			r, err := cb.Send(http.MethodPost, "/v1/orders/"+id+"/pay", key, payWith("pm_slow"), preferWait(10))
+			r, err := cb.Send(http.MethodPost, "/v1/orders/"+id+"/pay", key, payWith("pm_slow"), preferWait(20))
 			if err != nil {
 				t.Errorf("duplicate %d: %v", i, err)
 			}
@@ -136,8 +138,8 @@ func TestDuplicatesWaitingOnAnotherInstanceAreToldOfTheFirstResult(t *testing.T)
 		if ans.r.Status != http.StatusOK || !bytes.Equal(ans.r.Body, orig.Body) || ans.r.Header.Get("Idempotent-Replayed") != "true" {
 			t.Fatalf("duplicate %d = %d %s (replayed %q), want the first's 200 replayed", i, ans.r.Status, ans.r.Body, ans.r.Header.Get("Idempotent-Replayed"))
 		}
-		if got := ans.r.Header.Get("Preference-Applied"); got != "wait=10" {
-			t.Errorf("duplicate %d: Preference-Applied = %q, want wait=10", i, got)
+		if got := ans.r.Header.Get("Preference-Applied"); got != "wait=20" {
+			t.Errorf("duplicate %d: Preference-Applied = %q, want wait=20", i, got)
 		}
 		latest = max(latest, ans.at.Sub(firstAt))
 	}
