@@ -14,6 +14,7 @@ var messageOps = []string{"create", "pay", "cancel", "ship", "deliver", "unknown
 // messages are the collectors of the message transport and the outbox.
 type messages struct {
 	received, acked, redelivered, deadLettered, givenUp, replayed *prometheus.CounterVec
+	postponed                                                     *prometheus.CounterVec
 	relayed                                                       *prometheus.CounterVec
 	// duration is a command's time from its delivery to its answer, by op.
 	duration *prometheus.HistogramVec
@@ -31,6 +32,8 @@ func newMessages() messages {
 		givenUp: counter("orderservice_messages_dead_letters_given_up_total",
 			"Commands terminated because their dead letter could not be stored in ORDER_COMMANDS_DLQ (the DLQ unreachable through every delivery), by op: kept in ORDER_COMMANDS until its max_age, and logged."),
 		replayed: counter("orderservice_messages_replayed_total", "Commands answered with a stored outcome (Idempotent-Replayed), by op."),
+		postponed: counter("orderservice_messages_postponed_total",
+			"Command deliveries that met their intent in flight (409 request_in_progress) and wait for it, spending no delivery, by op."),
 		relayed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "orderservice_outbox_relay_publishes_total",
 			Help: "Outbox events the relay published; result is published, or duplicate when JetStream already had the event id."}, []string{"result"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "orderservice_command_duration_seconds",
@@ -38,7 +41,7 @@ func newMessages() messages {
 			Buckets: prometheus.DefBuckets}, []string{"op"}),
 	}
 	for _, op := range messageOps {
-		for _, c := range []*prometheus.CounterVec{m.received, m.acked, m.redelivered, m.deadLettered, m.givenUp, m.replayed} {
+		for _, c := range []*prometheus.CounterVec{m.received, m.acked, m.redelivered, m.deadLettered, m.givenUp, m.replayed, m.postponed} {
 			c.WithLabelValues(op)
 		}
 		m.duration.WithLabelValues(op)
@@ -49,7 +52,7 @@ func newMessages() messages {
 }
 
 func (m messages) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.received, m.acked, m.redelivered, m.deadLettered, m.replayed, m.relayed, m.duration}
+	return []prometheus.Collector{m.received, m.acked, m.redelivered, m.deadLettered, m.givenUp, m.replayed, m.postponed, m.relayed, m.duration}
 }
 
 // MessageReceived counts one delivery of a command.
@@ -82,6 +85,15 @@ func (m *Metrics) MessageDeadLettered(op string) {
 		return
 	}
 	m.messages.deadLettered.WithLabelValues(op).Inc()
+}
+
+// MessagePostponed counts one command delivery that waits for its intent
+// in flight.
+func (m *Metrics) MessagePostponed(op string) {
+	if m == nil {
+		return
+	}
+	m.messages.postponed.WithLabelValues(op).Inc()
 }
 
 // DeadLetterGivenUp counts one command whose dead letter could not be
