@@ -9,9 +9,13 @@
 // publishes the body on orders.commands.acme.create with the header
 // Idempotency-Key: R1, and prints what arrives on orders.results.acme.create
 // under that key: its headers (Status, Idempotent-Replayed) and its body,
-// the HTTP body byte for byte. The tenant is the NATS user (its password is
-// its API key), and it may only subscribe to its own results and to its own
-// reply inbox, _INBOX_<tenant>.
+// the HTTP body byte for byte. A command the service refuses for its form
+// (no key, a body that is not JSON, an unknown operation) is answered too,
+// with the problem HTTP would send: on the same subject, or on
+// orders.results.acme.malformed when the operation is none the service
+// knows. The tenant is the NATS user (its password is its API key), and it
+// may only subscribe to its own results and to its own reply inbox,
+// _INBOX_<tenant>.
 package main
 
 import (
@@ -69,9 +73,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	defer nc.Close()
 
-	// Subscribe first: the result may come before the publish returns.
+	// Subscribe first: the result may come before the publish returns. A
+	// refusal of an operation the service does not know comes on
+	// orders.results.<tenant>.malformed.
 	results := fmt.Sprintf("orders.results.%s.%s", tenant, op)
-	sub, err := nc.SubscribeSync(results)
+	refusals := fmt.Sprintf("orders.results.%s.malformed", tenant)
+	sub, err := nc.SubscribeSync(fmt.Sprintf("orders.results.%s.>", tenant))
 	if err != nil {
 		return err
 	}
@@ -95,7 +102,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("no result on %s for Idempotency-Key %s within %s: %w", results, key, *timeout, err)
 		}
-		if r.Header.Get("Idempotency-Key") != key {
+		if (r.Subject != results && r.Subject != refusals) || r.Header.Get("Idempotency-Key") != key {
 			continue // another command's result
 		}
 		var head []string

@@ -337,7 +337,8 @@ func (m *Main) start(ctx context.Context) error {
 	m.Consumer = &messaging.Consumer{JS: m.JS, Orders: m.Orders, Tenants: cfg.APIKeys,
 		MaxDeliver: cfg.Commands.MaxDeliver, AckWait: cfg.Commands.AckWait, Workers: cfg.Commands.Workers,
 		Backoff: messaging.Backoff{Base: cfg.Commands.Backoff, Max: cfg.Commands.BackoffMax},
-		Horizon: messaging.Horizon(policy), Observe: m.Metrics, Logger: m.Logger}
+		Horizon: messaging.Horizon(policy), Observe: m.Metrics, Logger: m.Logger,
+		MaxAge: policy.Window("message_redelivery")} // ORDER_COMMANDS's max_age (brokerPolicy)
 	if err := m.Consumer.Start(ctx); err != nil {
 		return err
 	}

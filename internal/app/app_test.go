@@ -50,6 +50,8 @@ func TestBadConfigurationStopsTheStart(t *testing.T) {
 		// or ">" would be patterns in its permissions.
 		"a tenant named like a subject pattern": {"API_KEYS": "a.b=key-of-ab-1,c=key-of-c-12"},
 		"a tenant named >":                      {"API_KEYS": ">=key-of-gt-1"},
+		// Issue 48: a tenant is a token of every subject published for it.
+		"a tenant named in 65 bytes": {"API_KEYS": strings.Repeat("t", 65) + "=key-of-long-1"},
 		// A window of 0 would be a stream keeping commands forever.
 		"a message window of zero":  {"REPLAY_WINDOW_MESSAGE_REDELIVERY": "0s"},
 		"five replicas too many":    {"NATS_STREAM_REPLICAS": "7"},

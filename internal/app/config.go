@@ -441,8 +441,8 @@ func (c Config) validate() error {
 		return err
 	}
 	for tenant := range c.APIKeys {
-		if !messaging.IsToken(tenant) {
-			return fmt.Errorf("API_KEYS: tenant %q must be letters, digits, '-' and '_' only: it is a NATS subject token and user name", tenant)
+		if err := messaging.CheckTenant(tenant); err != nil {
+			return fmt.Errorf("API_KEYS: %w", err)
 		}
 	}
 	for _, o := range c.HTTP.CORSAllowedOrigins {

@@ -21,6 +21,12 @@ import (
 // also NATS's default max_payload, so a message can never carry more.
 const MaxBody = 1 << 20
 
+// TooLarge is the answer to a body larger than MaxBody, through either
+// door: a message may carry more when its broker's max_payload is raised.
+func TooLarge() error {
+	return problem.Errorf(problem.PayloadTooLarge, "The request body is larger than %d bytes.", MaxBody)
+}
+
 // JSON reads body into v, strictly: one JSON value, member names
 // matched exactly, no duplicate members (a gateway that reads the first
 // value and a service that reads the last must never disagree), no unknown

@@ -17,6 +17,7 @@ import (
 	"github.com/labstack/echo/v4/middleware"
 
 	"github.com/orderservice/orderservice/internal/answer"
+	"github.com/orderservice/orderservice/internal/decode"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/metrics"
 	"github.com/orderservice/orderservice/internal/order"
@@ -126,7 +127,7 @@ func echoProblem(err error) error {
 	case http.StatusMethodNotAllowed:
 		return problem.Errorf(problem.MethodNotAllowed, "This method is not allowed on this resource.")
 	case http.StatusRequestEntityTooLarge:
-		return problem.Errorf(problem.PayloadTooLarge, "The request body is larger than %d bytes.", maxBody)
+		return decode.TooLarge()
 	case http.StatusUnsupportedMediaType:
 		return problem.Errorf(problem.UnsupportedMediaType, "Send the body as application/json.")
 	}

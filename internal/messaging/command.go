@@ -6,6 +6,7 @@ import (
 	stdjson "encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/go-json-experiment/json/jsontext"
@@ -15,6 +16,7 @@ import (
 	"github.com/orderservice/orderservice/internal/decode"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
+	"github.com/orderservice/orderservice/internal/problem"
 )
 
 // Orders is what the consumer needs of the order use cases: the very
@@ -69,59 +71,124 @@ func decoded[Req any](pick func(Orders) func(context.Context, order.Caller, stri
 }
 
 // command is a message read far enough to run: who, what, which intent.
+// tenant and op are set only once the subject named a known tenant and a
+// known operation: every subject published for the command is built from
+// them (ResultSubject, dlqSubject), never from the subject as it came.
 type command struct {
 	tenant, op, key, orderID string
 	body                     []byte
 }
 
 // opLabel is the op for metrics: one of Ops, or "unknown".
-func opLabel(subject string) string {
-	parts := strings.Split(subject, ".")
-	if len(parts) == 4 && slices.Contains(Ops, parts[3]) {
-		return parts[3]
+func (cmd command) opLabel() string {
+	if cmd.op == "" {
+		return "unknown"
 	}
-	return "unknown"
+	return cmd.op
 }
 
-// parseCommand reads a command message, or says why it cannot be run at
-// all (the reason it is dead-lettered at once): a subject that is not
-// orders.commands.<tenant>.<op> with a known tenant and op, a missing or
-// malformed Idempotency-Key, a Nats-Msg-Id (see msgIDRefused), a body
-// that is not JSON, or a command on an order without its order_id. A body
-// that is JSON but not a valid request is not malformed: it gets the 400
-// HTTP would send, as a result.
-func parseCommand(subject string, header nats.Header, data []byte, tenants map[string]string) (command, string) {
-	parts := strings.Split(subject, ".")
-	if len(parts) != 4 || parts[0]+"."+parts[1]+"." != CommandPrefix {
-		return command{}, fmt.Sprintf("subject %q is not orders.commands.<tenant>.<op>", subject)
+// MaxTenantLength bounds a tenant's name. The name is a token of every
+// subject the service publishes for the tenant (its results and events)
+// and its NATS user name: 64 bytes keep the longest of those subjects, and
+// the protocol line that carries it, far under the broker's 4,096-byte
+// control line, which a longer line would make the broker close the
+// service's connection for.
+const MaxTenantLength = 64
+
+// CheckTenant says why name cannot be a tenant's: it must be one subject
+// token (IsToken) of at most MaxTenantLength bytes.
+func CheckTenant(name string) error {
+	if !IsToken(name) {
+		return fmt.Errorf("tenant %s must be letters, digits, '-' and '_' only: it is a NATS subject token and user name", quoteBounded(name))
 	}
-	cmd := command{tenant: parts[2], op: parts[3], body: data}
-	if _, ok := tenants[cmd.tenant]; !ok {
-		return cmd, fmt.Sprintf("unknown tenant %q", cmd.tenant)
+	if len(name) > MaxTenantLength {
+		return fmt.Errorf("tenant %s is %d bytes, longer than %d: it is a token of every subject published for it", quoteBounded(name), len(name), MaxTenantLength)
 	}
-	uc, ok := useCases[cmd.op]
+	return nil
+}
+
+// parseSubject reads a command's subject, orders.commands.<tenant>.<op>,
+// before any part of it is used: tenant must be a known one and op one of
+// Ops. A subject that is not is refused, and tenant is still returned
+// when it named a known one, so the tenant can be told why. A subject may
+// be as long as the broker's control line allows (about 4 KB): the
+// refusal quotes it bounded.
+func parseSubject(subject string, known func(tenant string) bool) (tenant, op string, refusal *problem.Error) {
+	rest, ok := strings.CutPrefix(subject, CommandPrefix)
+	name, op, _ := strings.Cut(rest, ".")
 	if !ok {
-		return cmd, fmt.Sprintf("unknown operation %q (want one of %s)", cmd.op, strings.Join(Ops, ", "))
+		return "", "", subjectRefused("subject %s is not orders.commands.<tenant>.<op>", quoteBounded(subject))
+	}
+	if !known(name) {
+		return "", "", subjectRefused("unknown tenant %s in subject %s", quoteBounded(name), quoteBounded(subject))
+	}
+	switch {
+	case strings.Contains(op, "."):
+		return name, "", subjectRefused("subject %s is not orders.commands.<tenant>.<op>: one token follows the tenant", quoteBounded(subject))
+	case !slices.Contains(Ops, op):
+		return name, "", subjectRefused("unknown operation %s (want one of %s)", quoteBounded(op), strings.Join(Ops, ", "))
+	}
+	return name, op, nil
+}
+
+func subjectRefused(format string, args ...any) *problem.Error {
+	return problem.Errorf(problem.InvalidRequest, format, args...).With("field", "subject")
+}
+
+// maxShown is how much of a subject, or of a name read from one, the
+// service keeps or shows (in a refusal, a log, a dead letter's
+// Dead-Letter-Subject): enough to recognise it, never the 4 KB a subject
+// may be.
+const maxShown = 256
+
+// quoteBounded quotes s, cut to maxShown bytes and saying so.
+func quoteBounded(s string) string {
+	if len(s) <= maxShown {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprintf("%s… (%d bytes)", strconv.Quote(s[:maxShown]), len(s))
+}
+
+// parseCommand reads a command message, or says why it is refused for its
+// form, as the problem HTTP answers the same fault with: a subject that
+// parseSubject refuses, a missing, repeated or malformed Idempotency-Key,
+// a Nats-Msg-Id (see msgIDRefused), a body larger than HTTP accepts or
+// that is not JSON, or a command on an order without its order_id. A
+// refused command is answered with the problem and dead-lettered at once.
+// A body that is JSON but not a valid request is not refused here: the
+// use case answers it with the 400 HTTP would send, as a definitive result.
+func parseCommand(subject string, header nats.Header, data []byte, tenants map[string]string) (command, *problem.Error) {
+	tenant, op, refusal := parseSubject(subject, func(t string) bool { _, ok := tenants[t]; return ok })
+	cmd := command{tenant: tenant, op: op, body: data}
+	if refusal != nil {
+		return cmd, refusal
 	}
 	key, err := idempotency.ParseKeyHeader(headerValues(header, HeaderKey))
 	if err != nil {
-		return cmd, "Idempotency-Key: " + answer.Problem(err).Detail
+		return cmd, answer.Problem(err)
 	}
 	cmd.key = key
 	if len(headerValues(header, HeaderMsgID)) > 0 {
-		return cmd, msgIDRefused
+		return cmd, problem.Errorf(problem.InvalidRequest, "%s", msgIDRefused).With("field", HeaderMsgID)
+	}
+	if len(data) > decode.MaxBody {
+		return cmd, answer.Problem(decode.TooLarge())
 	}
 	if len(bytes.TrimSpace(data)) > 0 && !stdjson.Valid(data) {
-		return cmd, "body is not JSON"
+		// The decoder every door shares names the fault, as HTTP's 400 does.
+		if err := decode.JSON(data, new(jsontext.Value)); err != nil {
+			return cmd, answer.Problem(err)
+		}
+		return cmd, answer.Problem(decode.InvalidBody("body", "is not valid JSON"))
 	}
-	if uc.onOrder {
-		id, rest, reason := splitOrderID(data)
-		if reason != "" {
-			return cmd, reason
+	if useCases[cmd.op].onOrder {
+		id, rest, err := splitOrderID(data)
+		if err != nil {
+			return cmd, answer.Problem(err)
 		}
 		cmd.orderID, cmd.body = id, rest
 	}
-	return cmd, ""
+	return cmd, nil
 }
 
 // msgIDRefused is why a command may not carry a Nats-Msg-Id. JetStream
@@ -150,8 +217,9 @@ func headerValues(h nats.Header, name string) []string {
 // order, and returns the rest, which is exactly the HTTP request body, for
 // the strict decoder. Every other member keeps its bytes, so the decoder
 // answers the same as it does over HTTP.
-func splitOrderID(body []byte) (orderID string, rest []byte, reason string) {
-	const missing = "order_id: a command on an order needs its order_id, a string"
+func splitOrderID(body []byte) (orderID string, rest []byte, err error) {
+	missing := decode.InvalidBody("order_id", "is required: a command on an order names it, as a string")
+	notJSON := decode.InvalidBody("body", "is not valid JSON")
 	dec := jsontext.NewDecoder(bytes.NewReader(body), jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true))
 	if tok, err := dec.ReadToken(); err != nil || tok.Kind() != '{' {
 		return "", nil, missing
@@ -160,12 +228,12 @@ func splitOrderID(body []byte) (orderID string, rest []byte, reason string) {
 	for dec.PeekKind() != '}' {
 		tok, err := dec.ReadToken()
 		if err != nil {
-			return "", nil, "body is not JSON"
+			return "", nil, notJSON
 		}
 		name := tok.String() // before the next read voids the token
 		value, err := dec.ReadValue()
 		if err != nil {
-			return "", nil, "body is not JSON"
+			return "", nil, notJSON
 		}
 		if name == "order_id" {
 			found++
@@ -190,7 +258,7 @@ func splitOrderID(body []byte) (orderID string, rest []byte, reason string) {
 	case 0:
 		return "", nil, missing
 	case 1:
-		return orderID, append(out, '}'), ""
+		return orderID, append(out, '}'), nil
 	}
-	return "", nil, "order_id: appears more than once"
+	return "", nil, decode.InvalidBody("order_id", "appears more than once")
 }

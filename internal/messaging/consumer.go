@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/orderservice/orderservice/internal/answer"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
+	"github.com/orderservice/orderservice/internal/problem"
 	"github.com/orderservice/orderservice/internal/tracing"
 )
 
@@ -44,14 +46,19 @@ type Consumer struct {
 	// exist (see Horizon). An older one, a dead letter replayed late or a
 	// redelivery of one, is dead-lettered unrun. Zero: no bound.
 	Horizon time.Duration
+	// MaxAge is ORDER_COMMANDS's max_age: a command whose intent stays in
+	// flight for half of it is dead-lettered before the stream drops it
+	// (see postpone). Zero: no bound but the horizon.
+	MaxAge  time.Duration
 	Observe Observer
 	Logger  *slog.Logger
 	// Hooks inject failures for tests.
 	Hooks ConsumerHooks
 
-	stop    context.CancelFunc
-	fetcher chan struct{} // closed when the fetch loop has ended
-	workers sync.WaitGroup
+	stop     context.CancelFunc
+	stopping <-chan struct{} // closed by Stop
+	fetcher  chan struct{}   // closed when the fetch loop has ended
+	workers  sync.WaitGroup  // the workers, and the postponed commands' waits
 }
 
 // ConsumerHooks are fault-injection points; nil functions do nothing.
@@ -91,6 +98,9 @@ type Observer interface {
 	MessageAcked(ctx context.Context, op string, replayed bool, took time.Duration)
 	// MessageDeadLettered counts a command moved to the DLQ.
 	MessageDeadLettered(op string)
+	// MessagePostponed counts a delivery that met its intent in flight
+	// and waits for it (see postpone).
+	MessagePostponed(op string)
 	// DeadLetterGivenUp counts a command terminated because its dead
 	// letter could not be stored: in neither stream's hands but
 	// ORDER_COMMANDS's, until its max_age.
@@ -105,6 +115,7 @@ type noObserver struct{}
 func (noObserver) MessageReceived(string, bool)                              {}
 func (noObserver) MessageAcked(context.Context, string, bool, time.Duration) {}
 func (noObserver) MessageDeadLettered(string)                                {}
+func (noObserver) MessagePostponed(string)                                   {}
 func (noObserver) DeadLetterGivenUp(string)                                  {}
 func (noObserver) OutboxPublished(int, int)                                  {}
 
@@ -153,7 +164,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 		return fmt.Errorf("durable consumer %s on %s: %w", ConsumerName, CommandsStream, err)
 	}
 	run, stop := context.WithCancel(context.Background())
-	c.stop, c.fetcher = stop, make(chan struct{})
+	c.stop, c.stopping, c.fetcher = stop, run.Done(), make(chan struct{})
 	free := make(chan struct{}, c.Workers) // one token per idle worker
 	for range c.Workers {
 		free <- struct{}{}
@@ -236,7 +247,8 @@ const fetchWait = 250 * time.Millisecond
 
 // Stop stops fetching, lets the workers finish the commands they hold and
 // returns when they have, or when ctx ends. Nothing fetched is left
-// waiting: every fetched command had a worker.
+// waiting: every fetched command had a worker, and a postponed one is
+// handed back to JetStream for another instance.
 func (c *Consumer) Stop(ctx context.Context) error {
 	if c.stop == nil {
 		return nil
@@ -253,51 +265,69 @@ func (c *Consumer) Stop(ctx context.Context) error {
 }
 
 // handle runs one delivery of a command to its end: a result published and
-// the command acknowledged, a nak for a later delivery, or a dead letter.
-// It acknowledges only after the use case returned, that is after its
-// outcome committed: a crash before the ack redelivers the command, and
-// the record replays the outcome.
+// the command acknowledged, a nak for a later delivery, a dead letter, or,
+// while its intent is in flight elsewhere, a postponement. It acknowledges
+// only after the use case returned, that is after its outcome committed: a
+// crash before the ack redelivers the command, and the record replays the
+// outcome.
 func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
-	obs := observer(c.Observe)
 	received := time.Now()
-	d := delivery{msg: msg, count: 1, published: received}
+	d := delivery{msg: msg, count: 1, stored: received, published: received}
 	if md, err := msg.Metadata(); err == nil {
 		d.count, d.seq, d.stored, d.published = int(md.NumDelivered), md.Sequence.Stream, md.Timestamp, md.Timestamp
 	}
 	d.published = firstPublished(msg.Headers(), d.published)
-	op := opLabel(msg.Subject())
-	obs.MessageReceived(op, d.count > 1)
-	ctx, span := traceDelivery(ctx, msg, d)
-	defer span.End()
-	cmd, reason := parseCommand(msg.Subject(), msg.Headers(), msg.Data(), c.Tenants)
-	caller := order.Caller{TenantID: cmd.tenant, Key: cmd.key}
-	if age := time.Since(d.published); reason == "" && c.Horizon > 0 && age > c.Horizon {
-		reason = fmt.Sprintf("first published %s ago, past the %s its record is sure to be kept: not run, since it could be the first sight of an intent whose record is gone",
-			age.Round(time.Second), c.Horizon)
-	}
+	cmd, refusal := parseCommand(msg.Subject(), msg.Headers(), msg.Data(), c.Tenants)
+	observer(c.Observe).MessageReceived(cmd.opLabel(), d.count > 1)
+	ctx, span := traceDelivery(ctx, d)
 	stop := c.keepInProgress(msg)
-	defer stop()
-	if reason == "" && d.count > c.MaxDeliver {
+	done := func() { stop(); span.End() }
+	switch age := time.Since(d.published); {
+	case refusal != nil:
+		c.refuse(ctx, d, cmd, refusal)
+	case c.Horizon > 0 && age > c.Horizon:
+		c.deadLetter(ctx, d, cmd, fmt.Sprintf("first published %s ago, past the %s its record is sure to be kept: not run, since it could be the first sight of an intent whose record is gone",
+			age.Round(time.Second), c.Horizon))
+	default:
+		if wait := c.serve(ctx, d, cmd, received); wait > 0 {
+			c.postpone(ctx, d, cmd, received, wait, done)
+			return
+		}
+	}
+	done()
+}
+
+// serve runs a well-formed command's use case and answers it, or naks or
+// dead-letters it. When its intent is in flight elsewhere (another
+// delivery, an HTTP request, the sweeper) it does none of those and
+// returns how long to wait before serving it again; 0 otherwise.
+func (c *Consumer) serve(ctx context.Context, d delivery, cmd command, received time.Time) (postponeFor time.Duration) {
+	caller := order.Caller{TenantID: cmd.tenant, Key: cmd.key}
+	if d.count > c.MaxDeliver {
 		// Delivered more often than allowed. An answered intent is
 		// replayed, which runs nothing. A retryable one ran to its end
 		// (its last dead letter could not be stored): it is run again, and
-		// dead-lettered below with its own failure if it fails again. Any
-		// other may be a command no instance survives.
+		// dead-lettered below with its own failure if it fails again. One
+		// in flight waits for its owner, or the sweeper once the lease
+		// lapses, without being run: a command that kills every instance
+		// that runs it is not run again. Any other may be such a command.
 		state, err := c.Orders.IntentState(ctx, caller, "order."+cmd.op)
 		if err != nil {
-			c.logger().Warn("messaging: could not read the record of an over-delivered command", "subject", msg.Subject(), "key", cmd.key, "err", err)
-			_ = msg.NakWithDelay(c.Backoff.Delay(d.count))
-			return
+			c.logger().Warn("messaging: could not read the record of an over-delivered command", "subject", d.subject(), "key", cmd.key, "err", err)
+			_ = d.msg.NakWithDelay(c.Backoff.Delay(d.count))
+			return 0
 		}
-		reason = overDelivered(d.count, state)
-	}
-	if reason != "" {
-		c.deadLetter(ctx, d, op, reason)
-		return
+		switch reason, inFlight := overDelivered(d.count, state); {
+		case inFlight:
+			return c.postponement(c.Backoff.Max)
+		case reason != "":
+			c.deadLetter(ctx, d, cmd, reason)
+			return 0
+		}
 	}
 	if c.Hooks.BeforeRun != nil {
-		if err := c.Hooks.BeforeRun(msg.Subject(), cmd.key); err != nil {
-			return
+		if err := c.Hooks.BeforeRun(d.msg.Subject(), cmd.key); err != nil {
+			return 0
 		}
 	}
 
@@ -309,50 +339,147 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
 	} else {
 		p := answer.Problem(err)
 		resp = answer.RenderError(p)
-		status := resp.Status
-		if answer.Transient(p) {
+		switch {
+		case p.Code == problem.RequestInProgress:
+			// Not a failure: the intent will be answered, and then replayed.
+			return c.postponement(p.RetryAfter)
+		case answer.Transient(p):
 			if d.count >= c.MaxDeliver {
-				c.deadLetter(ctx, d, op, fmt.Sprintf("still failing after %d deliveries: %d %s", d.count, status, p.Code))
-				return
+				c.deadLetter(ctx, d, cmd, fmt.Sprintf("still failing after %d deliveries: %d %s", d.count, resp.Status, p.Code))
+				return 0
 			}
 			delay := max(c.Backoff.Delay(d.count), min(p.RetryAfter, c.Backoff.Max))
-			c.logger().Warn("messaging: command postponed", "subject", msg.Subject(), "key", cmd.key,
-				"delivery", d.count, "status", status, "code", p.Code, "retry_in", delay.String())
-			_ = msg.NakWithDelay(delay)
-			return
+			c.logger().Warn("messaging: command failed, tried again later", "subject", d.subject(), "key", cmd.key,
+				"delivery", d.count, "status", resp.Status, "code", p.Code, "retry_in", delay.String())
+			_ = d.msg.NakWithDelay(delay)
+			return 0
 		}
 	}
+	c.respond(ctx, d, cmd, resp, received)
+	return 0
+}
 
+// respond publishes the command's result and acknowledges the command.
+func (c *Consumer) respond(ctx context.Context, d delivery, cmd command, resp answer.Response, received time.Time) {
 	if err := c.publishResult(ctx, cmd, d.msgID("result"), resp); err != nil {
 		// The outcome is committed; the redelivery replays it.
-		c.logger().Warn("messaging: result not published, command redelivered", "subject", msg.Subject(), "key", cmd.key, "err", err)
-		_ = msg.NakWithDelay(c.Backoff.Delay(d.count))
+		c.logger().Warn("messaging: result not published, command redelivered", "subject", d.subject(), "key", cmd.key, "err", err)
+		_ = d.msg.NakWithDelay(c.Backoff.Delay(d.count))
 		return
 	}
 	if c.Hooks.BeforeAck != nil {
-		if err := c.Hooks.BeforeAck(msg.Subject(), cmd.key); err != nil {
+		if err := c.Hooks.BeforeAck(d.msg.Subject(), cmd.key); err != nil {
 			return
 		}
 	}
-	if err := msg.Ack(); err != nil {
-		c.logger().Warn("messaging: ack lost, the command will be redelivered and replayed", "subject", msg.Subject(), "err", err)
+	if err := d.msg.Ack(); err != nil {
+		c.logger().Warn("messaging: ack lost, the command will be redelivered and replayed", "subject", d.subject(), "err", err)
 		return
 	}
-	obs.MessageAcked(ctx, op, resp.Replayed, time.Since(received))
+	observer(c.Observe).MessageAcked(ctx, cmd.opLabel(), resp.Replayed, time.Since(received))
 }
 
-// overDelivered is why a command delivered count times, more than
-// COMMAND_MAX_DELIVER, is dead-lettered, given its intent's state; "" when
-// it is not (it is replayed or run again). The reason says what the record
-// shows, not a guess at what stopped it.
-func overDelivered(count int, state idempotency.State) string {
+// refuse answers a command refused for its form with the problem HTTP
+// sends for the same fault, on its tenant's results subject when its
+// subject named a known tenant, and dead-letters it with that problem as
+// its reason. The result goes first: the dead letter terminates the
+// command, after which a lost result could not be published again. A
+// result that cannot be published holds the command for a later delivery,
+// as a dead letter that cannot be stored does, and no longer.
+func (c *Consumer) refuse(ctx context.Context, d delivery, cmd command, p *problem.Error) {
+	resp := answer.RenderError(p)
+	reason := fmt.Sprintf("%d %s: %s", resp.Status, p.Code, p.Detail)
+	if cmd.tenant != "" {
+		if cmd.key == "" { // echo the key it sent, malformed or not, so its publisher can match the answer
+			if k := keyIn(d.msg.Headers()); len(k) <= idempotency.MaxKeyLength+2 {
+				cmd.key = k
+			}
+		}
+		if err := c.publishResult(ctx, cmd, d.msgID("result"), resp); err != nil {
+			if d.count < c.deadLetterDeliveries() {
+				c.logger().Warn("messaging: refusal not published, command redelivered", "subject", d.subject(), "err", err)
+				_ = d.msg.NakWithDelay(c.Backoff.Delay(d.count))
+				return
+			}
+			reason += fmt.Sprintf("; its tenant could not be told: %v", err)
+		}
+	}
+	c.deadLetter(ctx, d, cmd, reason)
+}
+
+// postpone keeps a delivery whose intent is in flight elsewhere and serves
+// it again after wait, and again, until it is answered: meeting its own
+// intent in flight is no failure, so a postponement spends none of the
+// command's deliveries (it is not redelivered: JetStream is told it is in
+// progress). It waits off the worker pool, so that duplicates of a slow
+// intent do not hold the workers every tenant shares.
+//
+// What bounds it: an owner's lease lapses and the intent is taken over
+// (by this command's next run, or by the sweeper), so an intent is in
+// flight only while someone works on it. Should it stay in flight for half
+// of ORDER_COMMANDS's max_age after the stream stored the command, or past
+// the horizon, the command is dead-lettered then, with the reason, while
+// there is time: the stream would drop it at its max_age, unanswered and
+// in no DLQ. When the consumer stops, the command is handed back (a nak)
+// for another instance to serve.
+func (c *Consumer) postpone(ctx context.Context, d delivery, cmd command, received time.Time, wait time.Duration, done func()) {
+	observer(c.Observe).MessagePostponed(cmd.opLabel())
+	c.logger().Info("messaging: command postponed, its intent is in flight", "subject", d.subject(), "key", cmd.key,
+		"delivery", d.count, "retry_in", wait.String())
+	c.workers.Add(1)
+	go func() {
+		defer c.workers.Done()
+		defer done()
+		for ; wait > 0; wait = c.serve(ctx, d, cmd, received) {
+			if left := c.postponeLeft(d); left < wait {
+				c.deadLetter(ctx, d, cmd, fmt.Sprintf("its intent was still in flight %s after the command was stored: dead-lettered before %s's max_age drops it",
+					time.Since(d.stored).Round(time.Second), CommandsStream))
+				return
+			}
+			select {
+			case <-c.stopping:
+				_ = d.msg.Nak()
+				return
+			case <-time.After(wait):
+			}
+		}
+	}()
+}
+
+// postponement is how long a command waits for its intent in flight
+// before it is served again: the intent's Retry-After, within the backoff.
+func (c *Consumer) postponement(retryAfter time.Duration) time.Duration {
+	return max(min(retryAfter, c.Backoff.Max), c.Backoff.Base, time.Millisecond)
+}
+
+// postponeLeft is how much longer d may be postponed: until half of
+// ORDER_COMMANDS's max_age after the stream stored it, and never past the
+// horizon.
+func (c *Consumer) postponeLeft(d delivery) time.Duration {
+	left := time.Duration(math.MaxInt64)
+	if c.MaxAge > 0 {
+		left = c.MaxAge/2 - time.Since(d.stored)
+	}
+	if c.Horizon > 0 {
+		left = min(left, c.Horizon-time.Since(d.published))
+	}
+	return left
+}
+
+// overDelivered is what becomes of a command delivered count times, more
+// than COMMAND_MAX_DELIVER, given its intent's state: served (replayed, or
+// run again) when its intent is answered or retryable; postponed when it is
+// in flight (its owner, or the sweeper once the lease lapses, moves it on);
+// else dead-lettered, and the reason says what the record shows, not a
+// guess at what stopped it.
+func overDelivered(count int, state idempotency.State) (reason string, inFlight bool) {
 	switch {
 	case state.Definitive(), state == idempotency.FailedRetryable:
-		return ""
+		return "", false
 	case state == idempotency.Processing:
-		return fmt.Sprintf("delivered %d times and its intent is still PROCESSING: the runs that took it stopped before they finished, or another owner (the sweeper) holds it now", count)
+		return "", true
 	default:
-		return fmt.Sprintf("delivered %d times and no run recorded its intent: each stopped, or was refused, before it began", count)
+		return fmt.Sprintf("delivered %d times and no run recorded its intent: each stopped, or was refused, before it began", count), false
 	}
 }
 
@@ -365,6 +492,15 @@ type delivery struct {
 	// published is when the command was first published: by its tenant,
 	// not by a replay of its dead letter (see firstPublished).
 	published time.Time
+}
+
+// subject is the command's subject for a log or a trace: cut to maxShown
+// bytes, since a tenant may send one of 4 KB.
+func (d delivery) subject() string {
+	if s := d.msg.Subject(); len(s) > maxShown {
+		return s[:maxShown] + "…"
+	}
+	return d.msg.Subject()
 }
 
 // msgID is the Nats-Msg-Id of what the service publishes for the command
@@ -400,7 +536,8 @@ func (c *Consumer) keepInProgress(msg jetstream.Msg) (stop func()) {
 	return func() { close(done) }
 }
 
-// publishResult publishes the outcome on orders.results.<tenant>.<op>:
+// publishResult publishes the outcome on orders.results.<tenant>.<op>
+// (<op> Malformed for a refusal of a subject that named none):
 // Status is the HTTP status, the body is the HTTP body byte for byte, and
 // a replay says so, as the HTTP header does.
 //
@@ -408,8 +545,14 @@ func (c *Consumer) keepInProgress(msg jetstream.Msg) (stop func()) {
 // result per command even if a handler died between publishing and
 // acknowledging and the redelivery published its replay again.
 func (c *Consumer) publishResult(ctx context.Context, cmd command, msgID string, resp answer.Response) error {
-	m := nats.NewMsg(ResultSubject(cmd.tenant, cmd.op))
-	m.Header.Set(HeaderKey, cmd.key)
+	op := cmd.op
+	if op == "" { // refused for a subject that named no known operation
+		op = Malformed
+	}
+	m := nats.NewMsg(ResultSubject(cmd.tenant, op))
+	if cmd.key != "" {
+		m.Header.Set(HeaderKey, cmd.key)
+	}
 	if msgID != "" {
 		m.Header.Set(HeaderMsgID, msgID)
 	}

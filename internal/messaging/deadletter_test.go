@@ -72,7 +72,7 @@ func TestCommandsWithBrokerHeadersAreDeadLetteredWithoutHoldingUpOtherTenants(t 
 			t.Errorf("the dead letter kept Nats-Expected-Stream: %v", d.Header)
 		}
 		if !strings.HasPrefix(d.Header.Get(messaging.HeaderKey), "poison-") || d.Header.Get("X-Trace") != "poison" ||
-			!strings.Contains(d.Reason(), "not JSON") || d.Header.Get(messaging.HeaderDLSubject) != messaging.CommandSubject("acme", "create") {
+			!strings.Contains(d.Reason(), "not valid JSON") || d.Header.Get(messaging.HeaderDLSubject) != messaging.CommandSubject("acme", "create") {
 			t.Errorf("the tenant's own headers or the dead-letter ones are wrong: %v", d.Header)
 		}
 	})
@@ -104,7 +104,7 @@ func TestADeadLetterTheDLQRefusesAsItIsIsStoredWithoutTheTenantsOtherHeaders(t *
 		d.Header.Get(messaging.HeaderDLSubject) != messaging.CommandSubject("acme", "create") {
 		t.Errorf("the smaller letter lost what a replay needs: %v %s", d.Header, d.Data)
 	}
-	if reason := d.Reason(); !strings.Contains(reason, "not JSON") || !strings.Contains(reason, "without its other headers") {
+	if reason := d.Reason(); !strings.Contains(reason, "not valid JSON") || !strings.Contains(reason, "without its other headers") {
 		t.Errorf("Dead-Letter-Reason = %q, want the reason and that the letter is incomplete", reason)
 	}
 	waitAckPending(t, w, 0)

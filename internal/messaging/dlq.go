@@ -2,6 +2,8 @@ package messaging
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"strconv"
@@ -16,45 +18,52 @@ import (
 // ORDER_COMMANDS. The letter is the command as its tenant sent it, body
 // and the headers a copy may carry (see copyable), plus the Dead-Letter-*
 // headers and, once, when it was first published (HeaderFirstPublished).
+// It is kept under cmd's dlqSubject, built from the parsed subject.
 //
 // A dead letter is never dropped silently, and never holds up the
 // consumer for good: a command not yet acknowledged or terminated takes
 // one of the consumer's MaxAckPending places, and a thousand of them stop
 // every tenant's commands. So:
-//   - the DLQ refuses the letter as it is (too large, say): a smaller
-//     letter is stored, with only the body, the Idempotency-Key and our
-//     headers, and its reason says so;
+//   - the DLQ refuses the letter as it is (larger than its max_msg_size or
+//     the broker's max_payload, say): a smaller letter is stored at once,
+//     with only the body, the Idempotency-Key and our headers, and if that
+//     is refused too, without the body (its size and digest kept); its
+//     reason says so. A refusal is an answer, not an outage: the same
+//     letter is never sent again as if the DLQ were down;
 //   - the DLQ cannot be reached: the command is left unacknowledged and
 //     tried again on a later delivery, up to deadLetterDeliveries;
 //   - past those, the command is terminated with an error log that names
 //     it: ORDER_COMMANDS keeps it, readable by its sequence, until its
 //     max_age.
-func (c *Consumer) deadLetter(ctx context.Context, d delivery, op, reason string) {
-	msg := d.msg
-	duplicate, err := c.storeLetter(ctx, letter(d, reason, copyable))
-	if refused(err) {
-		smaller := fmt.Sprintf("%s; stored without its other headers, %s refused the letter as it was: %v", reason, DLQStream, err)
-		if duplicate, err = c.storeLetter(ctx, letter(d, smaller, isKey)); err == nil {
-			reason = smaller
+func (c *Consumer) deadLetter(ctx context.Context, d delivery, cmd command, reason string) {
+	msg, op := d.msg, cmd.opLabel()
+	told := reason
+	duplicate, err := c.storeLetter(ctx, letter(d, cmd, told, whole))
+	for _, smaller := range []letterForm{withoutOtherHeaders, withoutBody} {
+		if !refused(err) {
+			break
 		}
+		told = fmt.Sprintf("%s; %s, since %s refused the letter as it was: %v", reason, smaller.says, DLQStream, err)
+		duplicate, err = c.storeLetter(ctx, letter(d, cmd, told, smaller))
 	}
+	reason = told
 	if err != nil && d.count < c.deadLetterDeliveries() {
 		c.logger().Error("messaging: could not dead-letter a command; it stays in "+CommandsStream+" and is tried again",
-			"subject", msg.Subject(), "sequence", d.seq, "delivery", d.count, "err", err)
+			"subject", d.subject(), "sequence", d.seq, "delivery", d.count, "err", err)
 		_ = msg.NakWithDelay(c.Backoff.Delay(d.count))
 		return
 	}
 	if err != nil {
 		c.logger().Error("messaging: dead letter given up; the command is terminated, and kept in "+CommandsStream+" until its max_age",
-			"subject", msg.Subject(), "sequence", d.seq, "key", keyIn(msg.Headers()), "reason", reason, "deliveries", d.count, "err", err)
+			"subject", d.subject(), "sequence", d.seq, "key", cmd.key, "reason", reason, "deliveries", d.count, "err", err)
 		observer(c.Observe).DeadLetterGivenUp(op) // counted before the term, which may be lost
 		_ = msg.TermWithReason("not dead-lettered: " + reason)
 		return
 	}
 	if duplicate { // an earlier delivery stored it, and its term was lost
-		c.logger().Info("messaging: command already dead-lettered", "subject", msg.Subject(), "sequence", d.seq)
+		c.logger().Info("messaging: command already dead-lettered", "subject", d.subject(), "sequence", d.seq)
 	} else {
-		c.logger().Warn("messaging: command dead-lettered", "subject", msg.Subject(), "key", keyIn(msg.Headers()),
+		c.logger().Warn("messaging: command dead-lettered", "subject", d.subject(), "key", cmd.key,
 			"reason", reason, "deliveries", d.count)
 		observer(c.Observe).MessageDeadLettered(op)
 	}
@@ -63,18 +72,47 @@ func (c *Consumer) deadLetter(ctx context.Context, d delivery, op, reason string
 	}
 }
 
-// letter is the dead letter of d: its body, the headers keep lets
-// through, and ours.
+// dlqSubject is where cmd's dead letter is kept:
+// orders.dlq.commands.<tenant>.<op> from the parsed subject, or
+// DLQMalformed when the subject named no known tenant and operation.
+func (cmd command) dlqSubject() string {
+	if cmd.tenant == "" || cmd.op == "" {
+		return DLQMalformed
+	}
+	return DLQPrefix + strings.TrimPrefix(CommandSubject(cmd.tenant, cmd.op), "orders.")
+}
+
+// letterForm is what of its command a dead letter carries.
+type letterForm struct {
+	// keep picks the tenant's headers the letter carries.
+	keep func(header string) bool
+	body bool
+	says string // how the reason says what the letter lacks
+}
+
+// The forms a dead letter is tried in, each only when the DLQ refused the
+// one before.
+var (
+	whole               = letterForm{keep: copyable, body: true}
+	withoutOtherHeaders = letterForm{keep: isKey, body: true, says: "stored without its other headers"}
+	withoutBody         = letterForm{keep: func(string) bool { return false }, says: "stored without its body (its size and SHA-256 in " +
+		HeaderDLBodySize + " and " + HeaderDLBodyDigest + ")"}
+)
+
+// letter is the dead letter of d in form f: its body, the headers f keeps,
+// and ours.
 //
 // Its Nats-Msg-Id is its own, named after the command (msgID), which no
 // other command shares: two commands are two letters whatever ids their
 // tenants gave them, and a command delivered again after its term was
-// lost is recognised as the letter it already is.
-func letter(d delivery, reason string, keep func(header string) bool) *nats.Msg {
+// lost is recognised as the letter it already is. Its size does not
+// depend on the clock (firstPublishedLayout), so a command's letter is
+// the same size on every delivery.
+func letter(d delivery, cmd command, reason string, f letterForm) *nats.Msg {
 	msg := d.msg
-	m := nats.NewMsg(dlqSubject(msg.Subject()))
+	m := nats.NewMsg(cmd.dlqSubject())
 	for k, vs := range msg.Headers() {
-		if keep(k) {
+		if f.keep(k) {
 			m.Header[k] = append([]string(nil), vs...)
 		}
 	}
@@ -82,13 +120,31 @@ func letter(d delivery, reason string, keep func(header string) bool) *nats.Msg 
 		m.Header.Set(HeaderMsgID, id)
 	}
 	m.Header.Set(HeaderReason, reason)
-	m.Header.Set(HeaderDLSubject, msg.Subject())
+	subject := msg.Subject()
+	if len(subject) > maxShown {
+		m.Header.Set(HeaderDLSubjectTruncated, strconv.Itoa(len(subject)))
+		subject = subject[:maxShown]
+	}
+	m.Header.Set(HeaderDLSubject, subject)
 	m.Header.Set(HeaderDLDeliveries, strconv.Itoa(d.count))
 	m.Header.Set(HeaderDLSequence, strconv.FormatUint(d.seq, 10))
-	m.Header.Set(HeaderFirstPublished, d.published.UTC().Format(time.RFC3339Nano))
-	m.Data = msg.Data()
+	m.Header.Set(HeaderFirstPublished, d.published.UTC().Format(firstPublishedLayout))
+	if f.body {
+		m.Data = msg.Data()
+		return m
+	}
+	if cmd.key != "" { // the parsed key: a raw one may be as large as the body
+		m.Header.Set(HeaderKey, cmd.key)
+	}
+	sum := sha256.Sum256(msg.Data())
+	m.Header.Set(HeaderDLBodySize, strconv.Itoa(len(msg.Data())))
+	m.Header.Set(HeaderDLBodyDigest, "sha-256=:"+base64.StdEncoding.EncodeToString(sum[:])+":")
 	return m
 }
+
+// firstPublishedLayout writes HeaderFirstPublished: RFC 3339 with every
+// nanosecond digit, so the header is as long whatever the time.
+const firstPublishedLayout = "2006-01-02T15:04:05.000000000Z07:00"
 
 // storeLetter publishes a dead letter; duplicate when the DLQ already had
 // it (see letter).
@@ -232,6 +288,23 @@ func (q *DLQ) get(ctx context.Context, s jetstream.Stream, seq uint64) (DeadLett
 // dead letters said so).
 func (d DeadLetter) FirstPublished() time.Time { return firstPublished(d.Header, d.Time) }
 
+// unreplayable says why the letter cannot be sent again as its command,
+// "" when it can: its subject was kept truncated, is not a command's
+// (orders.commands.<tenant>.<op> with one of Ops), or its body was not
+// kept. A replay publishes only to a subject that parses.
+func (d DeadLetter) unreplayable() string {
+	if n := d.Header.Get(HeaderDLSubjectTruncated); n != "" {
+		return fmt.Sprintf("its subject was %s bytes, kept truncated: there is no subject to replay it to", n)
+	}
+	if _, _, refusal := parseSubject(d.Subject, func(tenant string) bool { return CheckTenant(tenant) == nil }); refusal != nil {
+		return "not a command's subject: " + refusal.Detail
+	}
+	if n := d.Header.Get(HeaderDLBodySize); n != "" {
+		return fmt.Sprintf("stored without its body (%s bytes, %s %s): its tenant must send it again", n, HeaderDLBodyDigest, d.Header.Get(HeaderDLBodyDigest))
+	}
+	return ""
+}
+
 // Replayed is what Replay did with one dead letter: replayed, or not and why.
 type Replayed struct {
 	DeadLetter
@@ -296,13 +369,16 @@ func (q *DLQ) replay(ctx context.Context, s jetstream.Stream, d DeadLetter, hori
 			"first published %s ago, past the %s its record is sure to be kept: its record may be gone, and a replay would run it as a first attempt",
 			age.Round(time.Second), horizon)}
 	}
+	if why := d.unreplayable(); why != "" {
+		return Replayed{DeadLetter: d, Refused: why}
+	}
 	m := nats.NewMsg(d.Subject)
 	for k, vs := range d.Header {
 		if copyable(k) {
 			m.Header[k] = vs
 		}
 	}
-	m.Header.Set(HeaderFirstPublished, d.FirstPublished().UTC().Format(time.RFC3339Nano))
+	m.Header.Set(HeaderFirstPublished, d.FirstPublished().UTC().Format(firstPublishedLayout))
 	m.Data = d.Data
 	if _, err := q.JS.PublishMsg(ctx, m); err != nil {
 		return Replayed{DeadLetter: d, Err: fmt.Errorf("publish to %s: %w", d.Subject, err)}

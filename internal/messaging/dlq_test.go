@@ -114,15 +114,19 @@ func TestMalformedCommandsAreDeadLetteredAtOnce(t *testing.T) {
 
 	cases := []struct {
 		name, subject, key, body, reason string
+		// answered is the subject its tenant is answered on, with the
+		// problem HTTP sends (code) for the same fault; "" for none: a
+		// subject that names no known tenant names nobody to answer.
+		answered, code string
 	}{
-		{"no Idempotency-Key", "orders.commands.acme.create", "", createBody("c1"), "Idempotency-Key"},
-		{"a malformed Idempotency-Key", "orders.commands.acme.create", "bad key\twith tab", createBody("c2"), "Idempotency-Key"},
-		{"a body that is not JSON", "orders.commands.acme.create", "m-3", `{"customer_id":`, "not JSON"},
-		{"an unknown operation", "orders.commands.acme.refund", "m-4", `{}`, "unknown operation"},
-		{"a command on an order without order_id", "orders.commands.acme.pay", "m-5", `{"payment_method":"pm_ok"}`, "order_id"},
-		{"an order_id that is not a string", "orders.commands.acme.ship", "m-6", `{"order_id":7}`, "order_id"},
-		{"an unknown tenant", "orders.commands.initech.create", "m-7", createBody("c7"), "unknown tenant"},
-		{"a subject with extra tokens", "orders.commands.acme.create.now", "m-8", createBody("c8"), "not orders.commands"},
+		{"no Idempotency-Key", "orders.commands.acme.create", "", createBody("c1"), "Idempotency-Key", "orders.results.acme.create", "idempotency_key_missing"},
+		{"a malformed Idempotency-Key", "orders.commands.acme.create", "bad key\twith tab", createBody("c2"), "Idempotency-Key", "orders.results.acme.create", "idempotency_key_invalid"},
+		{"a body that is not JSON", "orders.commands.acme.create", "m-3", `{"customer_id":`, "not valid JSON", "orders.results.acme.create", "invalid_request"},
+		{"an unknown operation", "orders.commands.acme.refund", "m-4", `{}`, "unknown operation", "orders.results.acme.malformed", "invalid_request"},
+		{"a command on an order without order_id", "orders.commands.acme.pay", "m-5", `{"payment_method":"pm_ok"}`, "order_id", "orders.results.acme.pay", "invalid_request"},
+		{"an order_id that is not a string", "orders.commands.acme.ship", "m-6", `{"order_id":7}`, "order_id", "orders.results.acme.ship", "invalid_request"},
+		{"an unknown tenant", "orders.commands.initech.create", "m-7", createBody("c7"), "unknown tenant", "", ""},
+		{"a subject with extra tokens", "orders.commands.acme.create.now", "m-8", createBody("c8"), "not orders.commands", "orders.results.acme.malformed", "invalid_request"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -136,6 +140,21 @@ func TestMalformedCommandsAreDeadLetteredAtOnce(t *testing.T) {
 			}
 			if !bytes.Equal(d.Data, []byte(c.body)) || d.Header.Get(messaging.HeaderKey) != c.key || d.Header.Get(messaging.HeaderDLSubject) != c.subject {
 				t.Errorf("dead letter changed: %v %s", d.Header, d.Data)
+			}
+			want := messaging.DLQMalformed // a subject that did not parse: one fixed subject
+			if c.answered != "" && !strings.HasSuffix(c.answered, "."+messaging.Malformed) {
+				want = "orders.dlq." + strings.TrimPrefix(c.subject, "orders.")
+			}
+			if d.Subject != want {
+				t.Errorf("the letter of %s is kept under %s, want %s", c.subject, d.Subject, want)
+			}
+			if c.answered == "" {
+				return
+			}
+			r := next(t, results, "refusal")
+			if r.Subject != c.answered || r.Header.Get(messaging.HeaderStatus) != "400" || r.Header.Get(messaging.HeaderKey) != c.key ||
+				jsonField(t, r.Data, "code") != c.code || !strings.Contains(d.Header.Get(messaging.HeaderReason), jsonField(t, r.Data, "detail")) {
+				t.Errorf("refusal on %s: %v %s; want %s, 400 %s, the letter's reason", r.Subject, r.Header, r.Data, c.answered, c.code)
 			}
 		})
 	}
@@ -151,9 +170,13 @@ func TestMalformedCommandsAreDeadLetteredAtOnce(t *testing.T) {
 		if !strings.Contains(d.Header.Get(messaging.HeaderReason), "more than once") {
 			t.Errorf("Dead-Letter-Reason = %q, want the key's reason", d.Header.Get(messaging.HeaderReason))
 		}
+		r := next(t, results, "refusal")
+		if r.Header.Get(messaging.HeaderStatus) != "400" || jsonField(t, r.Data, "code") != "idempotency_key_invalid" || r.Header.Get(messaging.HeaderKey) != "" {
+			t.Errorf("refusal %v %s, want HTTP's 400 idempotency_key_invalid, and no key: which would it be?", r.Header, r.Data)
+		}
 	})
 	if len(results) != 0 {
-		t.Errorf("%d results published for malformed commands", len(results))
+		t.Errorf("%d more results published for refused commands", len(results))
 	}
 	if n := w.count("SELECT count(*) FROM orders WHERE customer_id IN ('c1','c2','c7','c8','c9')"); n != 0 {
 		t.Errorf("orders = %d, want 0", n)

@@ -221,13 +221,15 @@ func (w *world) channelStats() map[string]any {
 type counters struct {
 	mu                                                    sync.Mutex
 	received, redelivered, acked, replayed, dead, givenUp map[string]int
+	postponed                                             map[string]int
 	published, duplicates                                 int
-	ackedCh, deadCh                                       chan string
+	ackedCh, deadCh, postponedCh                          chan string
 }
 
 func newCounters() *counters {
 	return &counters{received: map[string]int{}, redelivered: map[string]int{}, acked: map[string]int{},
-		replayed: map[string]int{}, dead: map[string]int{}, givenUp: map[string]int{}, ackedCh: make(chan string, 1024), deadCh: make(chan string, 1024)}
+		replayed: map[string]int{}, dead: map[string]int{}, givenUp: map[string]int{}, postponed: map[string]int{},
+		ackedCh: make(chan string, 1024), deadCh: make(chan string, 1024), postponedCh: make(chan string, 1024)}
 }
 
 func (c *counters) MessageReceived(op string, redelivered bool) {
@@ -254,6 +256,13 @@ func (c *counters) MessageDeadLettered(op string) {
 	c.dead[op]++
 	c.mu.Unlock()
 	c.deadCh <- op
+}
+
+func (c *counters) MessagePostponed(op string) {
+	c.mu.Lock()
+	c.postponed[op]++
+	c.mu.Unlock()
+	c.postponedCh <- op
 }
 
 func (c *counters) DeadLetterGivenUp(op string) {

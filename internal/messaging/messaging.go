@@ -11,10 +11,6 @@
 // records must outlive that window, which CheckRetention enforces at start.
 package messaging
 
-import (
-	"strings"
-)
-
 // The streams the service uses, and creates when they are missing.
 const (
 	// CommandsStream holds commands; its max_age is the message redelivery window.
@@ -59,7 +55,27 @@ const (
 	// 3339), carried by its dead letter and by the replay of that: how old
 	// the intent may be, which a replay does not reset.
 	HeaderFirstPublished = "Orderservice-First-Published"
+	// HeaderDLSubjectTruncated is on a dead letter whose subject was longer
+	// than maxKeptSubject: its length in bytes, Dead-Letter-Subject then
+	// holding only the first maxKeptSubject of them.
+	HeaderDLSubjectTruncated = "Dead-Letter-Subject-Truncated"
+	// HeaderDLBodySize and HeaderDLBodyDigest are on a dead letter stored
+	// without its body (too large for the DLQ): the body's length in bytes
+	// and its SHA-256, as RFC 9530's Content-Digest writes it.
+	HeaderDLBodySize   = "Dead-Letter-Body-Size"
+	HeaderDLBodyDigest = "Dead-Letter-Body-Digest"
 )
+
+// Malformed stands for the operation of a command whose subject named
+// none: its tenant's answer is on orders.results.<tenant>.malformed, and
+// its dead letter, like that of any command whose subject did not parse,
+// under DLQMalformed. Ops never holds it.
+const Malformed = "malformed"
+
+// DLQMalformed is the one subject the dead letters of commands whose
+// subject did not parse are kept under: a subject the service publishes to
+// is built from validated parts only.
+const DLQMalformed = DLQPrefix + Malformed
 
 // Ops lists the operations a command subject may name, as the last token.
 var Ops = []string{"create", "pay", "cancel", "ship", "deliver"}
@@ -72,12 +88,6 @@ func ResultSubject(tenant, op string) string { return ResultPrefix + tenant + ".
 
 // EventSubject is the subject an order event of tenant is published on.
 func EventSubject(tenant, event string) string { return EventPrefix + tenant + "." + event }
-
-// dlqSubject is where a dead letter of subject is kept: orders.dlq. and the
-// original subject without its leading "orders.".
-func dlqSubject(subject string) string {
-	return DLQPrefix + strings.TrimPrefix(subject, "orders.")
-}
 
 // IsToken reports whether name can be one token of a subject and a NATS
 // user name as it is: letters, digits, '-' and '_'. A tenant named "a.b",

@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
 	"go.opentelemetry.io/otel/trace"
@@ -21,13 +20,13 @@ import (
 // in a producer span linked to the transaction that wrote it.
 
 // traceDelivery starts the consumer span of one delivery of a command.
-func traceDelivery(ctx context.Context, msg jetstream.Msg, d delivery) (context.Context, trace.Span) {
-	ctx = tracing.Extract(ctx, msg.Headers())
-	return tracing.Tracer().Start(ctx, "process "+msg.Subject(), trace.WithSpanKind(trace.SpanKindConsumer),
+func traceDelivery(ctx context.Context, d delivery) (context.Context, trace.Span) {
+	ctx = tracing.Extract(ctx, d.msg.Headers())
+	return tracing.Tracer().Start(ctx, "process "+d.subject(), trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(
 			semconv.MessagingSystemKey.String("nats"),
 			semconv.MessagingOperationTypeProcess,
-			semconv.MessagingDestinationName(msg.Subject()),
+			semconv.MessagingDestinationName(d.subject()),
 			attribute.Int("messaging.nats.delivery_count", d.count),
 			attribute.Int64("messaging.nats.stream_sequence", int64(d.seq)),
 		))
