@@ -1,9 +1,12 @@
 # syntax=docker/dockerfile:1
 
-# One image, four static binaries: the order service (default), the mock
+# One image, five static binaries: the order service (default), the mock
 # payment channel (compose sets entrypoint /paymentchannel), the lab (the
-# lessons in a browser; entrypoint /lab) and the health probe that compose's
-# healthchecks run, since distroless has no shell or curl.
+# lessons in a browser; entrypoint /lab), the health probe that compose's
+# healthchecks run, since distroless has no shell or curl, and the NATS
+# server (entrypoint /nats-server), built from the nats-server module at
+# go.mod's version: the very server every test embeds, so compose's broker
+# is the one the tests prove.
 
 # Matches go.mod's go line; the official image sets GOTOOLCHAIN=local, so an
 # older Go here would fail the build rather than download a toolchain.
@@ -30,10 +33,15 @@ RUN --mount=type=cache,target=/go/pkg/mod \
     go build -trimpath -ldflags="-s -w -X github.com/orderservice/orderservice/internal/app.version=${VERSION}" -o /out/orderservice ./cmd/orderservice && \
     go build -trimpath -ldflags='-s -w' -o /out/paymentchannel ./cmd/paymentchannel && \
     go build -trimpath -ldflags='-s -w' -o /out/lab ./cmd/lab && \
-    go build -trimpath -ldflags='-s -w' -o /out/healthcheck ./cmd/healthcheck
+    go build -trimpath -ldflags='-s -w' -o /out/healthcheck ./cmd/healthcheck && \
+    go build -trimpath -ldflags='-s -w' -o /out/nats-server github.com/nats-io/nats-server/v2 && \
+    mkdir /jetstream
 
 FROM gcr.io/distroless/static-debian12:nonroot
-COPY --from=build /out/orderservice /out/paymentchannel /out/lab /out/healthcheck /
+COPY --from=build /out/orderservice /out/paymentchannel /out/lab /out/healthcheck /out/nats-server /
+# JetStream's store when the image runs the NATS server: a named volume
+# mounted on /data starts as a copy of it, writable by nonroot.
+COPY --from=build --chown=65532:65532 /jetstream /data
 USER nonroot:nonroot
 # 8080: order API; 8081: payment channel and 8090: lab (their own
 # containers in compose).

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -193,24 +194,27 @@ func TestBinariesWithComposeConfiguration(t *testing.T) {
 	})
 }
 
-// buildImageBinaries builds every binary the image contains, with the
-// Dockerfile's own go build flags, its ARGs given args (the build
-// arguments; the others keep their defaults), and maps each image path
-// (/orderservice) to the binary built here.
-func buildImageBinaries(t *testing.T, args map[string]string) map[string]string {
+// buildImageBinaries builds every binary the image contains (or only the
+// image paths given), with the Dockerfile's own go build flags, its ARGs
+// given args (the build arguments; the others keep their defaults), and
+// maps each image path (/orderservice) to the binary built here.
+func buildImageBinaries(t *testing.T, args map[string]string, only ...string) map[string]string {
 	t.Helper()
 	d := parseDockerfile(t)
 	dir := t.TempDir()
 	bins := map[string]string{}
 	byFlags := map[string][]string{} // one go build per flag set shares the compile work
 	for imagePath, pkg := range d.imageBinaries(t) {
+		if len(only) > 0 && !slices.Contains(only, imagePath) {
+			continue
+		}
 		for _, b := range d.builds {
 			if b.pkg == pkg {
 				key := strings.Join(d.expand(b.flags, args), "\x00")
 				byFlags[key] = append(byFlags[key], pkg)
 			}
 		}
-		bins[imagePath] = filepath.Join(dir, filepath.Base(pkg))
+		bins[imagePath] = filepath.Join(dir, filepath.Base(imagePath)) // go names a module's .../v2 after its last element but the version
 	}
 	for key, pkgs := range byFlags {
 		args := []string{"build"}

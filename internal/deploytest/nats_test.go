@@ -1,11 +1,15 @@
 package deploytest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net/url"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +21,7 @@ import (
 
 	"github.com/orderservice/orderservice/internal/app"
 	"github.com/orderservice/orderservice/internal/messaging"
+	"github.com/orderservice/orderservice/internal/testproc"
 )
 
 // natsConf loads deploy/nats.conf the way nats-server does.
@@ -164,5 +169,81 @@ func TestNATSConfiguration(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Fatal("the broker accepted acme's publish under globex")
 		}
+	})
+}
+
+// What a learner starts with `docker compose up` is the broker the tests
+// prove: compose's nats service runs the project's image as /nats-server,
+// built from go.mod's nats-server module, the one every test embeds; it
+// starts from deploy/nats.conf with compose's command, and compose's
+// healthcheck (the image's probe: distroless has no wget) sees it healthy.
+func TestComposeRunsTheNATSServerOfGoMod(t *testing.T) {
+	p := loadCompose(t)
+	nats, replica := service(t, p, svcNATS), service(t, p, svcReplica1)
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Version}}", natsServerModule).Output()
+	if err != nil {
+		t.Fatalf("go list -m %s: %v", natsServerModule, err)
+	}
+	goMod := strings.TrimSpace(string(out))
+
+	t.Run("the tests run go.mod's server", func(t *testing.T) {
+		if "v"+server.VERSION != goMod {
+			t.Errorf("the tests embed nats-server %s, go.mod requires %s", server.VERSION, goMod)
+		}
+	})
+	t.Run("compose runs the project's image as /nats-server, built from that module", func(t *testing.T) {
+		if nats.Image != replica.Image || nats.Build == nil || !slices.Equal(nats.Entrypoint, []string{"/nats-server"}) {
+			t.Errorf("nats: image %q (build %v), entrypoint %q; want the replicas' image %q and /nats-server", nats.Image, nats.Build != nil, nats.Entrypoint, replica.Image)
+		}
+		if pkg := parseDockerfile(t).imageBinaries(t)["/nats-server"]; pkg != natsServerModule {
+			t.Errorf("the image's /nats-server is built from %q, want %s at go.mod's version (no @version)", pkg, natsServerModule)
+		}
+	})
+	t.Run("that binary is go.mod's version, starts with compose's command and is healthy to compose", func(t *testing.T) {
+		bins := buildImageBinaries(t, buildArgs(t, nats), "/nats-server", "/healthcheck")
+		version, err := exec.Command(bins["/nats-server"], "--version").Output()
+		if err != nil || strings.TrimSpace(string(version)) != "nats-server: "+goMod {
+			t.Fatalf("/nats-server --version = %q, %v; want nats-server: %s", version, err, goMod)
+		}
+		// compose's command and deploy/nats.conf, with what compose itself
+		// provides (the /data volume, the ports) in a directory and on
+		// loopback ports of the test's.
+		conf, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "nats.conf"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := t.TempDir()
+		confPath := filepath.Join(dir, "nats.conf")
+		if err := os.WriteFile(confPath, []byte(strings.Replace(string(conf), "store_dir: /data", "store_dir: "+strconv.Quote(filepath.Join(dir, "data")), 1)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		args := slices.Clone(nats.Command)
+		if i := slices.Index(args, "/etc/nats/nats.conf"); i >= 0 {
+			args[i] = confPath
+		}
+		client, monitor := testproc.FreeAddr(t), testproc.FreeAddr(t)
+		args = append(args, "-a", "127.0.0.1", "-p", listenPort(t, client), "-m", listenPort(t, monitor))
+		cmd := exec.Command(bins["/nats-server"], args...)
+		var said bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &said, &said
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		probe := nats.HealthCheck.Test[len(nats.HealthCheck.Test)-1]
+		probe = strings.Replace(probe, "127.0.0.1:8222", monitor, 1)
+		if nats.HealthCheck.Test[1] != "/healthcheck" {
+			t.Fatalf("nats healthcheck = %q, want the image's /healthcheck", nats.HealthCheck.Test)
+		}
+		var code int
+		var probed string
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			if code, probed = runHealthcheck(t, bins["/healthcheck"], probe); code == 0 {
+				return
+			}
+		}
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait() // said is whole, and ours to read, once the process is gone
+		t.Errorf("compose's healthcheck %s: exit %d, %s; the server said: %s", probe, code, probed, said.String())
 	})
 }
