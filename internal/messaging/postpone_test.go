@@ -13,11 +13,14 @@ import (
 	"time"
 
 	"github.com/orderservice/orderservice/internal/answer"
+	"github.com/orderservice/orderservice/internal/database"
+	"github.com/orderservice/orderservice/internal/decode"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/messaging"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/payment"
 	"github.com/orderservice/orderservice/internal/problem"
+	"github.com/orderservice/orderservice/internal/testdb"
 )
 
 // A pay at its last delivery (COMMAND_MAX_DELIVER is 1 here: its first is
@@ -64,9 +67,21 @@ func TestAPayThatMeetsItsIntentInFlightAtItsLastDeliveryWaitsForIt(t *testing.T)
 		t.Run(name, func(t *testing.T) {
 			w := newWorld(t)
 			gate := newChannelGate(t, w.channel, tc.held)
-			// A lease and a channel deadline longer than the test: the
-			// intent is in flight exactly as long as the gate holds it.
-			svc := order.NewService(order.Deps{DB: w.db, Logger: w.logger,
+			// A database of its own, so that the sweeper finishes this
+			// intent alone, not another test's left retryable; a lease and
+			// a channel deadline longer than the test, so that the intent
+			// is in flight exactly as long as the gate holds it.
+			url, drop, err := testdb.Create("messaging_inflight")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(drop)
+			db, err := database.Open(context.Background(), url, database.Options{MaxConns: 10, StatementTimeout: 5 * time.Second, LockTimeout: 3 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = database.Close(db) })
+			svc := order.NewService(order.Deps{DB: db, Logger: w.logger,
 				Records: &idempotency.Store{Lease: 5 * time.Minute, Policy: w.policy},
 				Channel: payment.NewClient(gate.URL, &http.Client{}),
 				Money:   order.MoneyConfig{ChannelTimeout: 4 * time.Minute, RetryAfter: time.Millisecond}})
@@ -81,13 +96,18 @@ func TestAPayThatMeetsItsIntentInFlightAtItsLastDeliveryWaitsForIt(t *testing.T)
 			results := subscribe(t, w.nc, messaging.ResultSubject("acme", "pay"))
 
 			run := time.Now().UnixNano()
-			created := w.api.Do(t, http.MethodPost, "/v1/orders", fmt.Sprintf("inflight-create-%d", run), createBody("cus_inflight"))
-			if created.Status != http.StatusCreated {
-				t.Fatalf("create: %d %s", created.Status, created.Body)
+			var create order.CreateRequest
+			if err := decode.JSON([]byte(createBody("cus_inflight")), &create); err != nil {
+				t.Fatal(err)
 			}
-			id := jsonField(t, created.Body, "id")
+			created, err := svc.Create(context.Background(), order.Caller{TenantID: "acme", Key: fmt.Sprintf("inflight-create-%d", run)}, create)
+			if err != nil {
+				t.Fatalf("create: %v", err)
+			}
+			id := created.Resource
 			key := fmt.Sprintf("inflight-pay-%d", run)
-			tc.hold(t, svc, order.Caller{TenantID: "acme", Key: key}, id)
+			caller := order.Caller{TenantID: "acme", Key: key}
+			tc.hold(t, svc, caller, id)
 			gate.waitHeld(t)
 
 			publish(t, w.js, messaging.CommandSubject("acme", "pay"), key, fmt.Sprintf(`{"order_id":%q,"payment_method":%q}`, id, tc.method))
@@ -109,13 +129,13 @@ func TestAPayThatMeetsItsIntentInFlightAtItsLastDeliveryWaitsForIt(t *testing.T)
 
 			r := next(t, results, "result of the postponed pay")
 			<-w.counters.ackedCh
-			replay := w.api.Do(t, http.MethodPost, "/v1/orders/"+id+"/pay", key, fmt.Sprintf(`{"payment_method":%q}`, tc.method))
 			t.Run("it is answered with the intent's stored result, replayed", func(t *testing.T) {
 				if r.Header.Get(messaging.HeaderStatus) != "200" || r.Header.Get(messaging.HeaderReplayed) != "true" || jsonField(t, r.Data, "status") != "PAID" {
 					t.Errorf("result %v %s, want a 200 PAID replay", r.Header, r.Data)
 				}
-				if replay.Status != http.StatusOK || string(replay.Body) != string(r.Data) {
-					t.Errorf("HTTP replay %d %s, result %s", replay.Status, replay.Body, r.Data)
+				res, err := svc.Pay(context.Background(), caller, id, order.PayRequest{PaymentMethod: tc.method})
+				if replay := answer.Render(res); err != nil || replay.Status != http.StatusOK || !replay.Replayed || string(replay.Body) != string(r.Data) {
+					t.Errorf("the intent's replay %d %s (%v), result %s", replay.Status, replay.Body, err, r.Data)
 				}
 			})
 			t.Run("one charge", func(t *testing.T) {
