@@ -240,18 +240,6 @@ func TestALetterOverMaxPayloadIsStoredAtOnceWithoutItsBody(t *testing.T) {
 // seq in ORDER_COMMANDS.
 func letterOfCommand(t *testing.T, w *world, seq uint64) messaging.DeadLetter {
 	t.Helper()
-	q := &messaging.DLQ{JS: w.js}
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		letters, err := q.List(context.Background())
-		if err != nil {
-			t.Fatalf("dlq list: %v", err)
-		}
-		for _, d := range letters {
-			if d.Header.Get(messaging.HeaderDLSequence) == strconv.FormatUint(seq, 10) {
-				return d
-			}
-		}
-	}
-	t.Fatalf("no dead letter of command %d", seq)
-	return messaging.DeadLetter{}
+	n := strconv.FormatUint(seq, 10)
+	return letterWhere(t, w, "command "+n, func(d messaging.DeadLetter) bool { return d.Header.Get(messaging.HeaderDLSequence) == n })
 }

@@ -180,7 +180,7 @@ func TestTheDoorsBoundsAtTheirEdges(t *testing.T) {
 			subject += strings.Repeat("y", n-len(subject))
 			key := fmt.Sprintf("subject-%d-%d", n, run)
 			publish(t, w.js, subject, key, createBody("cus_subject"))
-			d := letterOf(t, w, key)
+			d := letterWhere(t, w, key, func(d messaging.DeadLetter) bool { return d.Key() == key })
 			truncated := d.Header.Get(messaging.HeaderDLSubjectTruncated)
 			switch {
 			case n == 256 && (d.Subject != subject || truncated != ""):
@@ -192,8 +192,8 @@ func TestTheDoorsBoundsAtTheirEdges(t *testing.T) {
 	})
 }
 
-// letterOf waits for the dead letter of the command with key.
-func letterOf(t *testing.T, w *world, key string) messaging.DeadLetter {
+// letterWhere waits for the dead letter that is the one wanted.
+func letterWhere(t *testing.T, w *world, what string, wanted func(messaging.DeadLetter) bool) messaging.DeadLetter {
 	t.Helper()
 	q := &messaging.DLQ{JS: w.js}
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
@@ -202,11 +202,11 @@ func letterOf(t *testing.T, w *world, key string) messaging.DeadLetter {
 			t.Fatalf("dlq list: %v", err)
 		}
 		for _, d := range letters {
-			if d.Key() == key {
+			if wanted(d) {
 				return d
 			}
 		}
 	}
-	t.Fatalf("no dead letter of %s", key)
+	t.Fatalf("no dead letter of %s", what)
 	return messaging.DeadLetter{}
 }
