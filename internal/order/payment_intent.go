@@ -298,20 +298,13 @@ const (
 // intent. An owner that died mid-flight left no word of the channel's
 // answer, so its successor asks the channel first; an intent that failed
 // retryably sends the same request under the same key again, which the
-// channel absorbs for as long as it remembers the key.
+// channel absorbs for as long as it remembers the key (checked at the
+// call: atTheCall, keywindow.go).
 func (s *Service) howToAsk(claim idempotency.Claim) asking {
-	if claim.ResumedFrom == idempotency.Processing || claim.Resumes() && s.pastKeyWindow(claim.Record) {
+	if claim.ResumedFrom == idempotency.Processing {
 		return lookUpThenSend
 	}
 	return send
-}
-
-// pastKeyWindow reports whether the channel may have forgotten the intent's
-// key by the time the call reaches it: the key's first use at the channel
-// came after the record was written, and the call ends within the channel
-// timeout.
-func (s *Service) pastKeyWindow(rec idempotency.Record) bool {
-	return time.Since(rec.CreatedAt)+s.Money.ChannelTimeout >= s.Money.ChannelKeyWindow
 }
 
 // askChannel is phase 2: it asks the channel about p as how says. An error
@@ -320,6 +313,10 @@ func (s *Service) pastKeyWindow(rec idempotency.Record) bool {
 func (s *Service) askChannel(ctx context.Context, p Payment, how asking) (res channelReply, err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.Money.ChannelTimeout)
 	defer cancel()
+	how = s.atTheCall(ctx, p, how)
+	if err := s.Hooks.run(s.Hooks.BeforeChannelCall); err != nil {
+		return channelReply{}, err
+	}
 	start := time.Now()
 	switch p.Kind {
 	case KindCharge:
