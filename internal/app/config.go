@@ -181,7 +181,8 @@ type ChannelConfig struct {
 	// SlowDelay is how long the in-process channel takes for `pm_slow`.
 	SlowDelay time.Duration `env:"PAYMENT_SLOW_DELAY" envDefault:"2s"`
 	// AsyncDelay is how long the in-process channel takes to settle a
-	// charge it took on as pending (`pm_async_ok`, `pm_async_declined`).
+	// charge or refund it took on (`pm_async_ok`, `pm_async_declined`,
+	// `pm_requires_action`, `pm_refund_pending`).
 	AsyncDelay time.Duration `env:"PAYMENT_ASYNC_DELAY" envDefault:"2s"`
 	// WebhookRetryWindow is how long the in-process channel retries
 	// a webhook delivery, with backoff.

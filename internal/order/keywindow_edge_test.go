@@ -2,25 +2,21 @@ package order_test
 
 import (
 	"context"
-	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
-	"gorm.io/gorm"
 
-	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/payment"
 	"github.com/orderservice/orderservice/internal/payment/channel"
 	"github.com/orderservice/orderservice/internal/problem"
-	"github.com/orderservice/orderservice/internal/testdb"
 )
 
 // The edge of the channel's key window (model/idempotency.pml, variant
-// AGE_ONLY), and a stall at it. A pay whose channel answer was lost is resumed by a retry;
+// AGE_ONLY). A pay whose channel answer was lost is resumed by a retry;
 // the retry may send the same key again only if the channel will still
 // deduplicate it when the call reaches it. The call takes up to
 // ChannelTimeout, so the service asks the channel first once the intent's
@@ -29,9 +25,9 @@ import (
 //
 // The channel here is the real mock, which forgets a key for deduplication
 // after its window while a lookup by the key still finds the charge
-// (docs/api.md). The intent's record and the channel's charge are aged in
-// their databases; the channel's charge by the call's duration more, as
-// the channel's clock has moved on by then.
+// (docs/api.md). The intent (its record and payment) and the channel's
+// charge are aged in their databases; the channel's charge by the call's
+// duration more, as the channel's clock has moved on by then.
 func TestAResumedPayAtTheEdgeOfTheChannelsKeyWindow(t *testing.T) {
 	const (
 		lease   = 4 * time.Second
@@ -49,7 +45,7 @@ func TestAResumedPayAtTheEdgeOfTheChannelsKeyWindow(t *testing.T) {
 		{"past the window the channel is asked first", window + time.Hour, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ch := openChannel(t, window)
+			ch := openChannel(t, channel.Options{KeyWindow: window})
 			s := useCases(t, payment.NewClient(ch.url, nil), lease)
 			if s.Money.ChannelTimeout != timeout {
 				t.Fatalf("ChannelTimeout = %s, want %s", s.Money.ChannelTimeout, timeout)
@@ -96,7 +92,7 @@ func TestAStallBetweenDecidingToSendAndTheCallNeverChargesTwice(t *testing.T) {
 		lease  = 2 * time.Second
 		window = 24 * time.Hour
 	)
-	ch := openChannel(t, window)
+	ch := openChannel(t, channel.Options{KeyWindow: window})
 	s := useCases(t, payment.NewClient(ch.url, nil), lease)
 	s.Money.ChannelKeyWindow = window
 	ctx := context.Background()
@@ -137,64 +133,6 @@ func TestAStallBetweenDecidingToSendAndTheCallNeverChargesTwice(t *testing.T) {
 	if got := orderNow(t, s, id); got.Status != string(order.StatusPaid) {
 		t.Errorf("the order is %s, want PAID", got.Status)
 	}
-}
-
-// realChannel is the mock channel with its key window, served over HTTP
-// on its own fresh database, with a pool to that database.
-type realChannel struct {
-	srv *channel.Server
-	url string
-	db  *gorm.DB
-}
-
-func openChannel(t *testing.T, window time.Duration) realChannel {
-	t.Helper()
-	chURL := testdb.Fresh(t, "keywindow")
-	srv, err := channel.Open(context.Background(), chURL, channel.Options{KeyWindow: window})
-	if err != nil {
-		t.Fatalf("open channel: %v", err)
-	}
-	t.Cleanup(func() { _ = srv.Close() })
-	hs := httptest.NewServer(srv.Handler())
-	t.Cleanup(hs.Close)
-	db, err := database.Open(context.Background(), chURL, database.Options{MaxConns: 1, StatementTimeout: 5 * time.Second, LockTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = database.Close(db) })
-	return realChannel{srv: srv, url: hs.URL, db: db}
-}
-
-// ageCharge makes the channel's charge of order id older by d.
-func (ch realChannel) ageCharge(t *testing.T, id string, d time.Duration) {
-	t.Helper()
-	if res := ch.db.Exec("UPDATE charges SET created_at = created_at - make_interval(secs => ?) WHERE reference = ?",
-		d.Seconds(), id); res.Error != nil || res.RowsAffected != 1 {
-		t.Fatalf("ageing the channel's charge: %d rows, %v", res.RowsAffected, res.Error)
-	}
-}
-
-// untilForgotten is how long, by the channel's clock, until the channel
-// no longer deduplicates the key of order id's charge.
-func (ch realChannel) untilForgotten(t *testing.T, id string, window time.Duration) time.Duration {
-	t.Helper()
-	var secs float64
-	if err := ch.db.Raw("SELECT EXTRACT(EPOCH FROM created_at + make_interval(secs => ?) - now())::float8 FROM charges WHERE reference = ?",
-		window.Seconds(), id).Scan(&secs).Error; err != nil {
-		t.Fatal(err)
-	}
-	return time.Duration(max(secs, 0) * float64(time.Second))
-}
-
-// succeeded counts the channel's succeeded charges of order id.
-func (ch realChannel) succeeded(id string) int {
-	n := 0
-	for _, c := range ch.srv.Charges() {
-		if c.Reference == id && c.Status == payment.StatusSucceeded {
-			n++
-		}
-	}
-	return n
 }
 
 // chargedButLost pays order id with pm_lost_response: the channel charges

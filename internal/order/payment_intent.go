@@ -318,30 +318,25 @@ func (s *Service) askChannel(ctx context.Context, p Payment, how asking) (res ch
 		return channelReply{}, err
 	}
 	start := time.Now()
+	var replayed bool
 	switch p.Kind {
 	case KindCharge:
 		var ch payment.Charge
-		ch, res.replayed, err = lookupOrSend(how,
+		ch, replayed, err = lookupOrSend(how,
 			func() (payment.Charge, error) { return s.Channel.LookupCharge(ctx, p.ChannelKey) },
 			func() (payment.Result[payment.Charge], error) {
 				return s.Channel.Charge(ctx, p.ChannelKey, payment.ChargeRequest{Amount: p.Amount, Currency: p.Currency,
 					Reference: p.OrderID.String(), PaymentMethod: deref(p.PaymentMethod)})
 			})
-		res.verdict, res.ref = declined, ch.ID
-		switch ch.Status {
-		case payment.StatusSucceeded:
-			res.verdict = moved
-		case payment.StatusPending:
-			res.verdict = pending
-		}
+		res = chargeReply(ch, replayed)
 	case KindRefund:
 		var rf payment.Refund
-		rf, res.replayed, err = lookupOrSend(how,
+		rf, replayed, err = lookupOrSend(how,
 			func() (payment.Refund, error) { return s.Channel.LookupRefund(ctx, p.ChannelKey) },
 			func() (payment.Result[payment.Refund], error) {
 				return s.Channel.Refund(ctx, p.ChannelKey, payment.RefundRequest{ChargeID: deref(p.RefundOf), Amount: p.Amount})
 			})
-		res.verdict, res.ref = moved, rf.ID
+		res = refundReply(rf, replayed)
 	}
 	s.observe().ChannelCall(ctx, string(p.Kind), time.Since(start), err, res.replayed)
 	switch {
@@ -353,6 +348,8 @@ func (s *Service) askChannel(ctx context.Context, p Payment, how asking) (res ch
 		// sweeper ask again under the same key.
 		s.logger().WarnContext(ctx, "payment channel gave no definitive reply", "kind", p.Kind, "channel_key", p.ChannelKey, "err", err)
 		return channelReply{verdict: unknown}, nil
+	case res.verdict == unknown:
+		s.logger().WarnContext(ctx, "payment channel answered a status that proves no outcome", "kind", p.Kind, "channel_key", p.ChannelKey, "status", res.reason)
 	}
 	return res, nil
 }
