@@ -74,8 +74,8 @@ func wantResumable(t *testing.T, what string, s *order.Service, err error, op, k
 	t.Helper()
 	wantError(t, what, err, problem.ServiceUnavailable)
 	wantRetryAfter(t, what, err)
-	if rec := recordOf(t, s, op, key); rec.State != idempotency.FailedRetryable || rec.ResultCode != nil {
-		t.Errorf("%s: record %s with result %v, want FAILED_RETRYABLE with nothing stored", what, rec.State, rec.ResultCode)
+	if rec := recordOf(t, s, op, key); rec.State != idempotency.FailedRetryable || rec.Outcome != nil || rec.ResultCode != nil || rec.ResultBody != nil {
+		t.Errorf("%s: record %s with outcome %q, want FAILED_RETRYABLE with nothing stored", what, rec.State, storedOutcome(rec))
 	}
 	if got := orderNow(t, s, id).Status; got != string(status) {
 		t.Errorf("%s: order %s, want %s", what, got, status)
@@ -150,6 +150,14 @@ func TestAChannelStatusThatProvesNothingIsNeverFinal(t *testing.T) {
 }
 
 func quoted(s string) string { return `"` + s + `"` }
+
+// storedOutcome is the outcome rec stores, "" for none.
+func storedOutcome(rec idempotency.Record) string {
+	if rec.Outcome == nil {
+		return ""
+	}
+	return string(*rec.Outcome)
+}
 
 // The same statuses, played by the real mock channel
 // (pm_requires_action, pm_refund_pending, pm_refund_failed).
