@@ -162,26 +162,38 @@ func TestACancelsRefundMeetsTheFaultsAPayMeets(t *testing.T) {
 		wantStats(t, ch.srv, channel.Stats{Charges: 1, Requests: 3, AmountCharged: purchaseTotal})
 	})
 
-	t.Run("ten cancels with ten keys at once: one refund, the others refused by the state machine", func(t *testing.T) {
-		ch, s := onTheMock(t)
-		id := paidThrough(t, s, payment.MethodOK)
-		as := make([]attempt, 10)
-		atOnce(len(as), func(i int) { as[i] = untilDefinitive(newKey("R3-many"), cancelOf(s, id)) })
-		wantDefinitive(t, as)
-		cancelled, forbidden := 0, 0
-		for _, a := range as {
-			switch {
-			case a.res.Outcome == idempotency.OutcomeDone:
-				cancelled++
-			case a.res.Failure != nil && a.res.Failure.Code == order.CodeInvalidTransition:
-				forbidden++
+	t.Run("nine cancels with new keys while the refund is at the channel: refused by the state machine, one refund", func(t *testing.T) {
+		ch := openChannel(t, channel.Options{})
+		c := payment.NewClient(ch.url, nil)
+		f := &funcChannel{charge: c.Charge, lookupCharge: c.LookupCharge, refund: c.Refund, lookupRefund: c.LookupRefund}
+		arrived, release := make(chan struct{}), make(chan struct{})
+		refund := f.refund
+		f.refund = func(ctx context.Context, key string, req payment.RefundRequest) (payment.Result[payment.Refund], error) {
+			select {
+			case <-release:
 			default:
-				t.Errorf("key %s: %+v", a.key, a.res)
+				arrived <- struct{}{}
+				<-release
 			}
+			return refund(ctx, key, req)
 		}
-		if cancelled != 1 || forbidden != 9 {
-			t.Errorf("%d cancels succeeded and %d were forbidden, want 1 and 9", cancelled, forbidden)
+		s := useCases(t, f, lease)
+		id := paidThrough(t, s, payment.MethodOK)
+		first := make(chan answer, 1)
+		go func() {
+			res, err := s.Cancel(context.Background(), acme(newKey("R3-first")), id, order.CancelRequest{})
+			first <- answer{res, err}
+		}()
+		<-arrived
+		as := make([]attempt, 9)
+		atOnce(len(as), func(i int) { as[i] = untilDefinitive(newKey("R3-more"), cancelOf(s, id)) })
+		wantDefinitive(t, as)
+		for _, a := range as {
+			wantInvalidTransition(t, a.res, nil, order.StatusRefundPending, order.EventCancel)
 		}
+		close(release)
+		got := <-first
+		wantCancelled(t, s, "the first cancel", got.res, got.err, id)
 		wantStats(t, ch.srv, channel.Stats{Charges: 1, Refunds: 1, Requests: 2,
 			AmountCharged: purchaseTotal, AmountRefunded: purchaseTotal})
 	})
