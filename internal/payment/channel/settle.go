@@ -47,58 +47,52 @@ const settleBatch = 100
 // each other, and a charge is taken only while still unsettled, under its
 // row lock: none is settled twice.
 func (s *store) settleDue(ctx context.Context) (int, error) {
-	var due []chargeRow
-	err := database.Transact(ctx, s.db, func(tx *gorm.DB) error {
-		due = nil
-		err := tx.Raw(`SELECT `+chargeColumns+` FROM charges WHERE status IN (?, ?) AND settles_at <= now()
+	return settleEach(ctx, s, func(tx *gorm.DB, due *[]chargeRow) error {
+		return tx.Raw(`SELECT `+chargeColumns+` FROM charges WHERE status IN (?, ?) AND settles_at <= now()
 			ORDER BY settles_at LIMIT ? FOR UPDATE SKIP LOCKED`,
-			payment.StatusPending, payment.StatusRequiresAction, settleBatch).Scan(&due).Error
-		if err != nil {
+			payment.StatusPending, payment.StatusRequiresAction, settleBatch).Scan(due).Error
+	}, func(tx *gorm.DB, c *chargeRow) error {
+		c.Status = payment.StatusSucceeded
+		if c.PaymentMethod == payment.MethodAsyncDeclined {
+			c.Status = payment.StatusDeclined
+		}
+		if err := tx.Exec(`UPDATE charges SET status = ? WHERE idempotency_key = ?`, c.Status, c.IdempotencyKey).Error; err != nil {
 			return err
 		}
-		for i := range due {
-			due[i].Status = payment.StatusSucceeded
-			if due[i].PaymentMethod == payment.MethodAsyncDeclined {
-				due[i].Status = payment.StatusDeclined
-			}
-			if err := tx.Exec(`UPDATE charges SET status = ? WHERE idempotency_key = ?`, due[i].Status, due[i].IdempotencyKey).Error; err != nil {
-				return err
-			}
-			if err := s.recordChargeEvent(tx, due[i]); err != nil {
-				return err
-			}
-		}
-		return nil
+		return s.recordChargeEvent(tx, *c)
 	})
-	if err != nil {
-		return 0, ledgerErr(err)
-	}
-	if len(due) > 0 {
-		s.eventRecorded.notify()
-	}
-	return len(due), nil
 }
 
 // settleRefundsDue settles the pending refunds whose time has come, as
 // settleDue does charges: each succeeds, with its event. Its amount was
 // held on the charge when it was made.
 func (s *store) settleRefundsDue(ctx context.Context) (int, error) {
-	var due []refundRow
+	return settleEach(ctx, s, func(tx *gorm.DB, due *[]refundRow) error {
+		return tx.Raw(`SELECT `+refundColumns+` FROM refunds r JOIN charges c ON c.id = r.charge_id
+			WHERE r.status = ? AND r.settles_at <= now()
+			ORDER BY r.settles_at LIMIT ? FOR UPDATE OF r SKIP LOCKED`, payment.StatusPending, settleBatch).Scan(due).Error
+	}, func(tx *gorm.DB, r *refundRow) error {
+		r.Status = payment.StatusSucceeded
+		if err := tx.Exec(`UPDATE refunds SET status = ? WHERE idempotency_key = ?`, r.Status, r.IdempotencyKey).Error; err != nil {
+			return err
+		}
+		rf := r.outcome(false).value
+		return s.recordEvent(tx, payment.EventRefundSucceeded, rf.ID, rf.IdempotencyKey, rf)
+	})
+}
+
+// settleEach takes the rows due (pick, locking them) and settles each
+// (settle, which writes its event), in one transaction, and returns how
+// many it settled.
+func settleEach[Row any](ctx context.Context, s *store, pick func(tx *gorm.DB, due *[]Row) error, settle func(tx *gorm.DB, r *Row) error) (int, error) {
+	var due []Row
 	err := database.Transact(ctx, s.db, func(tx *gorm.DB) error {
 		due = nil
-		err := tx.Raw(`SELECT `+refundColumns+` FROM refunds r JOIN charges c ON c.id = r.charge_id
-			WHERE r.status = ? AND r.settles_at <= now()
-			ORDER BY r.settles_at LIMIT ? FOR UPDATE OF r SKIP LOCKED`, payment.StatusPending, settleBatch).Scan(&due).Error
-		if err != nil {
+		if err := pick(tx, &due); err != nil {
 			return err
 		}
 		for i := range due {
-			due[i].Status = payment.StatusSucceeded
-			if err := tx.Exec(`UPDATE refunds SET status = ? WHERE idempotency_key = ?`, due[i].Status, due[i].IdempotencyKey).Error; err != nil {
-				return err
-			}
-			rf := due[i].outcome(false).value
-			if err := s.recordEvent(tx, payment.EventRefundSucceeded, rf.ID, rf.IdempotencyKey, rf); err != nil {
+			if err := settle(tx, &due[i]); err != nil {
 				return err
 			}
 		}
