@@ -65,12 +65,14 @@ func (s *store) settleDue(ctx context.Context) (int, error) {
 
 // settleRefundsDue settles the pending refunds whose time has come, as
 // settleDue does charges: each succeeds, with its event. Its amount was
-// held on the charge when it was made.
+// held on the charge when it was made. It reads refunds alone: a join
+// would lock charges after refunds, the other way round from reset's
+// TRUNCATE, and the two could deadlock.
 func (s *store) settleRefundsDue(ctx context.Context) (int, error) {
 	return settleEach(ctx, s, func(tx *gorm.DB, due *[]refundRow) error {
-		return tx.Raw(`SELECT `+refundColumns+` FROM refunds r JOIN charges c ON c.id = r.charge_id
-			WHERE r.status = ? AND r.settles_at <= now()
-			ORDER BY r.settles_at LIMIT ? FOR UPDATE OF r SKIP LOCKED`, payment.StatusPending, settleBatch).Scan(due).Error
+		return tx.Raw(`SELECT idempotency_key, id, charge_id, status, amount, created_at FROM refunds
+			WHERE status = ? AND settles_at <= now()
+			ORDER BY settles_at LIMIT ? FOR UPDATE SKIP LOCKED`, payment.StatusPending, settleBatch).Scan(due).Error
 	}, func(tx *gorm.DB, r *refundRow) error {
 		r.Status = payment.StatusSucceeded
 		if err := tx.Exec(`UPDATE refunds SET status = ? WHERE idempotency_key = ?`, r.Status, r.IdempotencyKey).Error; err != nil {
