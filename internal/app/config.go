@@ -150,8 +150,9 @@ type PaymentConfig struct {
 	// seconds, at least 1); the sweeper resumes the intent after it.
 	RetryAfter time.Duration `env:"RETRY_AFTER" envDefault:"2s"`
 	// ChannelKeyWindow is how long the payment channel remembers an
-	// idempotency key; a retry of an intent older than this asks the channel
-	// what it holds before sending the key again. The in-process channel
+	// idempotency key; a call whose deadline falls past this, counted from
+	// the intent's first attempt, asks the channel what it holds before
+	// sending the key again. The in-process channel
 	// remembers keys this long; a standalone one must remember them at
 	// least as long (its CHANNEL_KEY_WINDOW).
 	ChannelKeyWindow time.Duration `env:"CHANNEL_KEY_WINDOW" envDefault:"24h"`
@@ -181,7 +182,8 @@ type ChannelConfig struct {
 	// SlowDelay is how long the in-process channel takes for `pm_slow`.
 	SlowDelay time.Duration `env:"PAYMENT_SLOW_DELAY" envDefault:"2s"`
 	// AsyncDelay is how long the in-process channel takes to settle a
-	// charge it took on as pending (`pm_async_ok`, `pm_async_declined`).
+	// charge or refund it took on (`pm_async_ok`, `pm_async_declined`,
+	// `pm_requires_action`, `pm_refund_pending`).
 	AsyncDelay time.Duration `env:"PAYMENT_ASYNC_DELAY" envDefault:"2s"`
 	// WebhookRetryWindow is how long the in-process channel retries
 	// a webhook delivery, with backoff.

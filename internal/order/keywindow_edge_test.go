@@ -2,18 +2,17 @@ package order_test
 
 import (
 	"context"
-	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 
-	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/payment"
 	"github.com/orderservice/orderservice/internal/payment/channel"
-	"github.com/orderservice/orderservice/internal/testdb"
+	"github.com/orderservice/orderservice/internal/problem"
 )
 
 // The edge of the channel's key window (model/idempotency.pml, variant
@@ -26,9 +25,9 @@ import (
 //
 // The channel here is the real mock, which forgets a key for deduplication
 // after its window while a lookup by the key still finds the charge
-// (docs/api.md). The intent's record and the channel's charge are aged in
-// their databases; the channel's charge by the call's duration more, as
-// the channel's clock has moved on by then.
+// (docs/api.md). The intent (its record and payment) and the channel's
+// charge are aged in their databases; the channel's charge by the call's
+// duration more, as the channel's clock has moved on by then.
 func TestAResumedPayAtTheEdgeOfTheChannelsKeyWindow(t *testing.T) {
 	const (
 		lease   = 4 * time.Second
@@ -46,21 +45,8 @@ func TestAResumedPayAtTheEdgeOfTheChannelsKeyWindow(t *testing.T) {
 		{"past the window the channel is asked first", window + time.Hour, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			chURL := testdb.Fresh(t, "keywindow")
-			srv, err := channel.Open(context.Background(), chURL, channel.Options{KeyWindow: window})
-			if err != nil {
-				t.Fatalf("open channel: %v", err)
-			}
-			t.Cleanup(func() { _ = srv.Close() })
-			hs := httptest.NewServer(srv.Handler())
-			t.Cleanup(hs.Close)
-			chDB, err := database.Open(context.Background(), chURL, database.Options{MaxConns: 1, StatementTimeout: 5 * time.Second, LockTimeout: 5 * time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = database.Close(chDB) })
-
-			s := useCases(t, payment.NewClient(hs.URL, nil), lease)
+			ch := openChannel(t, channel.Options{KeyWindow: window})
+			s := useCases(t, payment.NewClient(ch.url, nil), lease)
 			if s.Money.ChannelTimeout != timeout {
 				t.Fatalf("ChannelTimeout = %s, want %s", s.Money.ChannelTimeout, timeout)
 			}
@@ -70,31 +56,14 @@ func TestAResumedPayAtTheEdgeOfTheChannelsKeyWindow(t *testing.T) {
 			pay := acme("kw-edge-" + uuid.NewString()[:8])
 
 			// The channel charges; its answer is lost on the way back.
-			if _, err := s.Pay(ctx, pay, id, payWith(payment.MethodLostResponse)); err == nil {
-				t.Fatal("the pay whose answer was lost answered")
-			}
-			if n := count(t, s.DB, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'acme' AND idempotency_key = ? AND state = ?",
-				pay.Key, idempotency.FailedRetryable); n != 1 {
-				t.Fatal("after the lost answer the intent is not FAILED_RETRYABLE")
-			}
-			if err := s.DB.Exec("UPDATE idempotency_records SET created_at = created_at - make_interval(secs => ?) WHERE tenant_id = 'acme' AND idempotency_key = ?",
-				tc.age.Seconds(), pay.Key).Error; err != nil {
-				t.Fatal(err)
-			}
-			if res := chDB.Exec("UPDATE charges SET created_at = created_at - make_interval(secs => ?) WHERE reference = ?",
-				(tc.age + call).Seconds(), id); res.Error != nil || res.RowsAffected != 1 {
-				t.Fatalf("ageing the channel's charge: %d rows, %v", res.RowsAffected, res.Error)
-			}
-			before := srv.Stats()
+			chargedButLost(t, s, pay, id)
+			ageIntent(t, s, pay.Key, tc.age)
+			ch.ageCharge(t, id, tc.age+call)
+			before := ch.srv.Stats()
 
 			res, err := s.Pay(ctx, pay, id, payWith(payment.MethodLostResponse))
-			var succeeded int
-			for _, c := range srv.Charges() {
-				if c.Reference == id && c.Status == payment.StatusSucceeded {
-					succeeded++
-				}
-			}
-			lookups := srv.Stats().Lookups - before.Lookups
+			succeeded := ch.succeeded(id)
+			lookups := ch.srv.Stats().Lookups - before.Lookups
 			if succeeded != 1 || lookups != tc.lookups {
 				t.Errorf("the intent, resumed at age %s, charged %d times with %d lookups; want once, with %d",
 					tc.age, succeeded, lookups, tc.lookups)
@@ -106,5 +75,88 @@ func TestAResumedPayAtTheEdgeOfTheChannelsKeyWindow(t *testing.T) {
 				t.Errorf("the order is %s, want PAID", got.Status)
 			}
 		})
+	}
+}
+
+// A stall between deciding to send the key again and the call itself
+// (model/README.md: "it never forgets while an owner is between its claim
+// and its call"). A pay's answer is lost; its retry claims the intent
+// ChannelTimeout + 1s short of the channel's key window, so the key may be
+// sent again, and decides so. Then it stalls (BeforeChannelCall) until the
+// window has passed at the channel. A call made now would reach a channel
+// that has forgotten the key and charge again. The decision is made where
+// the call's deadline starts, so the stall runs the deadline out and no
+// request leaves; the next retry, past the window, looks the key up.
+func TestAStallBetweenDecidingToSendAndTheCallNeverChargesTwice(t *testing.T) {
+	const (
+		lease  = 2 * time.Second
+		window = 24 * time.Hour
+	)
+	ch := openChannel(t, channel.Options{KeyWindow: window})
+	s := useCases(t, payment.NewClient(ch.url, nil), lease)
+	s.Money.ChannelKeyWindow = window
+	ctx := context.Background()
+	id := placeOrder(t, s)
+	pay := acme(newKey("kw-stall"))
+
+	chargedButLost(t, s, pay, id)
+	age := window - s.Money.ChannelTimeout - time.Second
+	ageIntent(t, s, pay.Key, age)
+	ch.ageCharge(t, id, age)
+	var stalled atomic.Bool
+	s.Hooks.BeforeChannelCall = func() error {
+		if stalled.CompareAndSwap(false, true) {
+			time.Sleep(ch.untilForgotten(t, id, window) + 200*time.Millisecond)
+		}
+		return nil
+	}
+	before := ch.srv.Stats()
+
+	res, err := s.Pay(ctx, pay, id, payWith(payment.MethodLostResponse))
+	if !stalled.Load() {
+		t.Fatal("the retry never reached the channel call")
+	}
+	if err != nil { // the stall ran the call's deadline out: the next retry finishes
+		wantError(t, "the stalled retry", err, problem.ServiceUnavailable)
+		res, err = s.Pay(ctx, pay, id, payWith(payment.MethodLostResponse))
+	}
+	after := ch.srv.Stats()
+	if n := ch.succeeded(id); n != 1 {
+		t.Errorf("the channel charged the order %d times, want once", n)
+	}
+	if posts, lookups := after.Requests-before.Requests, after.Lookups-before.Lookups; posts != 0 || lookups != 1 {
+		t.Errorf("after the stall the channel saw %d POSTs and %d lookups, want none and one", posts, lookups)
+	}
+	if err != nil || res.Failure != nil {
+		t.Fatalf("the retry after the stall = %+v, %v; want the order paid", res.Failure, err)
+	}
+	if got := orderNow(t, s, id); got.Status != string(order.StatusPaid) {
+		t.Errorf("the order is %s, want PAID", got.Status)
+	}
+}
+
+// chargedButLost pays order id with pm_lost_response: the channel charges
+// and the answer is lost, so the intent is left FAILED_RETRYABLE.
+func chargedButLost(t *testing.T, s *order.Service, pay order.Caller, id string) {
+	t.Helper()
+	if _, err := s.Pay(context.Background(), pay, id, payWith(payment.MethodLostResponse)); err == nil {
+		t.Fatal("the pay whose answer was lost answered")
+	}
+	if rec := recordOf(t, s, order.OpPay, pay.Key); rec.State != idempotency.FailedRetryable {
+		t.Fatalf("after the lost answer the intent is %s, want FAILED_RETRYABLE", rec.State)
+	}
+}
+
+// ageIntent makes the acme intent under key, its record and its payment,
+// older by d.
+func ageIntent(t *testing.T, s *order.Service, key string, d time.Duration) {
+	t.Helper()
+	for _, q := range []string{
+		"UPDATE idempotency_records SET created_at = created_at - make_interval(secs => ?) WHERE tenant_id = 'acme' AND idempotency_key = ?",
+		"UPDATE payments SET created_at = created_at - make_interval(secs => ?) WHERE tenant_id = 'acme' AND idempotency_key = ?",
+	} {
+		if res := s.DB.Exec(q, d.Seconds(), key); res.Error != nil || res.RowsAffected != 1 {
+			t.Fatalf("%s: %d rows, %v", q, res.RowsAffected, res.Error)
+		}
 	}
 }

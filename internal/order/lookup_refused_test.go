@@ -146,9 +146,7 @@ func TestARefusedLookupIsNotADecline(t *testing.T) {
 		if _, err := s.Pay(ctx, pay, id, payWith(payment.MethodLostResponse)); problem.CodeOf(err) != problem.ServiceUnavailable {
 			t.Fatalf("the pay whose answer was lost: %v, want service_unavailable", err)
 		}
-		if err := s.DB.Exec("UPDATE idempotency_records SET created_at = created_at - interval '25 hours' WHERE idempotency_key = ?", pay.Key).Error; err != nil {
-			t.Fatal(err)
-		}
+		ageIntent(t, s, pay.Key, 25*time.Hour)
 		for _, status := range refusedLookups {
 			ch.status.Store(int32(status))
 			res, err := s.Pay(ctx, pay, id, payWith(payment.MethodLostResponse))

@@ -552,10 +552,7 @@ func TestAPayResumedPastTheChannelsKeyWindowAsksFirst(t *testing.T) {
 			if state != string(idempotency.FailedRetryable) {
 				t.Fatalf("after the lost answer the intent is %s, want FAILED_RETRYABLE", state)
 			}
-			if err := s.DB.Exec("UPDATE idempotency_records SET created_at = created_at - make_interval(secs => ?) WHERE idempotency_key = ?",
-				tc.age.Seconds(), pay.Key).Error; err != nil {
-				t.Fatal(err)
-			}
+			ageIntent(t, s, pay.Key, tc.age)
 
 			res, err := s.Pay(ctx, pay, created.Resource, order.PayRequest{PaymentMethod: payment.MethodOK})
 			if err != nil || res.Failure != nil {

@@ -72,10 +72,11 @@ type MoneyConfig struct {
 	// the sweeper resumes the intent itself after that if nobody retries.
 	RetryAfter time.Duration
 	// ChannelKeyWindow is how long the channel is trusted to remember an
-	// idempotency key (an acquirer's keys expire: a day is common). A
-	// resumed intent older than it asks the channel what it holds under
-	// the key before sending anything: past it, the same key sent again
-	// could move money a second time. Zero: always ask first.
+	// idempotency key (an acquirer's keys expire: a day is common). A call
+	// whose deadline falls past it, counted from the payment's first
+	// attempt, asks the channel what it holds under the key before sending
+	// anything: past it, the same key sent again could move money a second
+	// time (keywindow.go). Zero: always ask first.
 	ChannelKeyWindow time.Duration
 	// PendingCheckEvery is how often the sweeper asks the channel about a
 	// charge it took on to finish later, if no webhook told its verdict

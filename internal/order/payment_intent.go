@@ -298,20 +298,13 @@ const (
 // intent. An owner that died mid-flight left no word of the channel's
 // answer, so its successor asks the channel first; an intent that failed
 // retryably sends the same request under the same key again, which the
-// channel absorbs for as long as it remembers the key.
+// channel absorbs for as long as it remembers the key (checked at the
+// call: atTheCall, keywindow.go).
 func (s *Service) howToAsk(claim idempotency.Claim) asking {
-	if claim.ResumedFrom == idempotency.Processing || claim.Resumes() && s.pastKeyWindow(claim.Record) {
+	if claim.ResumedFrom == idempotency.Processing {
 		return lookUpThenSend
 	}
 	return send
-}
-
-// pastKeyWindow reports whether the channel may have forgotten the intent's
-// key by the time the call reaches it: the key's first use at the channel
-// came after the record was written, and the call ends within the channel
-// timeout.
-func (s *Service) pastKeyWindow(rec idempotency.Record) bool {
-	return time.Since(rec.CreatedAt)+s.Money.ChannelTimeout >= s.Money.ChannelKeyWindow
 }
 
 // askChannel is phase 2: it asks the channel about p as how says. An error
@@ -320,31 +313,30 @@ func (s *Service) pastKeyWindow(rec idempotency.Record) bool {
 func (s *Service) askChannel(ctx context.Context, p Payment, how asking) (res channelReply, err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.Money.ChannelTimeout)
 	defer cancel()
+	how = s.atTheCall(ctx, p, how)
+	if err := s.Hooks.run(s.Hooks.BeforeChannelCall); err != nil {
+		return channelReply{}, err
+	}
 	start := time.Now()
+	var replayed bool
 	switch p.Kind {
 	case KindCharge:
 		var ch payment.Charge
-		ch, res.replayed, err = lookupOrSend(how,
+		ch, replayed, err = lookupOrSend(how,
 			func() (payment.Charge, error) { return s.Channel.LookupCharge(ctx, p.ChannelKey) },
 			func() (payment.Result[payment.Charge], error) {
 				return s.Channel.Charge(ctx, p.ChannelKey, payment.ChargeRequest{Amount: p.Amount, Currency: p.Currency,
 					Reference: p.OrderID.String(), PaymentMethod: deref(p.PaymentMethod)})
 			})
-		res.verdict, res.ref = declined, ch.ID
-		switch ch.Status {
-		case payment.StatusSucceeded:
-			res.verdict = moved
-		case payment.StatusPending:
-			res.verdict = pending
-		}
+		res = chargeReply(ch, replayed)
 	case KindRefund:
 		var rf payment.Refund
-		rf, res.replayed, err = lookupOrSend(how,
+		rf, replayed, err = lookupOrSend(how,
 			func() (payment.Refund, error) { return s.Channel.LookupRefund(ctx, p.ChannelKey) },
 			func() (payment.Result[payment.Refund], error) {
 				return s.Channel.Refund(ctx, p.ChannelKey, payment.RefundRequest{ChargeID: deref(p.RefundOf), Amount: p.Amount})
 			})
-		res.verdict, res.ref = moved, rf.ID
+		res = refundReply(rf, replayed)
 	}
 	s.observe().ChannelCall(ctx, string(p.Kind), time.Since(start), err, res.replayed)
 	switch {
@@ -356,6 +348,8 @@ func (s *Service) askChannel(ctx context.Context, p Payment, how asking) (res ch
 		// sweeper ask again under the same key.
 		s.logger().WarnContext(ctx, "payment channel gave no definitive reply", "kind", p.Kind, "channel_key", p.ChannelKey, "err", err)
 		return channelReply{verdict: unknown}, nil
+	case res.verdict == unknown:
+		s.logger().WarnContext(ctx, "payment channel answered a status that proves no outcome", "kind", p.Kind, "channel_key", p.ChannelKey, "status", res.reason)
 	}
 	return res, nil
 }

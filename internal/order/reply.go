@@ -36,8 +36,42 @@ const (
 type channelReply struct {
 	verdict  verdict
 	ref      string // the channel's id of the charge or refund, when made
-	reason   string // the channel's words, for a refusal
+	reason   string // the channel's words, for a refusal or a status that proves nothing
 	replayed bool
+}
+
+// chargeReply is what a charge the channel answered with proves. Only the
+// channel's three outcomes for a charge are taken as such; any other
+// status (a charge that requires action, "failed", a status added after
+// this was written) is unknown: the intent stays resumable and the key is
+// asked about again later, never stored as a decline without proof that
+// no money moved.
+func chargeReply(ch payment.Charge, replayed bool) channelReply {
+	r := channelReply{verdict: unknown, ref: ch.ID, reason: ch.Status, replayed: replayed}
+	switch ch.Status {
+	case payment.StatusSucceeded:
+		r.verdict = moved
+	case payment.StatusDeclined:
+		r.verdict = declined
+	case payment.StatusPending:
+		r.verdict = pending
+	}
+	return r
+}
+
+// refundReply is what a refund the channel answered with proves: it
+// succeeded, or it failed and returned nothing (as final as a refusal,
+// with reason refund_failed). A refund still pending, or in a status not
+// known here, is not done: unknown.
+func refundReply(rf payment.Refund, replayed bool) channelReply {
+	r := channelReply{verdict: unknown, ref: rf.ID, reason: rf.Status, replayed: replayed}
+	switch rf.Status {
+	case payment.StatusSucceeded:
+		r.verdict = moved
+	case payment.StatusFailed:
+		r.verdict, r.reason = refused, "refund_failed"
+	}
+	return r
 }
 
 // final reports whether the reply is the channel's last word on the

@@ -143,6 +143,9 @@ type Hooks struct {
 	// AfterPhase1 runs after a money intent's phase 1 committed, before the
 	// channel is called.
 	AfterPhase1 func() error
+	// BeforeChannelCall runs in phase 2 once it has decided how to ask the
+	// channel and the call's deadline runs, just before the request leaves.
+	BeforeChannelCall func() error
 	// AfterChannelCall runs once the channel answered, before phase 3.
 	AfterChannelCall func() error
 	// BeforeReplyCommit runs inside phase 3, just before it commits.

@@ -57,7 +57,8 @@ func (f *funcChannel) LookupRefund(ctx context.Context, key string) (payment.Ref
 // (payment.Methods): pm_declined is declined, pm_lost_response loses the
 // answer of the one request that acted, pm_unavailable_once is unavailable
 // on the first attempt of each key before it acts, pm_refund_refused
-// charges but refuses every refund; a refund plays its charge's token. It
+// charges but refuses every refund; a refund plays its charge's token. A
+// call whose context has ended never reaches it, as over HTTP. It
 // counts what it did, as the mock channel's Stats do, so that a test can
 // assert exact numbers. channel() is the acquirer as an order.Channel: a
 // test wraps one of its functions to inject what no token plays.
@@ -91,7 +92,19 @@ func (a *acquirer) channel() *funcChannel {
 // errLost is an answer that never came back: the verdict is unknown.
 var errLost = fmt.Errorf("%w: the connection was lost before the answer", payment.ErrUnavailable)
 
-func (a *acquirer) charge(_ context.Context, key string, req payment.ChargeRequest) (payment.Result[payment.Charge], error) {
+// unsent is the error of a call whose deadline passed before it left, as
+// the HTTP client gives it: it reaches nobody.
+func unsent(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%w: %w", payment.ErrUnavailable, err)
+	}
+	return nil
+}
+
+func (a *acquirer) charge(ctx context.Context, key string, req payment.ChargeRequest) (payment.Result[payment.Charge], error) {
+	if err := unsent(ctx); err != nil {
+		return payment.Result[payment.Charge]{}, err
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.stats.requests++
@@ -121,7 +134,10 @@ func (a *acquirer) charge(_ context.Context, key string, req payment.ChargeReque
 	return payment.Result[payment.Charge]{Value: c}, nil
 }
 
-func (a *acquirer) lookupCharge(_ context.Context, key string) (payment.Charge, error) {
+func (a *acquirer) lookupCharge(ctx context.Context, key string) (payment.Charge, error) {
+	if err := unsent(ctx); err != nil {
+		return payment.Charge{}, err
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.stats.lookups++
@@ -131,7 +147,10 @@ func (a *acquirer) lookupCharge(_ context.Context, key string) (payment.Charge, 
 	return payment.Charge{}, payment.ErrNotFound
 }
 
-func (a *acquirer) refund(_ context.Context, key string, req payment.RefundRequest) (payment.Result[payment.Refund], error) {
+func (a *acquirer) refund(ctx context.Context, key string, req payment.RefundRequest) (payment.Result[payment.Refund], error) {
+	if err := unsent(ctx); err != nil {
+		return payment.Result[payment.Refund]{}, err
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.stats.requests++
@@ -161,7 +180,10 @@ func (a *acquirer) refund(_ context.Context, key string, req payment.RefundReque
 	return payment.Result[payment.Refund]{Value: r}, nil
 }
 
-func (a *acquirer) lookupRefund(_ context.Context, key string) (payment.Refund, error) {
+func (a *acquirer) lookupRefund(ctx context.Context, key string) (payment.Refund, error) {
+	if err := unsent(ctx); err != nil {
+		return payment.Refund{}, err
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.stats.lookups++

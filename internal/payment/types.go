@@ -5,15 +5,22 @@ package payment
 import "time"
 
 // Charge statuses: a charge is made or declined, at once or, when the
-// channel takes it on as pending, later.
+// channel takes it on as pending, later. These three are the charge's
+// outcomes the order service knows; any other status a channel may send
+// (StatusRequiresAction, "failed", one added later) proves neither, and
+// the service asks again later rather than take it for an outcome.
 const (
 	// StatusSucceeded marks a charge or refund that moved money.
 	StatusSucceeded = "succeeded"
 	// StatusDeclined marks a charge the acquirer refused (402).
 	StatusDeclined = "declined"
 	// StatusPending marks a charge the channel took on (202) and settles
-	// later; its outcome comes by webhook or by a lookup of its key.
+	// later, and a refund under way; its outcome comes by webhook or by a
+	// lookup of its key.
 	StatusPending = "pending"
+	// StatusRequiresAction marks a charge that waits for the customer (a
+	// 3-D Secure challenge): neither made nor declined yet.
+	StatusRequiresAction = "requires_action"
 )
 
 // Test tokens accepted as payment_method by the mock channel.
@@ -30,10 +37,17 @@ const (
 	MethodSlow = "pm_slow"
 	// MethodRefundRefused charges, but every refund of the charge is refused (422 refund_refused).
 	MethodRefundRefused = "pm_refund_refused"
+	// MethodRefundPending charges; every refund of the charge is pending
+	// at first and succeeds after PAYMENT_ASYNC_DELAY.
+	MethodRefundPending = "pm_refund_pending"
+	// MethodRefundFailed charges; every refund of the charge is made with
+	// status failed: nothing is refunded.
+	MethodRefundFailed = "pm_refund_failed"
 )
 
 // Methods lists every test token the channel accepts as payment_method.
-var Methods = []string{MethodOK, MethodDeclined, MethodLostResponse, MethodUnavailableOnce, MethodSlow, MethodRefundRefused}
+var Methods = []string{MethodOK, MethodDeclined, MethodLostResponse, MethodUnavailableOnce, MethodSlow, MethodRefundRefused,
+	MethodRefundPending, MethodRefundFailed}
 
 // Charge is a charge as the channel reports it.
 type Charge struct {
@@ -80,21 +94,24 @@ type Result[T any] struct {
 	Replayed bool
 }
 
-// Test tokens the channel takes on as pending (202) and settles after
+// Test tokens the channel takes on (202) and settles after
 // PAYMENT_ASYNC_DELAY, telling the outcome by webhook and by lookup.
 const (
 	// MethodAsyncOK is pending, then succeeds.
 	MethodAsyncOK = "pm_async_ok"
 	// MethodAsyncDeclined is pending, then declined.
 	MethodAsyncDeclined = "pm_async_declined"
+	// MethodRequiresAction requires action (the customer's), then succeeds.
+	MethodRequiresAction = "pm_requires_action"
 )
 
 // AsyncMethods lists the test tokens the channel settles later; the channel
 // accepts them as well as Methods.
-var AsyncMethods = []string{MethodAsyncOK, MethodAsyncDeclined}
+var AsyncMethods = []string{MethodAsyncOK, MethodAsyncDeclined, MethodRequiresAction}
 
-// StatusFailed marks the refund in a refund.failed event: one the channel
-// refused (422 refund_refused), which it keeps no refund for.
+// StatusFailed marks a refund that returned nothing: one made with
+// pm_refund_failed, or the refund in a refund.failed event of one the
+// channel refused (422 refund_refused), which it keeps no refund for.
 const StatusFailed = "failed"
 
 // The types of the channel's webhook events, one for each outcome of a

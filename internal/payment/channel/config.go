@@ -28,8 +28,9 @@ type Config struct {
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
 	// DatabaseURL is the channel's own database, created if missing.
 	DatabaseURL string `env:"CHANNEL_DATABASE_URL" envDefault:"postgres://postgres:postgres@localhost:5432/paymentchannel?sslmode=disable"`
-	// AsyncDelay is how long `pm_async_ok` and `pm_async_declined` charges
-	// stay pending before they succeed or are declined.
+	// AsyncDelay is how long `pm_async_ok`, `pm_async_declined` and
+	// `pm_requires_action` charges, and refunds of `pm_refund_pending`
+	// charges, wait before they succeed or are declined.
 	AsyncDelay time.Duration `env:"PAYMENT_ASYNC_DELAY" envDefault:"2s"`
 	// WebhookURL receives the channel's webhooks (the order service's
 	// `/webhooks/payment-channel`); empty records the events without

@@ -16,10 +16,15 @@ type Stats struct {
 	Charges int64 `json:"charges"`
 	// Declined counts declined charges made.
 	Declined int64 `json:"declined"`
-	// Pending counts charges taken on as pending and not settled yet.
+	// Pending counts charges taken on (pending, or requiring action) and
+	// not settled yet.
 	Pending int64 `json:"pending"`
-	// Refunds counts refunds made.
+	// Refunds counts refunds that succeeded.
 	Refunds int64 `json:"refunds"`
+	// RefundsPending counts refunds made pending and not settled yet.
+	RefundsPending int64 `json:"refunds_pending"`
+	// RefundsFailed counts refunds made with status failed.
+	RefundsFailed int64 `json:"refunds_failed"`
 	// DuplicatesAbsorbed counts POSTs answered from an idempotency record.
 	DuplicatesAbsorbed int64 `json:"duplicates_absorbed"`
 	// Lookups counts GET /v1/charges and GET /v1/refunds requests.
@@ -32,7 +37,7 @@ type Stats struct {
 	UnavailableResponses int64 `json:"unavailable_responses"`
 	// AmountCharged sums the amounts of succeeded charges.
 	AmountCharged int64 `json:"amount_charged"`
-	// AmountRefunded sums the amounts of refunds.
+	// AmountRefunded sums the amounts of the refunds that succeeded.
 	AmountRefunded int64 `json:"amount_refunded"`
 }
 
@@ -41,7 +46,8 @@ type ChargeRecord struct {
 	payment.Charge
 	// Requests counts the POSTs made with the charge's idempotency key.
 	Requests int `json:"requests"`
-	// AmountRefunded sums the refunds made against the charge.
+	// AmountRefunded sums the refunds made against the charge, pending ones
+	// included.
 	AmountRefunded int64 `json:"amount_refunded"`
 }
 
@@ -125,10 +131,12 @@ func (s *store) stats(ctx context.Context) (Stats, error) {
 	err := s.db.WithContext(ctx).Raw(`SELECT
 			(SELECT count(*) FROM charges WHERE status = 'succeeded') AS charges,
 			(SELECT count(*) FROM charges WHERE status = 'declined') AS declined,
-			(SELECT count(*) FROM charges WHERE status = 'pending') AS pending,
-			(SELECT count(*) FROM refunds) AS refunds,
+			(SELECT count(*) FROM charges WHERE status IN ('pending', 'requires_action')) AS pending,
+			(SELECT count(*) FROM refunds WHERE status = 'succeeded') AS refunds,
+			(SELECT count(*) FROM refunds WHERE status = 'pending') AS refunds_pending,
+			(SELECT count(*) FROM refunds WHERE status = 'failed') AS refunds_failed,
 			(SELECT coalesce(sum(amount), 0) FROM charges WHERE status = 'succeeded') AS amount_charged,
-			(SELECT coalesce(sum(amount), 0) FROM refunds) AS amount_refunded,
+			(SELECT coalesce(sum(amount), 0) FROM refunds WHERE status = 'succeeded') AS amount_refunded,
 			coalesce(sum(value) FILTER (WHERE name = ?), 0) AS duplicates_absorbed,
 			coalesce(sum(value) FILTER (WHERE name = ?), 0) AS lookups,
 			coalesce(sum(value) FILTER (WHERE name = ?), 0) AS requests,

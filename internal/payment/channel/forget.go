@@ -27,8 +27,8 @@ const forgottenKey = `left(idempotency_key, 190) || ' forgotten ' || id`
 
 // forgetExpired moves the charge (or refund) under key off the key when
 // the key is older than the window, so that the POST being served makes a
-// new one. A charge still pending is not forgotten: the channel has not
-// finished with it. The row's webhook events move with it, in the same
+// new one. A charge or refund still pending, or a charge that requires
+// action, is not forgotten: the channel has not finished with it. The row's webhook events move with it, in the same
 // statement, so that the new row's events are not taken for duplicates of
 // the old one's. Of two POSTs racing past the window, one moves the row
 // (the other's UPDATE finds the key gone once the row lock is released),
@@ -39,7 +39,7 @@ func (s *store) forgetExpired(ctx context.Context, kind opKind, key string) erro
 	return ledgerErr(s.db.WithContext(ctx).Exec(fmt.Sprintf(`
 		WITH forgotten AS (
 			UPDATE %s SET idempotency_key = %s
-			WHERE idempotency_key = ? AND status <> 'pending'
+			WHERE idempotency_key = ? AND status NOT IN ('pending', 'requires_action')
 			  AND created_at < now() - make_interval(secs => ?)
 			RETURNING id, idempotency_key)
 		UPDATE webhook_events e SET object_key = f.idempotency_key

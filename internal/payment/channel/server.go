@@ -33,7 +33,7 @@ import (
 const (
 	// DefaultSlowDelay is how long pm_slow waits.
 	DefaultSlowDelay = 2 * time.Second
-	// DefaultAsyncDelay is how long pm_async_ok and pm_async_declined stay pending.
+	// DefaultAsyncDelay is how long what the channel takes on waits to settle.
 	DefaultAsyncDelay = 2 * time.Second
 	// DefaultWebhookRetryWindow is how long a webhook is retried.
 	DefaultWebhookRetryWindow = 72 * time.Hour
@@ -59,8 +59,9 @@ const directTimeout = 10 * time.Second
 type Options struct {
 	// SlowDelay is how long pm_slow charges and refunds take (default 2s).
 	SlowDelay time.Duration
-	// AsyncDelay is how long pm_async_ok and pm_async_declined charges stay
-	// pending before they settle (default 2s).
+	// AsyncDelay is how long pm_async_ok, pm_async_declined and
+	// pm_requires_action charges, and refunds of pm_refund_pending charges,
+	// wait before they settle (default 2s).
 	AsyncDelay time.Duration
 	// WebhookURL receives an event for every outcome of a charge or refund;
 	// empty: the events are recorded but not delivered.
@@ -124,7 +125,7 @@ func Open(ctx context.Context, dbURL string, opts Options) (*Server, error) {
 	}
 	faults := newFaultInjector(opts.Rand)
 	st := &store{db: db, asyncDelay: positiveOr(opts.AsyncDelay, DefaultAsyncDelay), holdBack: faults.webhookHoldBack,
-		keyWindow: positiveOr(opts.KeyWindow, DefaultKeyWindow), chargePending: newSignal(), eventRecorded: newSignal()}
+		keyWindow: positiveOr(opts.KeyWindow, DefaultKeyWindow), toSettle: newSignal(), eventRecorded: newSignal()}
 	s := &Server{
 		echo:      echo.New(),
 		db:        db,
@@ -144,7 +145,7 @@ func Open(ctx context.Context, dbURL string, opts Options) (*Server, error) {
 	// The loops outlive Open's context: Close ends them.
 	loopCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	s.stopLoops = stop
-	s.loops.Go(func() { s.runLoop(loopCtx, "settling pending charges", s.store.chargePending, s.settlePass) })
+	s.loops.Go(func() { s.runLoop(loopCtx, "settling what was taken on", s.store.toSettle, s.settlePass) })
 	if opts.WebhookURL != "" {
 		s.webhooks = newSender(opts, st, faults, s.log)
 		s.loops.Go(func() { s.runLoop(loopCtx, "delivering webhooks", s.store.eventRecorded, s.webhooks.pass) })

@@ -45,9 +45,9 @@ type store struct {
 	// holdBack is how long a new event waits before its first delivery
 	// (the webhook delay and reorder faults).
 	holdBack func() time.Duration
-	// chargePending and eventRecorded wake the settling and delivery loops
+	// toSettle and eventRecorded wake the settling and delivery loops
 	// when this process has written work for them.
-	chargePending, eventRecorded signal
+	toSettle, eventRecorded signal
 }
 
 // chargeRow is a row of charges.
@@ -79,7 +79,7 @@ func (r chargeRow) outcome(fresh bool) outcome[payment.Charge] {
 	switch r.Status {
 	case payment.StatusDeclined:
 		status = http.StatusPaymentRequired
-	case payment.StatusPending:
+	case payment.StatusPending, payment.StatusRequiresAction:
 		status = http.StatusAccepted
 	}
 	return outcome[payment.Charge]{value: r.charge(), status: status, method: r.PaymentMethod, fresh: fresh}
@@ -156,12 +156,14 @@ func (s *store) claimCharge(ctx context.Context, p *post, req payment.ChargeRequ
 		}
 	}
 	status := payment.StatusSucceeded
-	var settleIn any // seconds until a pending charge settles; NULL for the others
+	var settleIn any // seconds until a charge taken on settles; NULL for the others
 	switch req.PaymentMethod {
 	case payment.MethodDeclined:
 		status = payment.StatusDeclined
 	case payment.MethodAsyncOK, payment.MethodAsyncDeclined:
 		status, settleIn = payment.StatusPending, s.asyncDelay.Seconds()
+	case payment.MethodRequiresAction:
+		status, settleIn = payment.StatusRequiresAction, s.asyncDelay.Seconds()
 	}
 	// The primary key decides which of concurrent requests charges.
 	var made []chargeRow
@@ -173,8 +175,8 @@ func (s *store) claimCharge(ctx context.Context, p *post, req payment.ChargeRequ
 		if err != nil || len(made) == 0 {
 			return err
 		}
-		// A pending charge is told of when it settles.
-		if status != payment.StatusPending {
+		// A charge taken on is told of when it settles.
+		if settleIn == nil {
 			if err := s.recordChargeEvent(tx, made[0]); err != nil {
 				return err
 			}
@@ -186,8 +188,8 @@ func (s *store) claimCharge(ctx context.Context, p *post, req payment.ChargeRequ
 	}
 	if len(made) == 1 {
 		p.counted = true
-		if status == payment.StatusPending {
-			s.chargePending.notify()
+		if settleIn != nil {
+			s.toSettle.notify()
 		} else {
 			s.eventRecorded.notify()
 		}
@@ -249,6 +251,17 @@ func (s *store) claimRefund(ctx context.Context, p *post, req payment.RefundRequ
 			req.ChargeID, payment.MethodRefundRefused)
 	}
 
+	// A pending refund holds its amount until it settles; a failed one
+	// returns nothing and holds nothing.
+	status := payment.StatusSucceeded
+	var settleIn any // seconds until a pending refund settles; NULL for the others
+	switch charge.PaymentMethod {
+	case payment.MethodRefundPending:
+		status, settleIn = payment.StatusPending, s.asyncDelay.Seconds()
+	case payment.MethodRefundFailed:
+		status = payment.StatusFailed
+	}
+
 	var made []refundRow
 	var left int64
 	errExisting := errors.New("a refund under this key exists")
@@ -256,15 +269,23 @@ func (s *store) claimRefund(ctx context.Context, p *post, req payment.RefundRequ
 	err = database.Transact(ctx, s.db, func(tx *gorm.DB) error {
 		made, left = nil, 0
 		err := tx.Raw(`WITH r AS (
-				INSERT INTO refunds (idempotency_key, id, charge_id, status, amount) VALUES (?, ?, ?, ?, ?)
+				INSERT INTO refunds (idempotency_key, id, charge_id, status, amount, settles_at)
+				VALUES (?, ?, ?, ?, ?, now() + make_interval(secs => ?))
 				ON CONFLICT (idempotency_key) DO NOTHING RETURNING *)
 			SELECT `+refundColumns+` FROM r JOIN charges c ON c.id = r.charge_id`,
-			key, "re_"+uuid.NewString(), req.ChargeID, payment.StatusSucceeded, req.Amount).Scan(&made).Error
+			key, "re_"+uuid.NewString(), req.ChargeID, status, req.Amount, settleIn).Scan(&made).Error
 		if err != nil {
 			return err
 		}
 		if len(made) == 0 {
 			return errExisting
+		}
+		if status == payment.StatusFailed {
+			rf := made[0].outcome(true).value
+			if err := s.recordEvent(tx, payment.EventRefundFailed, rf.ID, rf.IdempotencyKey, rf); err != nil {
+				return err
+			}
+			return countPostIn(tx, p)
 		}
 		res := tx.Exec(`UPDATE charges SET amount_refunded = amount_refunded + ?
 			WHERE id = ? AND amount_refunded + ? <= amount`, req.Amount, req.ChargeID, req.Amount)
@@ -277,9 +298,11 @@ func (s *store) claimRefund(ctx context.Context, p *post, req payment.RefundRequ
 			}
 			return errExceeds
 		}
-		rf := made[0].outcome(true).value
-		if err := s.recordEvent(tx, payment.EventRefundSucceeded, rf.ID, rf.IdempotencyKey, rf); err != nil {
-			return err
+		// A pending refund is told of when it settles.
+		if rf := made[0].outcome(true).value; settleIn == nil {
+			if err := s.recordEvent(tx, payment.EventRefundSucceeded, rf.ID, rf.IdempotencyKey, rf); err != nil {
+				return err
+			}
 		}
 		return countPostIn(tx, p)
 	})
@@ -300,7 +323,11 @@ func (s *store) claimRefund(ctx context.Context, p *post, req payment.RefundRequ
 		return none, ledgerErr(err)
 	}
 	p.counted = true
-	s.eventRecorded.notify()
+	if settleIn != nil {
+		s.toSettle.notify()
+	} else {
+		s.eventRecorded.notify()
+	}
 	return made[0].outcome(true), nil
 }
 

@@ -1,0 +1,231 @@
+package order_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/order"
+	"github.com/orderservice/orderservice/internal/payment"
+	"github.com/orderservice/orderservice/internal/payment/channel"
+	"github.com/orderservice/orderservice/internal/problem"
+)
+
+// The channel's statuses beyond its three outcomes for a charge
+// (succeeded, declined, pending: model/README.md, "the channel's three
+// outcomes"). A status the service does not know proves nothing: it is
+// never stored as a decline, nor a refund counted as done, without the
+// channel's word that the money did or did not move. The intent stays
+// resumable and the key is asked about again, until it does.
+
+// statusChannel is a channel whose charge or refund under any key has the
+// status its test sets, answered to POSTs and lookups alike.
+type statusChannel struct {
+	mu     sync.Mutex
+	status string
+	acq    *acquirer // makes the charge a refund returns
+}
+
+func (c *statusChannel) set(status string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.status = status
+}
+
+func (c *statusChannel) now() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.status
+}
+
+// charges is an order.Channel whose charges have the status set.
+func (c *statusChannel) charges() *funcChannel {
+	ch := c.acq.channel()
+	charge := func(key string) payment.Charge {
+		return payment.Charge{ID: "ch_" + key, Status: c.now(), Amount: purchaseTotal, Currency: "EUR", IdempotencyKey: key}
+	}
+	ch.charge = func(_ context.Context, key string, _ payment.ChargeRequest) (payment.Result[payment.Charge], error) {
+		return payment.Result[payment.Charge]{Value: charge(key)}, nil
+	}
+	ch.lookupCharge = func(_ context.Context, key string) (payment.Charge, error) { return charge(key), nil }
+	return ch
+}
+
+// refunds is an order.Channel whose charges succeed and whose refunds have
+// the status set.
+func (c *statusChannel) refunds() *funcChannel {
+	ch := c.acq.channel()
+	refund := func(key string, chargeID string) payment.Refund {
+		return payment.Refund{ID: "re_" + key, ChargeID: chargeID, Status: c.now(), Amount: purchaseTotal, IdempotencyKey: key}
+	}
+	ch.refund = func(_ context.Context, key string, req payment.RefundRequest) (payment.Result[payment.Refund], error) {
+		return payment.Result[payment.Refund]{Value: refund(key, req.ChargeID)}, nil
+	}
+	ch.lookupRefund = func(_ context.Context, key string) (payment.Refund, error) { return refund(key, ""), nil }
+	return ch
+}
+
+// wantResumable fails the test unless err is the 503 of an intent whose
+// verdict is not known yet, left for a retry or the sweeper: the record
+// FAILED_RETRYABLE with nothing stored, the order waiting in status.
+func wantResumable(t *testing.T, what string, s *order.Service, err error, op, key, id string, status order.Status) {
+	t.Helper()
+	wantError(t, what, err, problem.ServiceUnavailable)
+	wantRetryAfter(t, what, err)
+	if rec := recordOf(t, s, op, key); rec.State != idempotency.FailedRetryable || rec.Outcome != nil || rec.ResultCode != nil || rec.ResultBody != nil {
+		t.Errorf("%s: record %s with outcome %q, want FAILED_RETRYABLE with nothing stored", what, rec.State, storedOutcome(rec))
+	}
+	if got := orderNow(t, s, id).Status; got != string(status) {
+		t.Errorf("%s: order %s, want %s", what, got, status)
+	}
+}
+
+func TestAChannelStatusThatProvesNothingIsNeverFinal(t *testing.T) {
+	for _, status := range []string{payment.StatusRequiresAction, "failed", "processing", "canceled", ""} {
+		t.Run("a charge "+quoted(status)+" is asked about again until it succeeds", func(t *testing.T) {
+			c := &statusChannel{status: status, acq: newAcquirer()}
+			s := useCases(t, c.charges(), 5*time.Second)
+			id, key := placeOrder(t, s), newKey("R2-status")
+
+			_, err := s.Pay(t.Context(), acme(key), id, payWith(payment.MethodOK))
+			wantResumable(t, "the pay", s, err, order.OpPay, key, id, order.StatusPaymentPending)
+			// The sweeper's takeover asks the channel, which still says the same.
+			leaseRunsOut(t, s, order.OpPay, key)
+			if n, err := s.Sweep(t.Context(), 100); err != nil || n != 1 {
+				t.Fatalf("sweep took %d intents (%v), want the pay", n, err)
+			}
+			if rec := recordOf(t, s, order.OpPay, key); rec.State != idempotency.FailedRetryable {
+				t.Errorf("after the sweep the record is %s, want FAILED_RETRYABLE", rec.State)
+			}
+			c.set(payment.StatusSucceeded)
+			res, err := s.Pay(t.Context(), acme(key), id, payWith(payment.MethodOK))
+			wantOutcome(t, "the retry once the charge succeeded", res, err, idempotency.OutcomeDone)
+			if got := shownBy(t, res).Status; got != "PAID" {
+				t.Errorf("the retry shows %s, want PAID", got)
+			}
+			if got, want := eventsOf(t, s, id), "create,pay,payment_succeeded"; got != want {
+				t.Errorf("history = %s, want %s", got, want)
+			}
+		})
+	}
+	for _, status := range []string{payment.StatusPending, "processing", "canceled", "requires_action", ""} {
+		t.Run("a refund "+quoted(status)+" is not done: the order waits in REFUND_PENDING until it succeeds", func(t *testing.T) {
+			c := &statusChannel{status: status, acq: newAcquirer()}
+			s := useCases(t, c.refunds(), 5*time.Second)
+			id := orderIn(t, s, order.StatusPaid)
+			key := newKey("R3-status")
+
+			_, err := s.Cancel(t.Context(), acme(key), id, order.CancelRequest{})
+			wantResumable(t, "the cancel", s, err, order.OpCancel, key, id, order.StatusRefundPending)
+			again := newKey("R3-again")
+			res, err := s.Cancel(t.Context(), acme(again), id, order.CancelRequest{})
+			wantFailed(t, "a second cancel while the refund is not done", res, err, order.CodeInvalidTransition)
+			c.set(payment.StatusSucceeded)
+			res, err = s.Cancel(t.Context(), acme(key), id, order.CancelRequest{})
+			wantOutcome(t, "the retry once the refund succeeded", res, err, idempotency.OutcomeDone)
+			if o := shownBy(t, res); o.Status != "CANCELLED" || o.Payment == nil || o.Payment.Status != "refunded" {
+				t.Errorf("the retry shows %s", res.Body)
+			}
+		})
+	}
+	t.Run("a refund that failed is final: refund_refused, and the order is PAID again", func(t *testing.T) {
+		c := &statusChannel{status: payment.StatusFailed, acq: newAcquirer()}
+		s := useCases(t, c.refunds(), 5*time.Second)
+		id := orderIn(t, s, order.StatusPaid)
+		key := newKey("R3-failed")
+		first, err := s.Cancel(t.Context(), acme(key), id, order.CancelRequest{})
+		wantFailed(t, "the cancel whose refund failed", first, err, order.CodeRefundRefused)
+		if got, want := eventsOf(t, s, id), "create,pay,payment_succeeded,refund,refund_failed"; got != want {
+			t.Errorf("history = %s, want %s", got, want)
+		}
+		c.set(payment.StatusSucceeded) // changes nothing: the answer is stored
+		again, err := s.Cancel(t.Context(), acme(key), id, order.CancelRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantReplay(t, first, again)
+	})
+}
+
+func quoted(s string) string { return `"` + s + `"` }
+
+// storedOutcome is the outcome rec stores, "" for none.
+func storedOutcome(rec idempotency.Record) string {
+	if rec.Outcome == nil {
+		return ""
+	}
+	return string(*rec.Outcome)
+}
+
+// The same statuses, played by the real mock channel
+// (pm_requires_action, pm_refund_pending, pm_refund_failed).
+func TestTheMockChannelsStatusesThroughTheUseCases(t *testing.T) {
+	const delay = 300 * time.Millisecond
+
+	t.Run("pm_requires_action: 503 until the customer acts, then PAID, one charge", func(t *testing.T) {
+		ch := openChannel(t, channel.Options{AsyncDelay: delay})
+		s := useCases(t, payment.NewClient(ch.url, nil), 5*time.Second)
+		id, key := placeOrder(t, s), newKey("R2-action")
+
+		_, err := s.Pay(t.Context(), acme(key), id, payWith(payment.MethodRequiresAction))
+		wantResumable(t, "the pay that requires action", s, err, order.OpPay, key, id, order.StatusPaymentPending)
+		ch.settledAll(t, "charges")
+		res, err := s.Pay(t.Context(), acme(key), id, payWith(payment.MethodRequiresAction))
+		wantOutcome(t, "the retry after the customer acted", res, err, idempotency.OutcomeDone)
+		if got := shownBy(t, res).Status; got != "PAID" {
+			t.Errorf("the retry shows %s, want PAID", got)
+		}
+		wantStats(t, ch.srv, channel.Stats{Charges: 1, Requests: 2, DuplicatesAbsorbed: 1, AmountCharged: purchaseTotal})
+	})
+
+	t.Run("pm_refund_pending: 503 while the refund is pending, then CANCELLED, one refund", func(t *testing.T) {
+		ch := openChannel(t, channel.Options{AsyncDelay: delay})
+		s := useCases(t, payment.NewClient(ch.url, nil), 5*time.Second)
+		id := placeOrder(t, s)
+		paid, err := s.Pay(t.Context(), acme(newKey("R2")), id, payWith(payment.MethodRefundPending))
+		wantOutcome(t, "the pay", paid, err, idempotency.OutcomeDone)
+		key := newKey("R3-pending")
+
+		_, err = s.Cancel(t.Context(), acme(key), id, order.CancelRequest{})
+		wantResumable(t, "the cancel whose refund is pending", s, err, order.OpCancel, key, id, order.StatusRefundPending)
+		ch.settledAll(t, "refunds")
+		res, err := s.Cancel(t.Context(), acme(key), id, order.CancelRequest{})
+		wantOutcome(t, "the retry after the refund settled", res, err, idempotency.OutcomeDone)
+		if o := shownBy(t, res); o.Status != "CANCELLED" || o.Payment == nil || o.Payment.Status != "refunded" {
+			t.Errorf("the retry shows %s", res.Body)
+		}
+		wantStats(t, ch.srv, channel.Stats{Charges: 1, Refunds: 1, Requests: 3, DuplicatesAbsorbed: 1,
+			AmountCharged: purchaseTotal, AmountRefunded: purchaseTotal})
+	})
+
+	t.Run("pm_refund_failed: refund_refused, stored and replayed, the order PAID, nothing refunded", func(t *testing.T) {
+		ch := openChannel(t, channel.Options{})
+		s := useCases(t, payment.NewClient(ch.url, nil), 5*time.Second)
+		id := placeOrder(t, s)
+		paid, err := s.Pay(t.Context(), acme(newKey("R2")), id, payWith(payment.MethodRefundFailed))
+		wantOutcome(t, "the pay", paid, err, idempotency.OutcomeDone)
+		key := newKey("R3-failed")
+
+		first, err := s.Cancel(t.Context(), acme(key), id, order.CancelRequest{})
+		wantFailed(t, "the cancel whose refund failed", first, err, order.CodeRefundRefused)
+		again, err := s.Cancel(t.Context(), acme(key), id, order.CancelRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantReplay(t, first, again)
+		if o := orderNow(t, s, id); o.Status != "PAID" || o.Payment == nil || o.Payment.Status != "succeeded" {
+			t.Errorf("order = %+v, want PAID with its charge succeeded", o)
+		}
+		wantStats(t, ch.srv, channel.Stats{Charges: 1, RefundsFailed: 1, Requests: 2, AmountCharged: purchaseTotal})
+	})
+}
+
+// wantStats fails the test unless the mock channel counted exactly want.
+func wantStats(t *testing.T, srv *channel.Server, want channel.Stats) {
+	t.Helper()
+	if got := srv.Stats(); got != want {
+		t.Errorf("channel stats:\n got %+v\nwant %+v", got, want)
+	}
+}
