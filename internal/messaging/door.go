@@ -131,10 +131,7 @@ func (d *Door) Close(ctx context.Context) error {
 	d.noCommands.Store(true)
 	if d.stopWatch != nil {
 		d.stopWatch()
-		select {
-		case <-d.watching:
-		case <-ctx.Done():
-		}
+		ended(ctx, d.watching)
 	}
 	if !d.lock(ctx) {
 		return fmt.Errorf("messaging: the broker door did not close within the shutdown: %w", ctx.Err())
@@ -267,12 +264,10 @@ func (d *Door) shut(ctx context.Context, why string) error {
 	err := d.Consumer.Stop(ctx)
 	if d.relayStop != nil {
 		d.relayStop()
-		select {
-		case <-d.relayDone:
-			d.relayStop = nil
-		case <-ctx.Done():
-			err = errors.Join(err, fmt.Errorf("messaging: the outbox relay did not stop: %w", ctx.Err()))
+		if !ended(ctx, d.relayDone) {
+			return errors.Join(err, fmt.Errorf("messaging: the outbox relay did not stop: %w", ctx.Err()))
 		}
+		d.relayStop = nil
 	}
 	return err
 }
@@ -293,9 +288,30 @@ func (d *Door) setDown(why string) {
 // lock takes life, or gives up when ctx ends first.
 func (d *Door) lock(ctx context.Context) bool {
 	select {
+	case d.life <- struct{}{}: // first, even when ctx has ended
+		return true
+	default:
+	}
+	select {
 	case d.life <- struct{}{}:
 		return true
 	case <-ctx.Done():
+		return false
+	}
+}
+
+// ended waits for done to be closed, or for ctx to end and then a moment
+// more for what it cancelled to notice; false when that moment passed.
+func ended(ctx context.Context, done <-chan struct{}) bool {
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+	}
+	select {
+	case <-done:
+		return true
+	case <-time.After(time.Second):
 		return false
 	}
 }
