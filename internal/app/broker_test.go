@@ -16,6 +16,7 @@ import (
 	"github.com/orderservice/orderservice/internal/app"
 	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/messaging"
+	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/testproc"
 )
 
@@ -187,20 +188,27 @@ func published(t *testing.T, b *testBroker, id string) {
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
+	ctx := context.Background()
 	apptest.Eventually(t, time.Minute, "the created event of "+id+" published", func() (bool, string) {
-		s, err := js.Stream(context.Background(), messaging.EventsStream)
+		s, err := js.Stream(ctx, messaging.EventsStream)
 		if err != nil {
 			return false, err.Error()
 		}
-		m, err := s.GetLastMsgForSubject(context.Background(), messaging.EventSubject("acme", "created"))
+		info, err := s.Info(ctx)
 		if err != nil {
 			return false, err.Error()
 		}
-		var ev struct {
-			OrderID string `json:"order_id"`
+		for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
+			m, err := s.GetMsg(ctx, seq)
+			if err != nil {
+				continue
+			}
+			var ev order.EventMessage
+			if json.Unmarshal(m.Data, &ev) == nil && ev.Event == "created" && ev.OrderID == id {
+				return true, ""
+			}
 		}
-		_ = json.Unmarshal(m.Data, &ev)
-		return ev.OrderID == id, "last created event: " + ev.OrderID
+		return false, fmt.Sprintf("%d events in %s, none for %s", info.State.Msgs, messaging.EventsStream, id)
 	})
 }
 
