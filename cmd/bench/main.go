@@ -72,6 +72,12 @@ type options struct {
 	WebhookConc int
 	BigRecords  int
 	BigOrders   int
+
+	// Backlog is how many commands one tenant queues at once in scenario
+	// 13; QuietCreates how many creates another sends, one at a time,
+	// alone and then behind them.
+	Backlog, QuietCreates int
+
 	OverloadFor time.Duration
 	// OverloadRounds is how many slices the overload is sent in, each
 	// after a slice of the closed loop that measures the capacity.
@@ -123,6 +129,8 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs.IntVar(&o.WaitDuplicates, "wait-duplicates", 1000, "copies of one slow pay that wait for it at once in scenario 10")
 	fs.IntVar(&o.Webhooks, "webhooks", 2000, "pending pays whose webhook scenario 11 delivers, each twice")
 	fs.IntVar(&o.WebhookConc, "webhook-c", 16, "concurrency of scenario 11's deliveries")
+	fs.IntVar(&o.Backlog, "backlog", 50_000, "commands one tenant queues at once in scenario 13")
+	fs.IntVar(&o.QuietCreates, "quiet-creates", 200, "creates another tenant sends one at a time in scenario 13, alone and behind the backlog")
 	fs.IntVar(&o.BigRecords, "records", 10_000_000, "idempotency records generated for the big-table scenario")
 	fs.IntVar(&o.BigOrders, "orders", 2_000_000, "orders (two items and an event each) generated for the big-table scenario")
 	fs.DurationVar(&o.OverloadFor, "overload-duration", 20*time.Second, "length of the overload at three times capacity")
@@ -132,12 +140,12 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs.BoolVar(&o.Quick, "quick", false, "a smoke-test run: short points, concurrencies 1 and 4, a storm of 50, 16 pays in flight, 20 000 records, 200 webhooks")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run (service and load) to this file")
 	var only intList
-	fs.Var(&only, "only", "run only these scenarios, comma-separated (1-12; 1 and 2 run together)")
+	fs.Var(&only, "only", "run only these scenarios, comma-separated (1-13; 1 and 2 run together)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	for _, n := range only {
-		if n < 1 || n > 12 {
+		if n < 1 || n > 13 {
 			return o, fmt.Errorf("-only: there is no scenario %d", n)
 		}
 		if o.Only == nil {
@@ -168,6 +176,8 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 			"commands":          func() { o.Commands = 200 },
 			"wait-duplicates":   func() { o.WaitDuplicates = 100 },
 			"webhooks":          func() { o.Webhooks = 200 },
+			"backlog":           func() { o.Backlog = 2000 },
+			"quiet-creates":     func() { o.QuietCreates = 20 },
 			// Smoke figures never overwrite the committed results.
 			"out": func() { o.Out = filepath.Join(os.TempDir(), "orderservice-bench-quick") },
 		}
@@ -187,8 +197,8 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	case len(o.Concurrency) == 0:
 		return o, errors.New("-c needs at least one concurrency")
 	case o.Pool < 1 || o.PayPool < 1 || o.ReplayConc < 1 || o.PayConc < 1 || o.Storm < 1 || o.Rate < 1 || o.Commands < 1 || o.WaitDuplicates < 1 ||
-		o.Webhooks < 1 || o.WebhookConc < 1:
-		return o, errors.New("-pool, -pay-pool, -replay-c, -pay-c, -storm, -rate, -commands, -wait-duplicates, -webhooks and -webhook-c must be at least 1")
+		o.Webhooks < 1 || o.WebhookConc < 1 || o.Backlog < 1 || o.QuietCreates < 1:
+		return o, errors.New("-pool, -pay-pool, -replay-c, -pay-c, -storm, -rate, -commands, -wait-duplicates, -webhooks, -webhook-c, -backlog and -quiet-creates must be at least 1")
 	case o.PayLatency <= 0:
 		return o, errors.New("-pay-latency must be positive")
 	}

@@ -142,6 +142,7 @@ var scenarioHeadings = []string{
 	"## 10. Duplicates waiting for the first result (Prefer: wait)",
 	"## 11. Webhooks: a first delivery against a duplicate",
 	"## 12. What tracing costs",
+	"## 13. A quiet tenant's create behind another tenant's backlog",
 }
 
 // The overload table counts client timeouts apart, so what it lists as a

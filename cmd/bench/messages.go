@@ -129,14 +129,10 @@ func (b *bench) sendCommands(ctx context.Context, nc *nats.Conn, js jetstream.Je
 	start := time.Now()
 	futures := make([]jetstream.PubAckFuture, 0, n)
 	for range n {
-		key, i := b.keys.next()
-		body, err := json.Marshal(newCreate(i))
+		msg, _, err := b.createCommand(benchTenant)
 		if err != nil {
 			return 0, 0, err
 		}
-		msg := nats.NewMsg(messaging.CommandSubject(benchTenant, "create"))
-		msg.Header.Set(messaging.HeaderKey, key)
-		msg.Data = body
 		f, err := js.PublishMsgAsync(msg, jetstream.WithStallWait(time.Minute))
 		if err != nil {
 			return 0, 0, err

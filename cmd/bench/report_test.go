@@ -64,7 +64,7 @@ func sampleRun(full bool) *results {
 		WaitDuplicates: 1000, Webhooks: 2000, WebhookConc: 16, OverloadFor: 20 * time.Second, OverloadLimits: []int{16, 64}, OverloadPools: []int{8}}
 	if !full {
 		o.Quick = true
-		o.Only = map[int]bool{2: true, 3: true, 5: true, 7: true, 8: true, 9: true, 10: true, 11: true, 12: true}
+		o.Only = map[int]bool{2: true, 3: true, 5: true, 7: true, 8: true, 9: true, 10: true, 11: true, 12: true, 13: true}
 	}
 	res := &results{Opts: o, Machine: machine{CPUs: 2, CPUModel: "AMD EPYC", GoVersion: "go1.26.8", PGVersion: "PostgreSQL 15", PGSettings: "fsync=on",
 		Date: time.Date(2026, 12, 2, 8, 54, 0, 0, time.UTC), Command: "`make bench`", LoadBefore: "0.53", LoadAfter: "7.23"}, Took: 19*time.Minute + 20*time.Second}
@@ -165,6 +165,8 @@ func sampleRun(full bool) *results {
 		return tracingMode{Name: name, Env: env, Slices: []point{p, p}, Throughput: throughput, P50: 3 * ms, P99: 8 * ms,
 			Spans: spans, Exports: spans / 100, Requests: 2000}
 	}
+	res.Turns = turnsResult{Backlog: 50000, Creates: 200, Workers: 16, Alone: latencies{P50: 9 * ms, P99: 21 * ms, Max: 30 * ms},
+		Behind: latencies{P50: 40 * ms, P99: 120 * ms, Max: 180 * ms}, BacklogFirst: 47000, BacklogLast: 41000, Drain: 60 * time.Second, Answered: 50000, Orders: 50000}
 	res.Tracing = tracingResult{Concurrency: 16, Rounds: 7, Slice: 1500 * ms, Modes: []tracingMode{
 		mode("off", "no OTEL_* variable", 1230, 0),
 		mode("on, 1 % sampled", "OTEL_TRACES_SAMPLER=parentbased_traceidratio, OTEL_TRACES_SAMPLER_ARG=0.01", 1220, 260),

@@ -249,6 +249,7 @@ type results struct {
 	Wait                             waitResult
 	Webhooks                         webhookResult
 	Tracing                          tracingResult
+	Turns                            turnsResult
 	Took                             time.Duration
 	// Problems are failed assertions: the run reports them and fails.
 	Problems []string
@@ -392,6 +393,7 @@ func (b *bench) runAll(ctx context.Context) (*results, error) {
 		{10, "10 duplicates waiting for one slow pay", b.waitScenario},
 		{11, "11 webhooks: a first delivery against a duplicate", b.webhooks},
 		{12, "12 what tracing costs", b.tracingCost},
+		{13, "13 a quiet tenant's create behind another's backlog of commands", b.turns},
 		{5, "5 pay with a slow channel", b.pay},
 	}
 	for _, s := range steps {

@@ -13,7 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"gorm.io/gorm"
 
@@ -193,11 +192,10 @@ type Main struct {
 	Embedded *messaging.Embedded
 	// NATSURL is the NATS server the service uses: the embedded server's
 	// address, or NATS_URL.
-	NATSURL  string
-	NATS     *nats.Conn
-	JS       jetstream.JetStream
-	Consumer *messaging.Consumer
-	Relay    *messaging.Relay
+	NATSURL string
+	// Door is the connection to the broker and what runs on it: the
+	// command consumer and the outbox relay.
+	Door *messaging.Door
 	// Waiter wakes the duplicates that wait for a first attempt's outcome.
 	Waiter *idempotency.Waiter
 
@@ -268,16 +266,23 @@ func (m *Main) start(ctx context.Context) error {
 	}
 	db := m.DB
 
-	embedded, nc, natsURL, err := connectNATS(cfg, true)
+	embedded, dial, natsURL, err := natsDialer(cfg, true)
 	if err != nil {
 		return err
 	}
-	m.Embedded, m.NATS, m.NATSURL = embedded, nc, natsURL
-	if m.JS, err = jetstream.New(nc); err != nil {
+	m.Embedded, m.NATSURL = embedded, natsURL
+	nc, err := dial()
+	if err != nil {
 		return err
 	}
-	policy, sources, err := brokerPolicy(ctx, cfg, m.JS)
+	js, err := jetstream.New(nc)
 	if err != nil {
+		nc.Close()
+		return err
+	}
+	policy, sources, err := brokerPolicy(ctx, cfg, js, m.Logger)
+	if err != nil {
+		nc.Close()
 		return err
 	}
 
@@ -297,14 +302,6 @@ func (m *Main) start(ctx context.Context) error {
 			MaxIdleConnsPerHost: cfg.Payment.ChannelMaxInFlight, IdleConnTimeout: 90 * time.Second}}),
 		Money: cfg.Payment.Money(),
 	})
-	api := &httpapi.Server{Orders: m.Orders, Ready: ready(db), Logger: m.Logger,
-		Tenants: httpapi.NewTenants(cfg.APIKeys), Metrics: m.Metrics,
-		Admission: cfg.HTTP.Admission(), CORSOrigins: cfg.HTTP.CORSAllowedOrigins,
-		WebhookSecrets: cfg.Payment.WebhookSecrets}
-	if api.Admission != nil {
-		api.Admission.OnShed, api.Admission.Logger = m.Metrics.Shed, m.Logger
-	}
-	gate.open(api.HTTPHandler())
 
 	workCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	m.stop = stop
@@ -315,8 +312,7 @@ func (m *Main) start(ctx context.Context) error {
 	if pool, err := db.DB(); err == nil {
 		m.Metrics.WatchDB(pool)
 	}
-	m.Metrics.WatchDLQ((&messaging.DLQ{JS: m.JS}).Depth)
-	m.Relay = &messaging.Relay{Outbox: outbox, JS: m.JS, Batch: cfg.Outbox.Batch, Interval: cfg.Outbox.Interval,
+	relay := &messaging.Relay{Outbox: outbox, Batch: cfg.Outbox.Batch, Interval: cfg.Outbox.Interval,
 		Observe: m.Metrics, Logger: m.Logger}
 	outboxCleaner := &messaging.OutboxCleaner{Outbox: outbox, Retention: outboxRetention(policy), Batch: cfg.Cleanup.Batch, Logger: m.Logger}
 	for _, run := range []func(context.Context){
@@ -325,7 +321,6 @@ func (m *Main) start(ctx context.Context) error {
 			m.Orders.RunSweeper(ctx, cfg.Recovery.SweepInterval, cfg.Recovery.SweepBatch)
 		},
 		func(ctx context.Context) { cleaner.Run(ctx, cfg.Cleanup.Interval) },
-		m.Relay.Run,
 		func(ctx context.Context) { outboxCleaner.Run(ctx, cfg.Cleanup.Interval) },
 	} {
 		m.workers.Add(1)
@@ -334,14 +329,31 @@ func (m *Main) start(ctx context.Context) error {
 			run(workCtx)
 		}()
 	}
-	m.Consumer = &messaging.Consumer{JS: m.JS, Orders: m.Orders, Tenants: cfg.APIKeys,
+	consumer := &messaging.Consumer{Orders: m.Orders, Tenants: cfg.APIKeys,
 		MaxDeliver: cfg.Commands.MaxDeliver, AckWait: cfg.Commands.AckWait, Workers: cfg.Commands.Workers,
 		Backoff: messaging.Backoff{Base: cfg.Commands.Backoff, Max: cfg.Commands.BackoffMax},
 		Horizon: messaging.Horizon(policy), Observe: m.Metrics, Logger: m.Logger,
 		MaxAge: policy.Window("message_redelivery")} // ORDER_COMMANDS's max_age (brokerPolicy)
-	if err := m.Consumer.Start(ctx); err != nil {
+	m.Door = &messaging.Door{Dial: dial, Consumer: consumer, Relay: relay, Logger: m.Logger,
+		Prepare: func(ctx context.Context, js jetstream.JetStream) error {
+			_, _, err := brokerPolicy(ctx, cfg, js, m.Logger)
+			return err
+		},
+		Retry: messaging.Backoff{Base: 500 * time.Millisecond, Max: 10 * time.Second}, Reopened: m.Metrics.BrokerDoorReopened}
+	if err := m.Door.Open(ctx, nc); err != nil {
 		return err
 	}
+	m.Metrics.WatchBroker(m.Door.Ready)
+	m.Metrics.WatchDLQ(func(ctx context.Context) (uint64, error) { return (&messaging.DLQ{JS: m.Door.JS()}).Depth(ctx) })
+
+	api := &httpapi.Server{Orders: m.Orders, Ready: ready(db, m.Door.Ready), Logger: m.Logger,
+		Tenants: httpapi.NewTenants(cfg.APIKeys), Metrics: m.Metrics,
+		Admission: cfg.HTTP.Admission(), CORSOrigins: cfg.HTTP.CORSAllowedOrigins,
+		WebhookSecrets: cfg.Payment.WebhookSecrets}
+	if api.Admission != nil {
+		api.Admission.OnShed, api.Admission.Logger = m.Metrics.Shed, m.Logger
+	}
+	gate.open(api.HTTPHandler())
 
 	m.Logger.Info("orderservice started", "addr", m.Addr, "schema_version", version,
 		"payment_channel", channelURL, "nats", redactURL(m.NATSURL), "lease", cfg.Recovery.Lease.String(), "retention", policy.Describe(cfg.Recovery.Lease),
@@ -385,8 +397,8 @@ func (m *Main) Close() error {
 		m.stopping()
 	}
 	var errs []error
-	if m.Consumer != nil {
-		errs = append(errs, m.Consumer.Stop(ctx))
+	if m.Door != nil {
+		errs = append(errs, m.Door.StopCommands(ctx))
 	}
 	for i := len(m.servers) - 1; i >= 0; i-- {
 		if err := m.servers[i].Shutdown(ctx); err != nil {
@@ -410,8 +422,8 @@ func (m *Main) Close() error {
 	if m.Channel != nil {
 		errs = append(errs, m.Channel.Close())
 	}
-	if m.NATS != nil {
-		m.NATS.Close()
+	if m.Door != nil {
+		errs = append(errs, m.Door.Close(ctx))
 	}
 	if m.Embedded != nil {
 		m.Embedded.Close()

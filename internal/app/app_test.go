@@ -57,6 +57,9 @@ func TestBadConfigurationStopsTheStart(t *testing.T) {
 		"five replicas too many":    {"NATS_STREAM_REPLICAS": "7"},
 		"a CORS wildcard":           {"CORS_ALLOWED_ORIGINS": "*"},
 		"a CORS origin with a path": {"CORS_ALLOWED_ORIGINS": "https://shop.example/app"},
+
+		// Issue 48: a tenant's share of ORDER_COMMANDS is a bound or none (0).
+		"a negative share of the commands stream": {"NATS_MAX_COMMANDS_PER_SUBJECT": "-1"},
 	} {
 		t.Run(name+" is refused in one line", func(t *testing.T) {
 			var out bytes.Buffer

@@ -277,6 +277,13 @@ type NATSConfig struct {
 	// StreamReplicas is how many copies of each stream the service
 	// creates: 3 on a three-node JetStream cluster.
 	StreamReplicas int `env:"STREAM_REPLICAS" envDefault:"1"`
+	// MaxCommandsPerSubject is each tenant's share of ORDER_COMMANDS when
+	// the service creates it: the most commands the stream keeps on one
+	// subject (a tenant's one operation) within its max_age, answered ones
+	// included. The broker refuses that tenant's publish beyond it
+	// (`maximum messages per subject exceeded`), nobody else's; 0: no
+	// bound. An existing stream keeps its own (docs/operations.md).
+	MaxCommandsPerSubject int64 `env:"MAX_COMMANDS_PER_SUBJECT" envDefault:"1000000"`
 }
 
 // Embedded are the embedded server's options, with a NATS user per tenant.
@@ -488,7 +495,7 @@ func (c Config) validate() error {
 // streamWindows are the settings of the streams the service creates.
 func (c Config) streamWindows() messaging.StreamWindows {
 	return messaging.StreamWindows{Redelivery: c.Retention.Windows.MessageRedelivery, Compensation: c.Retention.Windows.ManualCompensation,
-		Replicas: c.NATS.StreamReplicas, AckWait: c.Commands.AckWait}
+		Replicas: c.NATS.StreamReplicas, AckWait: c.Commands.AckWait, CommandsPerSubject: c.NATS.MaxCommandsPerSubject}
 }
 
 // Policy is the retention policy the replay windows imply.

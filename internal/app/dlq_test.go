@@ -25,7 +25,7 @@ func TestDLQSaysWhatItDid(t *testing.T) {
 	d.Header.Set(messaging.HeaderDLSubject, messaging.CommandSubject("acme", "create"))
 	d.Header.Set(messaging.HeaderReason, "malformed: no Idempotency-Key")
 	d.Data = []byte(`{"customer_id":"cus_keyless"}`)
-	ack, err := m.JS.PublishMsg(context.Background(), d)
+	ack, err := m.Door.JS().PublishMsg(context.Background(), d)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"time"
 
@@ -17,12 +18,29 @@ import (
 // connectNATS starts the embedded NATS server when NATS_URL is empty, and
 // connects to whichever server is in use. embedded is nil for an external one.
 func connectNATS(cfg Config, embedded bool) (*messaging.Embedded, *nats.Conn, string, error) {
-	var srv *messaging.Embedded
-	serverURL := cfg.NATS.URL
+	srv, dial, serverURL, err := natsDialer(cfg, embedded)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	nc, err := dial()
+	if err != nil {
+		if srv != nil {
+			srv.Close()
+		}
+		return nil, nil, "", err
+	}
+	return srv, nc, serverURL, nil
+}
+
+// natsDialer starts the embedded NATS server when NATS_URL is empty (and
+// embedded is true), and returns how to connect to whichever server is in
+// use: the broker door dials again with it when a connection is closed for
+// good. srv is nil for an external server.
+func natsDialer(cfg Config, embedded bool) (srv *messaging.Embedded, dial func() (*nats.Conn, error), serverURL string, err error) {
+	serverURL = cfg.NATS.URL
 	opts := []nats.Option{nats.Name("orderservice"), nats.MaxReconnects(-1), nats.ReconnectWait(500 * time.Millisecond)}
 	if serverURL == "" {
 		if embedded {
-			var err error
 			srv, err = messaging.StartEmbedded(cfg.NATS.Embedded(cfg.APIKeys))
 			if err != nil {
 				return nil, nil, "", err
@@ -33,14 +51,14 @@ func connectNATS(cfg Config, embedded bool) (*messaging.Embedded, *nats.Conn, st
 		}
 		opts = append(opts, nats.UserInfo(messaging.ServiceUser, cfg.NATS.ServicePassword))
 	}
-	nc, err := nats.Connect(serverURL, opts...)
-	if err != nil {
-		if srv != nil {
-			srv.Close()
+	dial = func() (*nats.Conn, error) {
+		nc, err := nats.Connect(serverURL, opts...)
+		if err != nil {
+			return nil, fmt.Errorf("connect to NATS at %s: %w", redactURL(serverURL), err)
 		}
-		return nil, nil, "", fmt.Errorf("connect to NATS at %s: %w", redactURL(serverURL), err)
+		return nc, nil
 	}
-	return srv, nc, serverURL, nil
+	return srv, dial, serverURL, nil
 }
 
 func redactURL(s string) string {
@@ -55,11 +73,17 @@ func redactURL(s string) string {
 // window is ORDER_COMMANDS's max_age, whatever the configuration says. It
 // refuses, in one line, a retention that would let a record expire while
 // the broker can still deliver its command: from ORDER_COMMANDS, or from
-// the DLQ by an operator's replay.
-func brokerPolicy(ctx context.Context, cfg Config, js jetstream.JetStream) (idempotency.Policy, map[string]string, error) {
+// the DLQ by an operator's replay. It warns when ORDER_COMMANDS bounds no
+// tenant's share of what it stores (a stream made before the bound, or by
+// an operator).
+func brokerPolicy(ctx context.Context, cfg Config, js jetstream.JetStream, logger *slog.Logger) (idempotency.Policy, map[string]string, error) {
 	streams, err := messaging.EnsureStreams(ctx, js, cfg.streamWindows())
 	if err != nil {
 		return cfg.Policy(), nil, err
+	}
+	if streams.CommandsPerSubject == 0 && cfg.NATS.MaxCommandsPerSubject > 0 {
+		logger.Warn("stream "+messaging.CommandsStream+" bounds no tenant's share: one tenant's publishing can fill it for all (docs/operations.md#streams)",
+			"max_msgs_per_subject", 0, "NATS_MAX_COMMANDS_PER_SUBJECT", cfg.NATS.MaxCommandsPerSubject)
 	}
 	policy := policyFor(cfg, streams.CommandsMaxAge)
 	sources := map[string]string{

@@ -94,7 +94,7 @@ func TestShortWindowsStartTheService(t *testing.T) {
 		"REPLAY_WINDOW_MESSAGE_REDELIVERY": "60s", "REPLAY_WINDOW_MANUAL_COMPENSATION": "30s", "RETENTION_MARGIN": "5s"})
 	for name, want := range map[string]time.Duration{messaging.CommandsStream: time.Minute, messaging.DLQStream: 30 * time.Second,
 		messaging.ResultsStream: time.Minute, messaging.EventsStream: time.Minute} {
-		s, err := m.JS.Stream(context.Background(), name)
+		s, err := m.Door.JS().Stream(context.Background(), name)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
@@ -145,7 +145,7 @@ func TestDLQReplayRefusesADeadLetterWhoseRecordMayBeGone(t *testing.T) {
 		d.Header.Set(messaging.HeaderReason, "still failing after 5 deliveries: 503 service_unavailable")
 		d.Header.Set(messaging.HeaderFirstPublished, time.Now().Add(-age).UTC().Format(time.RFC3339Nano))
 		d.Data = bodyJSON
-		if _, err := m.JS.PublishMsg(context.Background(), d); err != nil {
+		if _, err := m.Door.JS().PublishMsg(context.Background(), d); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -126,7 +126,7 @@ func TestCommandsByMessageConvergeWhileInstancesAreKilled(t *testing.T) {
 	}
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		info, err := cons.Consumer(context.Background(), messaging.CommandsStream, messaging.ConsumerName)
+		info, err := cons.Consumer(context.Background(), messaging.CommandsStream, messaging.ConsumerFor(tenant))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -228,7 +228,7 @@ func clusterCase(t *testing.T, bin, victim string) {
 			}
 			return s.CachedInfo().Cluster.Leader
 		}
-		cons, err := ojs.Consumer(ctx, messaging.CommandsStream, messaging.ConsumerName)
+		cons, err := ojs.Consumer(ctx, messaging.CommandsStream, messaging.ConsumerFor("acme"))
 		if err != nil || cons.CachedInfo().Cluster == nil {
 			return ""
 		}

@@ -2,12 +2,10 @@ package messaging
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -20,10 +18,10 @@ import (
 	"github.com/orderservice/orderservice/internal/tracing"
 )
 
-// Consumer runs the commands of ORDER_COMMANDS through the order use cases.
-// Every instance runs one on the same durable pull consumer, so each
-// command is handled by one instance at a time, and by another one if the
-// first dies before acknowledging it.
+// Consumer runs the commands of ORDER_COMMANDS through the order use cases,
+// in turns across tenants (turns.go). Every instance runs one on the same
+// durable pull consumers, so each command is handled by one instance at a
+// time, and by another one if the first dies before acknowledging it.
 type Consumer struct {
 	JS     jetstream.JetStream
 	Orders Orders
@@ -39,7 +37,8 @@ type Consumer struct {
 	// delivered again.
 	Backoff Backoff
 	// Workers is how many commands one instance runs at once, and so how
-	// many it fetches: never more than it can start at once.
+	// many it fetches: never more than it can start at once (but one per
+	// quiet tenant, which waits for its turn).
 	Workers int
 	// Horizon is how long after its first publication a command may still
 	// be run: as long as a record its intent may have written is sure to
@@ -55,10 +54,7 @@ type Consumer struct {
 	// Hooks inject failures for tests.
 	Hooks ConsumerHooks
 
-	stop     context.CancelFunc
-	stopping <-chan struct{} // closed by Stop
-	fetcher  chan struct{}   // closed when the fetch loop has ended
-	workers  sync.WaitGroup  // the workers, and the postponed commands' waits
+	serving *serving // from Start to Stop
 }
 
 // ConsumerHooks are fault-injection points; nil functions do nothing.
@@ -131,137 +127,6 @@ func (c *Consumer) logger() *slog.Logger {
 		return slog.New(slog.DiscardHandler)
 	}
 	return c.Logger
-}
-
-// ConsumerConfig is the durable consumer every instance creates or updates
-// to the same settings. JetStream's own MaxDeliver is unlimited on purpose:
-// COMMAND_MAX_DELIVER is enforced by handle, which dead-letters a command
-// on its last transient failure, and at once a command delivered more
-// often than that whose intent no run finished (overDelivered). Were the
-// server to stop delivering instead, a command whose dead-lettering failed
-// would stay in the stream unhandled, and no one would know; this way its
-// dead letter is tried again, and given up only loudly (deadLetter).
-func ConsumerConfig(ackWait time.Duration) jetstream.ConsumerConfig {
-	return jetstream.ConsumerConfig{
-		Durable: ConsumerName, Description: "order commands, shared by every orderservice instance",
-		FilterSubject: CommandPrefix + ">", AckPolicy: jetstream.AckExplicitPolicy,
-		DeliverPolicy: jetstream.DeliverAllPolicy, AckWait: ackWait, MaxDeliver: -1,
-		MaxAckPending: 1000,
-	}
-}
-
-// Start creates (or updates) the durable consumer and starts the workers.
-// ctx bounds the setup only; Stop ends the work.
-//
-// Commands are fetched only for workers that are free: a fetched command's
-// ack wait runs from the moment JetStream hands it over, so one that sat in
-// a buffer behind slow commands would be redelivered (and dead-lettered at
-// last) while nobody had even started it. Each fetched command starts at
-// once and says "in progress" while it runs.
-func (c *Consumer) Start(ctx context.Context) error {
-	cons, err := c.JS.CreateOrUpdateConsumer(ctx, CommandsStream, ConsumerConfig(c.AckWait))
-	if err != nil {
-		return fmt.Errorf("durable consumer %s on %s: %w", ConsumerName, CommandsStream, err)
-	}
-	run, stop := context.WithCancel(context.Background())
-	c.stop, c.stopping, c.fetcher = stop, run.Done(), make(chan struct{})
-	free := make(chan struct{}, c.Workers) // one token per idle worker
-	for range c.Workers {
-		free <- struct{}{}
-	}
-	msgs := make(chan jetstream.Msg, c.Workers)
-	go func() {
-		defer close(c.fetcher)
-		defer close(msgs)
-		for run.Err() == nil {
-			n := c.takeFree(run, free)
-			if n == 0 {
-				return
-			}
-			got, err := c.fetch(run, cons, n, msgs)
-			for range n - got {
-				free <- struct{}{}
-			}
-			if err != nil && run.Err() == nil {
-				c.logger().Warn("messaging: fetching commands", "err", err)
-				time.Sleep(100 * time.Millisecond)
-			}
-		}
-	}()
-	work := context.Background()
-	for range c.Workers {
-		c.workers.Add(1)
-		go func() {
-			defer c.workers.Done()
-			for msg := range msgs {
-				c.handle(work, msg)
-				free <- struct{}{}
-			}
-		}()
-	}
-	return nil
-}
-
-// takeFree waits for at least one idle worker and takes every idle one;
-// 0 when ctx ended first.
-func (c *Consumer) takeFree(ctx context.Context, free chan struct{}) int {
-	select {
-	case <-free:
-	case <-ctx.Done():
-		return 0
-	}
-	n := 1
-	for {
-		select {
-		case <-free:
-			n++
-		default:
-			return n
-		}
-	}
-}
-
-// fetch pulls up to n commands, waiting a short while for the first, and
-// hands each to a worker as it arrives.
-func (c *Consumer) fetch(ctx context.Context, cons jetstream.Consumer, n int, msgs chan<- jetstream.Msg) (got int, err error) {
-	wait, cancel := context.WithTimeout(ctx, fetchWait)
-	defer cancel()
-	batch, err := cons.Fetch(n, jetstream.FetchContext(wait))
-	if err != nil {
-		return 0, err
-	}
-	for msg := range batch.Messages() {
-		msgs <- msg
-		got++
-	}
-	if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) &&
-		!errors.Is(err, nats.ErrTimeout) {
-		return got, err
-	}
-	return got, nil
-}
-
-// fetchWait is how long one pull waits for commands before it is made
-// again: the most an idle worker waits for a fetch that holds others.
-const fetchWait = 250 * time.Millisecond
-
-// Stop stops fetching, lets the workers finish the commands they hold and
-// returns when they have, or when ctx ends. Nothing fetched is left
-// waiting: every fetched command had a worker, and a postponed one is
-// handed back to JetStream for another instance.
-func (c *Consumer) Stop(ctx context.Context) error {
-	if c.stop == nil {
-		return nil
-	}
-	c.stop()
-	done := make(chan struct{})
-	go func() { <-c.fetcher; c.workers.Wait(); close(done) }()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("messaging: commands still running at shutdown: %w", ctx.Err())
-	}
 }
 
 // handle runs one delivery of a command to its end: a result published and
@@ -426,9 +291,8 @@ func (c *Consumer) postpone(ctx context.Context, d delivery, cmd command, receiv
 	observer(c.Observe).MessagePostponed(cmd.opLabel())
 	c.logger().Info("messaging: command postponed, its intent is in flight", "subject", d.subject(), "key", cmd.key,
 		"delivery", d.count, "retry_in", wait.String())
-	c.workers.Add(1)
-	go func() {
-		defer c.workers.Done()
+	s := c.serving
+	s.workers.Go(func() {
 		defer done()
 		for ; wait > 0; wait = c.serve(ctx, d, cmd, received) {
 			if left := c.postponeLeft(d); left < wait {
@@ -437,13 +301,13 @@ func (c *Consumer) postpone(ctx context.Context, d delivery, cmd command, receiv
 				return
 			}
 			select {
-			case <-c.stopping:
+			case <-s.stopping:
 				_ = d.msg.Nak()
 				return
 			case <-time.After(wait):
 			}
 		}
-	}()
+	})
 }
 
 // postponement is how long a command waits for its intent in flight

@@ -305,26 +305,27 @@ func waitDLQDepth(t *testing.T, w *world, n uint64) {
 	t.Fatalf("the DLQ holds %d dead letters, want %d", depth, n)
 }
 
-// waitAckPending waits until the durable consumer holds n commands
-// delivered and not yet acknowledged or terminated.
+// waitAckPending waits until the durable consumers hold n commands
+// delivered and not yet acknowledged or terminated, all of them together.
 func waitAckPending(t *testing.T, w *world, n int) {
 	t.Helper()
 	ctx := context.Background()
-	cons, err := w.js.Consumer(ctx, messaging.CommandsStream, messaging.ConsumerName)
+	stream, err := w.js.Stream(ctx, messaging.CommandsStream)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var info *jetstream.ConsumerInfo
+	var ackPending, pending int
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if info, err = cons.Info(ctx); err == nil && info.NumAckPending == n && info.NumPending == 0 {
+		ackPending, pending = 0, 0
+		infos := stream.ListConsumers(ctx)
+		for info := range infos.Info() {
+			ackPending, pending = ackPending+info.NumAckPending, pending+int(info.NumPending)
+		}
+		if err = infos.Err(); err == nil && ackPending == n && pending == 0 {
 			return
 		}
 	}
-	if info == nil {
-		t.Fatalf("consumer info: %v", err)
-	}
-	t.Fatalf("the consumer still holds %d unacknowledged commands (%d not delivered), want %d",
-		info.NumAckPending, info.NumPending, n)
+	t.Fatalf("the consumers still hold %d unacknowledged commands (%d not delivered), want %d (%v)", ackPending, pending, n, err)
 }
 
 // errorLog is a slog.Handler that keeps the error records.

@@ -21,8 +21,6 @@ const (
 	ResultsStream = "ORDER_RESULTS"
 	// EventsStream holds the order events the outbox relay publishes.
 	EventsStream = "ORDER_EVENTS"
-	// ConsumerName is the durable pull consumer every instance shares.
-	ConsumerName = "orderservice"
 )
 
 // Subject prefixes; a tenant's credentials may only publish commands under

@@ -27,6 +27,10 @@ type StreamWindows struct {
 	// again when its handler died before the ack, one ack wait later: the
 	// duplicate windows of ORDER_RESULTS and the DLQ cover twice that.
 	AckWait time.Duration
+	// CommandsPerSubject is NATS_MAX_COMMANDS_PER_SUBJECT: the most
+	// commands ORDER_COMMANDS keeps on one subject, one tenant's one
+	// operation, within its max_age (0: no bound). See StreamConfigs.
+	CommandsPerSubject int64
 }
 
 // Streams is what the service found (or created) on the broker.
@@ -36,17 +40,33 @@ type Streams struct {
 	CommandsMaxAge time.Duration
 	// DLQMaxAge is how long a dead letter can wait to be replayed.
 	DLQMaxAge time.Duration
+	// CommandsPerSubject is ORDER_COMMANDS's bound on one subject's
+	// commands, when a publish over it is refused (discard new per
+	// subject); 0 when it bounds no tenant's share.
+	CommandsPerSubject int64
 }
 
 // StreamConfigs are the streams the service creates when they are missing,
 // with the windows w. Each is valid for JetStream as it stands: a
 // duplicate window longer than a stream's max_age is refused by the
 // server, so it is cut to the max_age.
+//
+// ORDER_COMMANDS bounds each tenant's share of what it stores: at most
+// w.CommandsPerSubject commands on one subject (orders.commands.<tenant>.<op>)
+// within its max_age, acknowledged ones included. The server refuses the
+// publish that would pass the bound (discard new, per subject: the
+// publisher gets "maximum messages per subject exceeded"), on that subject
+// only, so one tenant's flood is refused to it and to nobody else. The
+// stream as a whole has no bound, which would refuse everyone at once.
 func StreamConfigs(w StreamWindows) []jetstream.StreamConfig {
 	dedup := func(maxAge time.Duration) time.Duration { return min(max(2*time.Minute, 2*w.AckWait), maxAge) }
+	commands := jetstream.StreamConfig{Name: CommandsStream, Subjects: []string{CommandPrefix + ">"}, MaxAge: w.Redelivery,
+		Description: "Order commands; max_age is the message redelivery window the idempotency records must outlive."}
+	if w.CommandsPerSubject > 0 {
+		commands.MaxMsgsPerSubject, commands.Discard, commands.DiscardNewPerSubject = w.CommandsPerSubject, jetstream.DiscardNew, true
+	}
 	configs := []jetstream.StreamConfig{
-		{Name: CommandsStream, Subjects: []string{CommandPrefix + ">"}, MaxAge: w.Redelivery,
-			Description: "Order commands; max_age is the message redelivery window the idempotency records must outlive."},
+		commands,
 		{Name: DLQStream, Subjects: []string{DLQPrefix + ">"}, MaxAge: w.Compensation, Duplicates: dedup(w.Compensation),
 			Description: "Dead-lettered order commands, body and headers unchanged but the broker's Nats-* ones, until `orderservice dlq replay`."},
 		{Name: ResultsStream, Subjects: []string{ResultPrefix + ">"}, MaxAge: w.Redelivery, Duplicates: dedup(w.Redelivery),
@@ -69,6 +89,9 @@ func (w StreamWindows) Check() error {
 	}
 	if w.Replicas < 0 || w.Replicas > 5 {
 		return fmt.Errorf("NATS_STREAM_REPLICAS must be between 1 and 5, not %d", w.Replicas)
+	}
+	if w.CommandsPerSubject < 0 {
+		return fmt.Errorf("NATS_MAX_COMMANDS_PER_SUBJECT must not be negative (0: no bound), not %d", w.CommandsPerSubject)
 	}
 	return nil
 }
@@ -94,11 +117,14 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, w StreamWindows)
 		if err != nil {
 			return out, fmt.Errorf("stream %s: %w", cfg.Name, err)
 		}
-		switch cfg.Name {
+		switch got := s.CachedInfo().Config; cfg.Name {
 		case CommandsStream:
-			out.CommandsMaxAge = s.CachedInfo().Config.MaxAge
+			out.CommandsMaxAge = got.MaxAge
+			if got.DiscardNewPerSubject {
+				out.CommandsPerSubject = got.MaxMsgsPerSubject
+			}
 		case DLQStream:
-			out.DLQMaxAge = s.CachedInfo().Config.MaxAge
+			out.DLQMaxAge = got.MaxAge
 		}
 	}
 	return out, nil

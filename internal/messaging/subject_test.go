@@ -106,7 +106,7 @@ func handled(t *testing.T, w *world) {
 		if !w.nc.IsConnected() {
 			return
 		}
-		cons, err := w.js.Consumer(context.Background(), messaging.CommandsStream, messaging.ConsumerName)
+		cons, err := w.js.Consumer(context.Background(), messaging.CommandsStream, messaging.ConsumerFor("globex"))
 		if err != nil {
 			continue
 		}

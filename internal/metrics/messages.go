@@ -18,6 +18,8 @@ type messages struct {
 	relayed                                                       *prometheus.CounterVec
 	// duration is a command's time from its delivery to its answer, by op.
 	duration *prometheus.HistogramVec
+	// reopened counts the broker door opened again on a new connection.
+	reopened prometheus.Counter
 }
 
 func newMessages() messages {
@@ -39,6 +41,8 @@ func newMessages() messages {
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "orderservice_command_duration_seconds",
 			Help:    "Commands answered and acknowledged: time from the delivery's receipt to the acknowledgement, by op.",
 			Buckets: prometheus.DefBuckets}, []string{"op"}),
+		reopened: prometheus.NewCounter(prometheus.CounterOpts{Name: "orderservice_broker_door_reopened_total",
+			Help: "Times the broker door was opened again on a new connection, after the broker closed one for good (a protocol error, credentials refused)."}),
 	}
 	for _, op := range messageOps {
 		for _, c := range []*prometheus.CounterVec{m.received, m.acked, m.redelivered, m.deadLettered, m.givenUp, m.replayed, m.postponed} {
@@ -52,7 +56,7 @@ func newMessages() messages {
 }
 
 func (m messages) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.received, m.acked, m.redelivered, m.deadLettered, m.givenUp, m.replayed, m.postponed, m.relayed, m.duration}
+	return []prometheus.Collector{m.received, m.acked, m.redelivered, m.deadLettered, m.givenUp, m.replayed, m.postponed, m.relayed, m.duration, m.reopened}
 }
 
 // MessageReceived counts one delivery of a command.
@@ -156,5 +160,33 @@ func (m *Metrics) WatchDLQ(depth func(context.Context) (uint64, error)) {
 			return -1
 		}
 		return float64(n)
+	}))
+}
+
+// BrokerDoorReopened counts the broker door opened again on a new
+// connection.
+func (m *Metrics) BrokerDoorReopened() {
+	if m == nil {
+		return
+	}
+	m.messages.reopened.Inc()
+}
+
+// WatchBroker exports orderservice_broker_door_up, read at scrape time from
+// ready: 1 while the broker door is open (connected, the command consumer
+// and the outbox relay running on the connection), 0 while it is not
+// (commands unanswered, events unpublished: /readyz answers 503).
+func (m *Metrics) WatchBroker(ready func() error) {
+	if m == nil {
+		return
+	}
+	m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "orderservice_broker_door_up",
+		Help: "1 while the broker door is open: connected to NATS, the command consumer and the outbox relay running; 0 while it is not.",
+	}, func() float64 {
+		if ready() != nil {
+			return 0
+		}
+		return 1
 	}))
 }
