@@ -87,7 +87,8 @@ func All() []Lesson {
 			Why: "When the payment channel honours idempotency keys too, the service must pass it a stable key for the intent " +
 				"(derived from R2 once and stored), not a new key per attempt: otherwise local deduplication cannot stop a second " +
 				"charge downstream. With the same key on the retry, the channel recognises the duplicate and answers with the " +
-				"charge it already made.",
+				"charge it already made. A retry that comes after Retry-After may find the sweeper there first: it asks the " +
+				"channel what it holds under the same key, finds the charge, and the retry gets that result replayed.",
 			run: lostChannelResponse,
 		},
 		{

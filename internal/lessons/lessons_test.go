@@ -419,3 +419,71 @@ func TestBrokerLessonsSayWhenTheBrokerRefusesTheTenant(t *testing.T) {
 		t.Errorf("lesson 9 as globex with acme's key: %+v, want the broker's refusal", out)
 	}
 }
+
+// TestLostChannelResponseHoldsWhoeverResumesTheIntent plays lesson 7 in
+// both timings a learner can meet. Its first attempt leaves the intent
+// FAILED_RETRYABLE until Retry-After; a retry sent before then resumes it
+// and sends the charge again under the stored key, while one sent after
+// (a learner stepping slowly, a loaded machine) may find that the sweeper
+// resumed it first, asking the channel what it holds under the key. The
+// service's own sweeper is off here and the test sweeps by hand, so each
+// timing happens for sure; in both the lesson's checks hold and tell what
+// happened.
+func TestLostChannelResponseHoldsWhoeverResumesTheIntent(t *testing.T) {
+	m := apptest.Start(t, dbURL, map[string]string{"SWEEP_INTERVAL": "1h"})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var got events
+	s := NewSession(Config{BaseURL: m.URL(), ChannelURL: "http://" + m.ChannelAddr, APIKey: apptest.KeyAcme,
+		Tenant: "acme", Observe: true}, got.sink)
+	defer s.Close()
+	l, _ := ByNumber(7)
+
+	play := func(t *testing.T, step StepFunc, want string) {
+		t.Helper()
+		from := len(got.of(7))
+		out := s.Play(ctx, l, step)
+		var checks []string
+		for _, e := range got.of(7)[from:] {
+			if e.Kind == KindCheck {
+				checks = append(checks, fmt.Sprintf("%v %s", e.OK, e.Text))
+			}
+		}
+		story := strings.Join(checks, "\n")
+		if !out.Passed {
+			t.Fatalf("lesson 7 did not pass (%v):\n%s", out.Err, story)
+		}
+		if !strings.Contains(story, want) {
+			t.Errorf("lesson 7's checks do not say %q:\n%s", want, story)
+		}
+	}
+
+	t.Run("a retry at once resumes the intent and the channel absorbs the charge sent again", func(t *testing.T) {
+		play(t, nil, "the retry sent the charge again under that key and the channel absorbed the duplicate")
+	})
+
+	t.Run("a retry after the sweeper finished the intent gets its result, looked up under the same key", func(t *testing.T) {
+		pays := 0
+		step := func(ctx context.Context, r Request) error {
+			if r.Operation != "order.pay" {
+				return nil
+			}
+			if pays++; pays < 2 {
+				return nil
+			}
+			// The learner pauses past Retry-After; the sweeper comes by.
+			for {
+				n, err := m.Orders.Sweep(ctx, 10)
+				if err != nil || n > 0 {
+					return err
+				}
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+		}
+		play(t, step, "the sweeper asked the channel what it holds under the key")
+	})
+}
