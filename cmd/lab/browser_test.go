@@ -120,7 +120,9 @@ func TestLabInABrowser(t *testing.T) {
 	// stay below the test service's 2s channel timeout.
 	m := apptest.Start(t, dbURL, map[string]string{"PAYMENT_SLOW_DELAY": "1s"})
 	channelURL := "http://" + m.ChannelAddr
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	// A bound against a hang, with room for the whole suite's load (the
+	// test takes about a minute idle, half as much again loaded).
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	srv, err := start(ctx, config{listen: "127.0.0.1:0", Config: lessons.Config{
 		BaseURL: m.URL(), ChannelURL: channelURL, APIKey: apptest.KeyAcme, SweepWait: 15 * time.Second, Observe: true,

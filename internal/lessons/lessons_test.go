@@ -53,7 +53,8 @@ func (e *events) of(lesson int) []Event {
 // the lanes observed, and checks the shape every front end relies on.
 func TestEveryLessonTellsAWellFormedStory(t *testing.T) {
 	m := apptest.Start(t, dbURL, map[string]string{"PAYMENT_SLOW_DELAY": "1s"})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	// A bound against a hang, with room for the whole suite's load.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var got events
 	s := NewSession(Config{BaseURL: m.URL(), ChannelURL: "http://" + m.ChannelAddr, APIKey: apptest.KeyAcme,
