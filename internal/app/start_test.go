@@ -1,8 +1,10 @@
 package app_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/url"
@@ -10,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/orderservice/orderservice/internal/app"
@@ -133,4 +136,36 @@ func TestEveryStartFailureNamesItsSetting(t *testing.T) {
 			t.Errorf("the last line is not %q…:\n%s", want, out)
 		}
 	})
+}
+
+// TestTheLastStartLineSaysWhereTheAPIIs: a learner reads where to send the
+// first request, localhost when the API listens on every interface.
+func TestTheLastStartLineSaysWhereTheAPIIs(t *testing.T) {
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	cfg := apptest.Config(t, dbURL, map[string]string{"HTTP_ADDR": ":0", "LOG_LEVEL": "info"})
+	m, err := app.Start(context.Background(), cfg, slog.New(slog.NewJSONHandler(lockedWriter{&mu, &logs}, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	_, port, _ := net.SplitHostPort(m.Addr)
+	want := `"msg":"orderservice ready on http://localhost:` + port + `"`
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(logs.String(), want) {
+		t.Errorf("no %s in the start's log:\n%s", want, logs.String())
+	}
+}
+
+// lockedWriter serialises writes from the service's goroutines.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

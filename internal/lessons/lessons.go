@@ -181,7 +181,7 @@ func ByNumber(n int) (Lesson, bool) {
 // 1. Response lost, retry with R1.
 func lostResponse(ctx context.Context, s *Session) error {
 	r1, body := s.key("R1"), s.purchase()
-	s.send("POST /v1/orders  Idempotency-Key: %s  (customer %s, 2 × SKU-1 at 12.50 EUR)", r1, body.CustomerID)
+	s.send("POST /v1/orders  Idempotency-Key: %s  (customer %s, 2 × SKU-1, unit_price 1250: minor units, 12.50 EUR)", r1, body.CustomerID)
 	first, err := s.post(ctx, "/v1/orders", r1, body, 0)
 	if err != nil {
 		return err

@@ -48,7 +48,7 @@ func redelivered(ctx context.Context, s *Session) error {
 	defer results.stop()
 	subject := messaging.CommandSubject(s.cfg.Tenant, "create")
 	s.send("SUB %s  as NATS user %s (password: its API key)", results.sub.Subject, s.cfg.Tenant)
-	s.send("PUB %s  Idempotency-Key: %s  (customer %s, 2 × SKU-1 at 12.50 EUR)", subject, r1, body.CustomerID)
+	s.send("PUB %s  Idempotency-Key: %s  (customer %s, 2 × SKU-1, unit_price 1250: minor units, 12.50 EUR)", subject, r1, body.CustomerID)
 	ack1, err := s.publishCommand(ctx, "create", r1, raw)
 	if err != nil {
 		return err
