@@ -28,7 +28,7 @@ migrate: ## apply the database migrations and exit
 cleanup: ## one pass of the retention job by hand: delete expired records, archive money ones
 	$(GO) run -ldflags '$(LDFLAGS)' ./cmd/orderservice cleanup
 
-build: ## the image's four binaries in bin/ (BIN=dir: elsewhere), static and stamped with the version
+build: ## the image's four binaries in bin/ (BIN=dir: elsewhere), static and stamped with the version; a build of its own (for the CLI beside make run: go run ./cmd/orderservice help)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o $(BIN)/ ./cmd/orderservice ./cmd/paymentchannel ./cmd/lab ./cmd/healthcheck
 
 image: ## the Docker image orderservice:local (the one compose runs), stamped with the version
