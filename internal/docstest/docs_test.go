@@ -42,6 +42,8 @@ var expect = map[string][]string{
 		"HTTP/1.1 201 Created", "Idempotent-Replayed: true", "HTTP/1.1 422 Unprocessable Entity", "idempotency_key_reused",
 		"HTTP/1.1 503 Service Unavailable", "HTTP/1.1 200 OK", `"charges":1`, `"duplicates_absorbed":1`,
 		"HTTP/1.1 202 Accepted", `"status":"PAYMENT_PENDING"`, `"status":"PAID"`,
+		"HTTP/1.1 409 Conflict", "invalid_transition", "A PAID order cannot be paid", "request_in_progress", "Retry-After: ",
+		"Preference-Applied: wait=10",
 	},
 	"docs/api.md": {
 		"HTTP/1.1 201 Created", "HTTP/1.1 200 OK", "Idempotent-Replayed: true", "HTTP/1.1 400 Bad Request",
