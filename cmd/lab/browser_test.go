@@ -207,16 +207,27 @@ func TestLabInABrowser(t *testing.T) {
 			count(t, "orders on the order lane", len(unique(p.Orders)), 1)
 		},
 		4: func(t *testing.T, p page) {
+			// A 409 with Retry-After for the duplicate sent while the first
+			// runs; on a machine so busy that the first had finished by
+			// then, both duplicates are its result, replayed.
 			var retry bool
+			replays := 0
 			for _, a := range p.Answers {
 				retry = retry || (a.Status == http.StatusConflict && a.Retry)
+				if a.Status == http.StatusOK && a.Replayed {
+					replays++
+				}
 			}
-			if !retry {
-				t.Errorf("no 409 with Retry-After on the timeline: %+v", p.Answers)
+			if !retry && replays < 2 {
+				t.Errorf("no 409 with Retry-After on the timeline, nor two replays: %+v", p.Answers)
 			}
 			sameKey(t, p, "order.pay", 3)
 			count(t, "charges", len(unique(chargeIDs(p))), 1)
-			states(t, p, "PROCESSING", "SUCCEEDED")
+			if retry {
+				states(t, p, "PROCESSING", "SUCCEEDED")
+			} else {
+				states(t, p, "SUCCEEDED")
+			}
 			noStepNotes(t, p) // run with Run: nothing was stepped
 		},
 		5: func(t *testing.T, p page) {

@@ -177,7 +177,7 @@ func takeover(ctx context.Context, s *Session) error {
 		_, err := s.post(caller, "/v1/orders/"+a.ID+"/pay", k1, client.PayRequest{PaymentMethod: "pm_slow"}, 0)
 		answered <- err
 	}()
-	live, err := s.waitForRecord(ctx, k1, "order.pay", "PROCESSING", 10*time.Second)
+	live, err := s.waitForRecord(ctx, k1, "order.pay", 10*time.Second, "PROCESSING")
 	hangUp()
 	if err != nil {
 		return err
@@ -195,7 +195,7 @@ func takeover(ctx context.Context, s *Session) error {
 	}
 	s.showRecord(live)
 	s.note("The service detaches the money phases from the client, so its owner keeps working; waiting…")
-	finished, err := s.waitForRecord(ctx, k1, "order.pay", "SUCCEEDED", 30*time.Second)
+	finished, err := s.waitForRecord(ctx, k1, "order.pay", 30*time.Second, "SUCCEEDED")
 	if err != nil {
 		return err
 	}
@@ -229,7 +229,7 @@ func takeover(ctx context.Context, s *Session) error {
 	s.showRecord(left)
 	s.note("waiting for the sweeper (every SWEEP_INTERVAL) to take it over once its lease has run out…")
 	start := time.Now()
-	swept, err := s.waitForRecord(ctx, k2, "order.pay", "SUCCEEDED", s.cfg.SweepWait)
+	swept, err := s.waitForRecord(ctx, k2, "order.pay", s.cfg.SweepWait, "SUCCEEDED")
 	if err != nil {
 		return err
 	}

@@ -488,3 +488,30 @@ func TestLostChannelResponseHoldsWhoeverResumesTheIntent(t *testing.T) {
 		play(t, step, "the sweeper asked the channel what it holds under the key")
 	})
 }
+
+// TestInFlightHoldsWhenTheFirstFinishesFirst plays lesson 4 against a
+// channel whose pm_slow is not slow at all, as a machine too busy to send
+// the duplicates while the first runs would: the first has finished before
+// they come, and the lesson says so and checks that story (both get the
+// first result, replayed, and one charge) instead of failing.
+func TestInFlightHoldsWhenTheFirstFinishesFirst(t *testing.T) {
+	m := apptest.Start(t, dbURL, map[string]string{"PAYMENT_SLOW_DELAY": "1ms"})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var got events
+	s := NewSession(Config{BaseURL: m.URL(), ChannelURL: "http://" + m.ChannelAddr, APIKey: apptest.KeyAcme,
+		Tenant: "acme", Observe: true}, got.sink)
+	defer s.Close()
+	l, _ := ByNumber(4)
+	out := s.Play(ctx, l, nil)
+	var story []string
+	for _, e := range got.of(4) {
+		if e.Kind == KindCheck || e.Kind == KindSay {
+			story = append(story, fmt.Sprintf("%v %s", e.OK, e.Text))
+		}
+	}
+	if !out.Passed {
+		t.Fatalf("lesson 4 did not pass (%v):\n%s", out.Err, strings.Join(story, "\n"))
+	}
+	t.Logf("\n%s", strings.Join(story, "\n"))
+}
