@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/orderservice/orderservice/examples/naiveorders/naive"
+	"github.com/orderservice/orderservice/internal/app"
 	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/testdb"
 )
@@ -421,6 +422,48 @@ func TestBrokerLessonsSayWhenTheBrokerRefusesTheTenant(t *testing.T) {
 	}
 }
 
+// timingSession is a session of its own against a service of its own,
+// started with env, for a lesson played in a timing the test sets up.
+type timingSession struct {
+	*Session
+	m   *app.Main
+	got *events
+}
+
+func newTimingSession(t *testing.T, env map[string]string) timingSession {
+	m := apptest.Start(t, dbURL, env)
+	got := &events{}
+	s := NewSession(Config{BaseURL: m.URL(), ChannelURL: "http://" + m.ChannelAddr, APIKey: apptest.KeyAcme,
+		Tenant: "acme", Observe: true}, got.sink)
+	t.Cleanup(s.Close)
+	return timingSession{s, m, got}
+}
+
+// play plays lesson n and fails the test unless it passed and its checks
+// say want; it returns what the lesson said and checked.
+func (ts timingSession) play(t *testing.T, n int, step StepFunc, want string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	l, _ := ByNumber(n)
+	from := len(ts.got.of(n))
+	out := ts.Play(ctx, l, step)
+	var lines []string
+	for _, e := range ts.got.of(n)[from:] {
+		if e.Kind == KindCheck || e.Kind == KindSay {
+			lines = append(lines, fmt.Sprintf("%v %s", e.OK, e.Text))
+		}
+	}
+	story := strings.Join(lines, "\n")
+	if !out.Passed {
+		t.Fatalf("lesson %d did not pass (%v):\n%s", n, out.Err, story)
+	}
+	if !strings.Contains(story, want) {
+		t.Errorf("lesson %d does not say %q:\n%s", n, want, story)
+	}
+	return story
+}
+
 // TestLostChannelResponseHoldsWhoeverResumesTheIntent plays lesson 7 in
 // both timings a learner can meet. Its first attempt leaves the intent
 // FAILED_RETRYABLE until Retry-After; a retry sent before then resumes it
@@ -431,36 +474,10 @@ func TestBrokerLessonsSayWhenTheBrokerRefusesTheTenant(t *testing.T) {
 // timing happens for sure; in both the lesson's checks hold and tell what
 // happened.
 func TestLostChannelResponseHoldsWhoeverResumesTheIntent(t *testing.T) {
-	m := apptest.Start(t, dbURL, map[string]string{"SWEEP_INTERVAL": "1h"})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	var got events
-	s := NewSession(Config{BaseURL: m.URL(), ChannelURL: "http://" + m.ChannelAddr, APIKey: apptest.KeyAcme,
-		Tenant: "acme", Observe: true}, got.sink)
-	defer s.Close()
-	l, _ := ByNumber(7)
-
-	play := func(t *testing.T, step StepFunc, want string) {
-		t.Helper()
-		from := len(got.of(7))
-		out := s.Play(ctx, l, step)
-		var checks []string
-		for _, e := range got.of(7)[from:] {
-			if e.Kind == KindCheck {
-				checks = append(checks, fmt.Sprintf("%v %s", e.OK, e.Text))
-			}
-		}
-		story := strings.Join(checks, "\n")
-		if !out.Passed {
-			t.Fatalf("lesson 7 did not pass (%v):\n%s", out.Err, story)
-		}
-		if !strings.Contains(story, want) {
-			t.Errorf("lesson 7's checks do not say %q:\n%s", want, story)
-		}
-	}
+	ts := newTimingSession(t, map[string]string{"SWEEP_INTERVAL": "1h"})
 
 	t.Run("a retry at once resumes the intent and the channel absorbs the charge sent again", func(t *testing.T) {
-		play(t, nil, "the retry sent the charge again under that key and the channel absorbed the duplicate")
+		ts.play(t, 7, nil, "the retry sent the charge again under that key and the channel absorbed the duplicate")
 	})
 
 	t.Run("a retry after the sweeper finished the intent gets its result, looked up under the same key", func(t *testing.T) {
@@ -474,7 +491,7 @@ func TestLostChannelResponseHoldsWhoeverResumesTheIntent(t *testing.T) {
 			}
 			// The learner pauses past Retry-After; the sweeper comes by.
 			for {
-				n, err := m.Orders.Sweep(ctx, 10)
+				n, err := ts.m.Orders.Sweep(ctx, 10)
 				if err != nil || n > 0 {
 					return err
 				}
@@ -485,33 +502,17 @@ func TestLostChannelResponseHoldsWhoeverResumesTheIntent(t *testing.T) {
 				}
 			}
 		}
-		play(t, step, "the sweeper asked the channel what it holds under the key")
+		ts.play(t, 7, step, "the sweeper asked the channel what it holds under the key")
 	})
 }
 
 // TestInFlightHoldsWhenTheFirstFinishesFirst plays lesson 4 against a
 // channel whose pm_slow is not slow at all, as a machine too busy to send
 // the duplicates while the first runs would: the first has finished before
-// they come, and the lesson says so and checks that story (both get the
-// first result, replayed, and one charge) instead of failing.
+// they come (the waiting one, at least), and the lesson says so and checks
+// that story (the first result, replayed, and one charge) instead of
+// failing.
 func TestInFlightHoldsWhenTheFirstFinishesFirst(t *testing.T) {
-	m := apptest.Start(t, dbURL, map[string]string{"PAYMENT_SLOW_DELAY": "1ms"})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	var got events
-	s := NewSession(Config{BaseURL: m.URL(), ChannelURL: "http://" + m.ChannelAddr, APIKey: apptest.KeyAcme,
-		Tenant: "acme", Observe: true}, got.sink)
-	defer s.Close()
-	l, _ := ByNumber(4)
-	out := s.Play(ctx, l, nil)
-	var story []string
-	for _, e := range got.of(4) {
-		if e.Kind == KindCheck || e.Kind == KindSay {
-			story = append(story, fmt.Sprintf("%v %s", e.OK, e.Text))
-		}
-	}
-	if !out.Passed {
-		t.Fatalf("lesson 4 did not pass (%v):\n%s", out.Err, strings.Join(story, "\n"))
-	}
-	t.Logf("\n%s", strings.Join(story, "\n"))
+	ts := newTimingSession(t, map[string]string{"PAYMENT_SLOW_DELAY": "1ms"})
+	t.Log(ts.play(t, 4, nil, "the channel holds exactly 1 charge for the order"))
 }
