@@ -434,9 +434,35 @@ func newTimingSession(t *testing.T, env map[string]string) timingSession {
 	m := apptest.Start(t, dbURL, env)
 	got := &events{}
 	s := NewSession(Config{BaseURL: m.URL(), ChannelURL: "http://" + m.ChannelAddr, APIKey: apptest.KeyAcme,
-		Tenant: "acme", Observe: true}, got.sink)
+		Tenant: "acme", Observe: true, NaiveDatabaseURL: dbURL}, got.sink)
 	t.Cleanup(s.Close)
 	return timingSession{s, m, got}
+}
+
+// sweepBefore is a step that lets the service's nth pay go only once the
+// sweeper has resumed an intent: a learner pausing past Retry-After, with
+// the service's own sweeper off (SWEEP_INTERVAL 1h) and swept by hand.
+func (ts timingSession) sweepBefore(nth int) StepFunc {
+	pays := 0
+	return func(ctx context.Context, r Request) error {
+		if r.Operation != "order.pay" || r.Naive != "" {
+			return nil
+		}
+		if pays++; pays < nth {
+			return nil
+		}
+		for {
+			n, err := ts.m.Orders.Sweep(ctx, 10)
+			if err != nil || n > 0 {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
 }
 
 // play plays lesson n and fails the test unless it passed and its checks
@@ -481,28 +507,22 @@ func TestLostChannelResponseHoldsWhoeverResumesTheIntent(t *testing.T) {
 	})
 
 	t.Run("a retry after the sweeper finished the intent gets its result, looked up under the same key", func(t *testing.T) {
-		pays := 0
-		step := func(ctx context.Context, r Request) error {
-			if r.Operation != "order.pay" {
-				return nil
-			}
-			if pays++; pays < 2 {
-				return nil
-			}
-			// The learner pauses past Retry-After; the sweeper comes by.
-			for {
-				n, err := ts.m.Orders.Sweep(ctx, 10)
-				if err != nil || n > 0 {
-					return err
-				}
-				select {
-				case <-ctx.Done():
-					return ctx.Err()
-				case <-time.After(100 * time.Millisecond):
-				}
-			}
+		ts.play(t, 7, ts.sweepBefore(2), "the sweeper asked the channel what it holds under the key")
+	})
+
+	// The pitfall of a new channel key per retry tells the service's half
+	// of the same story (its naive half runs where no sweeper goes).
+	l, _ := ByNumber(1)
+	for _, p := range All() {
+		if p.Pitfall == "new-channel-key-per-retry" {
+			l = p
 		}
-		ts.play(t, 7, step, "the sweeper asked the channel what it holds under the key")
+	}
+	t.Run("the new-channel-key pitfall's retry, at once", func(t *testing.T) {
+		ts.play(t, l.Number, nil, "absorbed the retry")
+	})
+	t.Run("the new-channel-key pitfall's retry, after the sweeper", func(t *testing.T) {
+		ts.play(t, l.Number, ts.sweepBefore(2), "which the sweeper looked up under the same key")
 	})
 }
 
