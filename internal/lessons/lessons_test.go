@@ -77,10 +77,16 @@ func TestEveryLessonTellsAWellFormedStory(t *testing.T) {
 	for _, l := range All() {
 		t.Run(l.Title, func(t *testing.T) {
 			out := s.Play(ctx, l, step)
-			if !out.Passed {
-				t.Fatalf("lesson %d did not pass: %v", l.Number, out.Err)
-			}
 			evs := got.of(l.Number)
+			if !out.Passed {
+				var told []string
+				for _, e := range evs {
+					if e.Kind == KindSay || e.Kind == KindCheck || e.Kind == KindAnswer && e.Answer != nil {
+						told = append(told, fmt.Sprintf("%s %v %s %+v", e.Kind, e.OK, e.Text, e.Answer))
+					}
+				}
+				t.Fatalf("lesson %d did not pass: %v\n%s", l.Number, out.Err, strings.Join(told, "\n"))
+			}
 			if evs[0].Kind != KindLessonStart || evs[0].Text != l.Title {
 				t.Errorf("first event = %+v, want lesson_start with the title", evs[0])
 			}
