@@ -26,9 +26,7 @@ func TestMain(m *testing.M) {
 // service booted in-process, so the demo cannot rot: a change in behaviour
 // that breaks a lesson's story fails here.
 func TestDemoPassesAgainstTheRealService(t *testing.T) {
-	// pm_slow must outlast the moment scenario 4 needs to send its
-	// duplicate, and stay below the test service's 2s channel timeout.
-	m := apptest.Start(t, dbURL, map[string]string{"PAYMENT_SLOW_DELAY": "1s"})
+	m := apptest.Start(t, dbURL, apptest.LessonEnv)
 
 	play := func(t *testing.T) string {
 		t.Helper()

@@ -116,9 +116,7 @@ const readPage = `(() => {
 // checks all green, and the timeline rows each lesson's story needs.
 func TestLabInABrowser(t *testing.T) {
 	began := time.Now()
-	// pm_slow must outlast the moment lesson 4 sends its duplicate, and
-	// stay below the test service's 2s channel timeout.
-	m := apptest.Start(t, dbURL, map[string]string{"PAYMENT_SLOW_DELAY": "1s"})
+	m := apptest.Start(t, dbURL, apptest.LessonEnv)
 	channelURL := "http://" + m.ChannelAddr
 	// A bound against a hang, with room for the whole suite's load (the
 	// test takes about a minute idle, half as much again loaded).

@@ -53,7 +53,7 @@ func (e *events) of(lesson int) []Event {
 // TestEveryLessonTellsAWellFormedStory plays every lesson, stepping, with
 // the lanes observed, and checks the shape every front end relies on.
 func TestEveryLessonTellsAWellFormedStory(t *testing.T) {
-	m := apptest.Start(t, dbURL, map[string]string{"PAYMENT_SLOW_DELAY": "1s"})
+	m := apptest.Start(t, dbURL, apptest.LessonEnv)
 	// A bound against a hang, with room for the whole suite's load.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
