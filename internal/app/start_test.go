@@ -45,6 +45,7 @@ func TestEveryStartFailureNamesItsSetting(t *testing.T) {
 		}
 		return filepath.Join(p, "store")
 	}
+	channelDB := testdb.Fresh(t, "channel")
 	for _, c := range []struct {
 		name    string
 		env     func(t *testing.T) map[string]string
@@ -94,7 +95,11 @@ func TestEveryStartFailureNamesItsSetting(t *testing.T) {
 			"NATS_URL", "or leave NATS_URL empty for the embedded server"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			cfg := apptest.Config(t, dbURL, c.env(t))
+			env := c.env(t)
+			if _, set := env["CHANNEL_DATABASE_URL"]; !set {
+				env["CHANNEL_DATABASE_URL"] = channelDB // one for all: most never get that far
+			}
+			cfg := apptest.Config(t, dbURL, env)
 			m, err := app.Start(context.Background(), cfg, slog.New(slog.DiscardHandler))
 			if err == nil {
 				m.Close()
