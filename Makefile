@@ -28,7 +28,7 @@ migrate: ## apply the database migrations and exit
 cleanup: ## one pass of the retention job by hand: delete expired records, archive money ones
 	$(GO) run -ldflags '$(LDFLAGS)' ./cmd/orderservice cleanup
 
-build: ## the image's four binaries in bin/ (BIN=dir: elsewhere), static and stamped with the version
+build: ## the image's four binaries in bin/ (BIN=dir: elsewhere), static and stamped with the version; a build of its own (for the CLI beside make run: go run ./cmd/orderservice help)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o $(BIN)/ ./cmd/orderservice ./cmd/paymentchannel ./cmd/lab ./cmd/healthcheck
 
 image: ## the Docker image orderservice:local (the one compose runs), stamped with the version
@@ -94,14 +94,23 @@ model: ## model-check the idempotency protocol with SPIN (installs spin when mis
 # settings from DEMO_* and LAB_* (docs/lab.md lists them), e.g.
 # `make demo DEMO_SERVICE_URL=http://host:8080 DEMO_FLAGS="-only 9,11"`.
 ifeq ($(STACK),compose)
-# compose serves the same ports, but its NATS on 4222 with its own secret.
-export DEMO_NATS_URL      ?= nats://127.0.0.1:4222
+# compose serves the same ports (or where its ORDERSERVICE_*_PORT variables
+# moved them), but its NATS on 4222 with its own secret.
+ORDERSERVICE_API_PORT      ?= 8080
+ORDERSERVICE_CHANNEL_PORT  ?= 8081
+ORDERSERVICE_NATS_PORT     ?= 4222
+ORDERSERVICE_POSTGRES_PORT ?= 15432
+export DEMO_SERVICE_URL   ?= http://localhost:$(ORDERSERVICE_API_PORT)
+export DEMO_CHANNEL_URL   ?= http://127.0.0.1:$(ORDERSERVICE_CHANNEL_PORT)
+export DEMO_NATS_URL      ?= nats://127.0.0.1:$(ORDERSERVICE_NATS_PORT)
 export DEMO_NATS_OPERATOR ?= orderservice:orderservice-compose-secret
+export LAB_SERVICE_URL    ?= $(DEMO_SERVICE_URL)
+export LAB_CHANNEL_URL    ?= $(DEMO_CHANNEL_URL)
 export LAB_NATS_URL       ?= $(DEMO_NATS_URL)
 export LAB_NATS_OPERATOR  ?= $(DEMO_NATS_OPERATOR)
 # The pitfall lessons' naive service runs in the demo's process, against
 # compose's PostgreSQL (published on loopback 15432, password postgres).
-export DEMO_NAIVE_DATABASE_URL ?= postgres://postgres:postgres@127.0.0.1:15432/naiveorders?sslmode=disable
+export DEMO_NAIVE_DATABASE_URL ?= postgres://postgres:postgres@127.0.0.1:$(ORDERSERVICE_POSTGRES_PORT)/naiveorders?sslmode=disable
 export LAB_NAIVE_DATABASE_URL  ?= $(DEMO_NAIVE_DATABASE_URL)
 endif
 

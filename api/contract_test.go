@@ -6,6 +6,7 @@ package api
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"os"
@@ -153,4 +154,38 @@ func loadDoc(t *testing.T) *openapi3.T {
 		t.Fatalf("openapi.yaml is invalid: %v", err)
 	}
 	return doc
+}
+
+// TestAPathOutsideTheAPISaysWhereItIs: a path outside /v1 that the service
+// does not serve (a newcomer's /orders) is a problem document whose detail
+// says the API is under /v1, as the document's description quotes it.
+func TestAPathOutsideTheAPISaysWhereItIs(t *testing.T) {
+	doc := loadDoc(t)
+	m := apptest.Start(t, dbURL, nil)
+	problemSchema := doc.Components.Schemas["Problem"].Value
+	description := strings.Join(strings.Fields(doc.Info.Description), " ")
+	for _, path := range []string{"/orders", "/", "/v2/orders"} {
+		res, err := http.Get(m.URL() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		var p map[string]any
+		if err := json.Unmarshal(body, &p); err != nil {
+			t.Fatalf("GET %s: %d, not JSON: %s", path, res.StatusCode, body)
+		}
+		detail, _ := p["detail"].(string)
+		switch {
+		case res.StatusCode != http.StatusNotFound || res.Header.Get("Content-Type") != "application/problem+json" || p["code"] != "not_found":
+			t.Errorf("GET %s: %d %s %s, want 404 not_found as application/problem+json", path, res.StatusCode, res.Header.Get("Content-Type"), body)
+		case !strings.Contains(detail, "/v1"):
+			t.Errorf("GET %s: the detail does not say where the API is: %q", path, detail)
+		case !strings.Contains(description, `"`+detail+`"`):
+			t.Errorf("GET %s: openapi.yaml's description does not quote the detail %q", path, detail)
+		}
+		if err := problemSchema.VisitJSON(p); err != nil {
+			t.Errorf("GET %s: the body is not the document's Problem: %v", path, err)
+		}
+	}
 }

@@ -26,14 +26,14 @@ func TestMain(m *testing.M) {
 // service booted in-process, so the demo cannot rot: a change in behaviour
 // that breaks a lesson's story fails here.
 func TestDemoPassesAgainstTheRealService(t *testing.T) {
-	// pm_slow must outlast the moment scenario 4 needs to send its
-	// duplicate, and stay below the test service's 2s channel timeout.
-	m := apptest.Start(t, dbURL, map[string]string{"PAYMENT_SLOW_DELAY": "1s"})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	m := apptest.Start(t, dbURL, apptest.LessonEnv)
 
 	play := func(t *testing.T) string {
 		t.Helper()
+		// A bound against a hang, with room for a run under the whole
+		// suite's load (about 25s idle, over a minute loaded).
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
 		var stdout, stderr bytes.Buffer
 		args := []string{"-url", m.URL(), "-channel", "http://" + m.ChannelAddr, "-api-key", apptest.KeyAcme, "-sweep-wait", "15s",
 			"-tenant", "acme", "-nats-url", m.NATSURL, "-nats-operator", "orderservice:" + m.Config.NATS.ServicePassword,

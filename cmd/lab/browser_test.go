@@ -116,11 +116,11 @@ const readPage = `(() => {
 // checks all green, and the timeline rows each lesson's story needs.
 func TestLabInABrowser(t *testing.T) {
 	began := time.Now()
-	// pm_slow must outlast the moment lesson 4 sends its duplicate, and
-	// stay below the test service's 2s channel timeout.
-	m := apptest.Start(t, dbURL, map[string]string{"PAYMENT_SLOW_DELAY": "1s"})
+	m := apptest.Start(t, dbURL, apptest.LessonEnv)
 	channelURL := "http://" + m.ChannelAddr
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	// A bound against a hang, with room for the whole suite's load (the
+	// test takes about a minute idle, half as much again loaded).
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	srv, err := start(ctx, config{listen: "127.0.0.1:0", Config: lessons.Config{
 		BaseURL: m.URL(), ChannelURL: channelURL, APIKey: apptest.KeyAcme, SweepWait: 15 * time.Second, Observe: true,
@@ -205,16 +205,27 @@ func TestLabInABrowser(t *testing.T) {
 			count(t, "orders on the order lane", len(unique(p.Orders)), 1)
 		},
 		4: func(t *testing.T, p page) {
+			// A 409 with Retry-After for the duplicate sent while the first
+			// runs; on a machine so busy that the first had finished by
+			// then, both duplicates are its result, replayed.
 			var retry bool
+			replays := 0
 			for _, a := range p.Answers {
 				retry = retry || (a.Status == http.StatusConflict && a.Retry)
+				if a.Status == http.StatusOK && a.Replayed {
+					replays++
+				}
 			}
-			if !retry {
-				t.Errorf("no 409 with Retry-After on the timeline: %+v", p.Answers)
+			if !retry && replays < 2 {
+				t.Errorf("no 409 with Retry-After on the timeline, nor two replays: %+v", p.Answers)
 			}
 			sameKey(t, p, "order.pay", 3)
 			count(t, "charges", len(unique(chargeIDs(p))), 1)
-			states(t, p, "PROCESSING", "SUCCEEDED")
+			if retry {
+				states(t, p, "PROCESSING", "SUCCEEDED")
+			} else {
+				states(t, p, "SUCCEEDED")
+			}
 			noStepNotes(t, p) // run with Run: nothing was stepped
 		},
 		5: func(t *testing.T, p page) {
@@ -235,8 +246,18 @@ func TestLabInABrowser(t *testing.T) {
 				t.Errorf("no 503 on the timeline: %+v", p.Answers)
 			}
 			count(t, "charges", len(unique(chargeIDs(p))), 1)
-			if last := p.Charges[len(p.Charges)-1]; last.Requests != 2 {
-				t.Errorf("the charge shows %d requests, want 2 (one absorbed)", last.Requests)
+			// The retry resumes the intent and sends the charge again (2
+			// requests, one absorbed), unless it came after Retry-After and
+			// the sweeper had looked the charge up first: then its answer
+			// is that result, replayed, and the charge saw 1 request.
+			want, why := 2, "one absorbed"
+			for _, a := range p.Answers {
+				if a.Status == http.StatusOK && a.Replayed {
+					want, why = 1, "the sweeper looked it up before the retry came"
+				}
+			}
+			if last := p.Charges[len(p.Charges)-1]; last.Requests != want {
+				t.Errorf("the charge shows %d requests, want %d (%s)", last.Requests, want, why)
 			}
 			maxToken(t, p, 2)
 		},

@@ -69,12 +69,12 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	// Listen before serving so that a bind error stops the start, not a goroutine.
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
-		return fmt.Errorf("listening on %s: %w", cfg.Addr, err)
+		return fmt.Errorf("HTTP_ADDR=%s: %w; check that no other process listens there, or set HTTP_ADDR to a free address", cfg.Addr, err)
 	}
 	defer ln.Close() // a no-op once Serve has closed it
 	ch, err := channel.Open(ctx, cfg.DatabaseURL, cfg.Options(log))
 	if err != nil {
-		return err
+		return fmt.Errorf("CHANNEL_DATABASE_URL: %w; check that PostgreSQL runs there and lets its user in, or set CHANNEL_DATABASE_URL", err)
 	}
 	defer ch.Close()
 	srv := &http.Server{

@@ -183,20 +183,20 @@ func TestRun(t *testing.T) {
 		s.stop(t)
 	})
 
-	t.Run("reports a bind error at start", func(t *testing.T) {
+	t.Run("reports a bind error at start, naming HTTP_ADDR", func(t *testing.T) {
 		env := map[string]string{"HTTP_ADDR": "256.0.0.1:0"}
 		err := run(context.Background(), []string{"paymentchannel"}, env, io.Discard, io.Discard)
-		if err == nil || !strings.Contains(err.Error(), "listening on") {
-			t.Errorf("run = %v, want a listen error", err)
+		if err == nil || !strings.HasPrefix(err.Error(), "HTTP_ADDR=256.0.0.1:0: ") || !strings.Contains(err.Error(), "set HTTP_ADDR") {
+			t.Errorf("run = %v, want a listen error naming HTTP_ADDR", err)
 		}
 	})
 
-	t.Run("reports an unreachable database at start", func(t *testing.T) {
+	t.Run("reports an unreachable database at start, naming CHANNEL_DATABASE_URL", func(t *testing.T) {
 		env := map[string]string{"HTTP_ADDR": "127.0.0.1:0",
 			"CHANNEL_DATABASE_URL": "postgres://postgres@127.0.0.1:1/paymentchannel?sslmode=disable&connect_timeout=2"}
 		err := run(context.Background(), []string{"paymentchannel"}, env, io.Discard, io.Discard)
-		if err == nil || !strings.Contains(err.Error(), "payment channel database") {
-			t.Errorf("run = %v, want a database error", err)
+		if err == nil || !strings.HasPrefix(err.Error(), "CHANNEL_DATABASE_URL: ") || !strings.Contains(err.Error(), "payment channel database") {
+			t.Errorf("run = %v, want a database error naming CHANNEL_DATABASE_URL", err)
 		}
 	})
 }

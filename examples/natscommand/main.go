@@ -6,6 +6,8 @@
 //	go run ./examples/natscommand -s nats://127.0.0.1:4223 -user acme -password demo-key-acme \
 //	  create R1 '{"customer_id":"cus_1","currency":"EUR","items":[{"sku":"A","quantity":1,"unit_price":1250}]}'
 //
+// (prices are in the currency's minor units: 1250 is 12.50 EUR)
+//
 // publishes the body on orders.commands.acme.create with the header
 // Idempotency-Key: R1, and prints what arrives on orders.results.acme.create
 // under that key: its headers (Status, Idempotent-Replayed) and its body,

@@ -6,6 +6,7 @@
 package answer
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -98,7 +99,9 @@ func RenderError(err error) Response {
 }
 
 // renderProblem writes e as an RFC 9457 document. encoding/json writes a
-// map's keys sorted, so the same error is always the same bytes.
+// map's keys sorted, so the same error is always the same bytes; and as
+// they read (`Bearer <key>`), not HTML-escaped (`\u003ckey\u003e`): the
+// document is JSON for a client, never markup in a page.
 func renderProblem(e *problem.Error) (status int, body []byte) {
 	status = StatusOf(e.Code)
 	doc := make(map[string]any, 5+len(e.Extensions))
@@ -110,11 +113,13 @@ func renderProblem(e *problem.Error) (status int, body []byte) {
 	doc["status"] = status
 	doc["detail"] = e.Detail
 	doc["code"] = e.Code
-	body, err := json.Marshal(doc)
-	if err != nil { // only a non-marshalable extension gets here
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(doc); err != nil { // only a non-marshalable extension gets here
 		return http.StatusInternalServerError, []byte(`{"type":"urn:orderservice:problem:internal","title":"Internal error","status":500,"code":"internal"}`)
 	}
-	return status, body
+	return status, bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 }
 
 // Problem maps an error a use case returned to the problem it answers: a

@@ -1,6 +1,8 @@
 package answer
 
 import (
+	"bytes"
+	"encoding/json"
 	"testing"
 
 	"github.com/orderservice/orderservice/internal/order"
@@ -31,5 +33,24 @@ func TestEveryCodeHasTheContractsStatus(t *testing.T) {
 	}
 	if got := StatusOf("no_such_code"); got != 500 {
 		t.Errorf("an unknown code is %d, want 500", got)
+	}
+}
+
+// Every problem document says its detail as written: `Bearer <key>`, not
+// encoding/json's HTML-escaped `Bearer \u003ckey\u003e`, and stays JSON.
+func TestProblemBodiesAreNotHTMLEscaped(t *testing.T) {
+	const detail = "Send a valid API key as Authorization: Bearer <key> & retry."
+	for code := range codes {
+		r := RenderError(problem.Errorf(code, "%s", detail).With("hint", "<a & b>"))
+		if !bytes.Contains(r.Body, []byte(`"detail":"`+detail+`"`)) || !bytes.Contains(r.Body, []byte(`"hint":"<a & b>"`)) {
+			t.Errorf("%s: %s", code, r.Body)
+		}
+		var doc map[string]any
+		if err := json.Unmarshal(r.Body, &doc); err != nil || doc["detail"] != detail {
+			t.Errorf("%s: not the JSON it should be (%v): %s", code, err, r.Body)
+		}
+		if bytes.HasSuffix(r.Body, []byte("\n")) {
+			t.Errorf("%s: the body ends with a newline", code)
+		}
 	}
 }

@@ -228,43 +228,29 @@ func (m *Main) start(ctx context.Context) error {
 	// The API listens before the database is there: /healthz and /readyz
 	// answer (200, 503) while a failover or a booting database is awaited,
 	// and nothing touches a database that is not a writable primary.
-	ln, err := net.Listen("tcp", cfg.HTTP.Addr)
+	ln, err := listen("HTTP_ADDR", cfg.HTTP.Addr, "")
 	if err != nil {
-		return fmt.Errorf("listen on HTTP_ADDR %s: %w", cfg.HTTP.Addr, err)
+		return err
 	}
 	m.Addr = ln.Addr().String()
-
-	channelURL := cfg.Payment.ChannelURL
-	if channelURL == "" {
-		// The channel's ledger is its own database, so a restart of the
-		// service forgets no charge, as a real acquirer would not. It
-		// delivers its webhooks to this service (the gate answers 503
-		// until the service is ready, and the channel delivers again).
-		m.Channel, err = channel.Open(ctx, cfg.Channel.DatabaseURL, cfg.Channel.Options(cfg.Payment,
-			m.URL()+"/webhooks/payment-channel", m.Logger.With("component", "paymentchannel")))
-		if err != nil {
-			ln.Close()
-			return err
-		}
-		channelLn, err := net.Listen("tcp", cfg.Channel.Addr)
-		if err != nil {
-			ln.Close()
-			return fmt.Errorf("listen for the embedded payment channel on %s: %w", cfg.Channel.Addr, err)
-		}
-		m.ChannelAddr = channelLn.Addr().String()
-		m.serve(channelLn, m.Channel.Handler(), lifetime)
-		channelURL = "http://" + m.ChannelAddr
-	}
-	// Served last, so that it is the first to stop (Close): the channel
+	// Served first, so that it is the first to stop (Close): the channel
 	// outlives the requests that call it.
 	gate := &startingGate{}
 	m.serve(ln, gate, lifetime)
 
-	version, err := m.openDatabase(ctx)
+	deadline := time.Now().Add(cfg.Database.StartTimeout)
+	version, err := m.openDatabase(ctx, deadline)
 	if err != nil {
 		return err
 	}
 	db := m.DB
+
+	channelURL := cfg.Payment.ChannelURL
+	if channelURL == "" {
+		if channelURL, err = m.startChannel(ctx, deadline, lifetime); err != nil {
+			return err
+		}
+	}
 
 	embedded, dial, natsURL, err := natsDialer(cfg, true)
 	if err != nil {
@@ -355,10 +341,35 @@ func (m *Main) start(ctx context.Context) error {
 	}
 	gate.open(api.HTTPHandler())
 
-	m.Logger.Info("orderservice started", "addr", m.Addr, "schema_version", version,
+	m.Logger.Info("orderservice ready on "+m.publicURL(), "addr", m.Addr, "schema_version", version,
 		"payment_channel", channelURL, "nats", redactURL(m.NATSURL), "lease", cfg.Recovery.Lease.String(), "retention", policy.Describe(cfg.Recovery.Lease),
 		"message_redelivery_source", sources["message_redelivery"], "outbox_retention", outboxRetention(policy).String())
 	return nil
+}
+
+// startChannel starts the embedded mock channel, once the service's
+// database is there (its own is on the same server by default), and
+// returns its URL. The channel's ledger is its own database, so a restart
+// of the service forgets no charge, as a real acquirer would not. It
+// delivers its webhooks to this service (the gate answers 503 until the
+// service is ready, and the channel delivers again).
+func (m *Main) startChannel(ctx context.Context, deadline time.Time, lifetime context.Context) (string, error) {
+	cfg := m.Config
+	err := m.awaitDatabase(ctx, deadline, "CHANNEL_DATABASE_URL", cfg.Channel.DatabaseURL, func() (err error) {
+		m.Channel, err = channel.Open(ctx, cfg.Channel.DatabaseURL, cfg.Channel.Options(cfg.Payment,
+			m.URL()+"/webhooks/payment-channel", m.Logger.With("component", "paymentchannel")))
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	ln, err := listen("CHANNEL_ADDR", cfg.Channel.Addr, " (or PAYMENT_CHANNEL_URL to a channel running elsewhere)")
+	if err != nil {
+		return "", err
+	}
+	m.ChannelAddr = ln.Addr().String()
+	m.serve(ln, m.Channel.Handler(), lifetime)
+	return "http://" + m.ChannelAddr, nil
 }
 
 // serve serves h on ln, each request's context a child of lifetime.
@@ -376,6 +387,16 @@ func (m *Main) serve(ln net.Listener, h http.Handler, lifetime context.Context) 
 
 // URL is the base URL of the order API.
 func (m *Main) URL() string { return "http://" + strings.Replace(m.Addr, "[::]", "127.0.0.1", 1) }
+
+// publicURL is the base URL a person on this machine opens: localhost when
+// the API listens on every interface.
+func (m *Main) publicURL() string {
+	host, port, err := net.SplitHostPort(m.Addr)
+	if err != nil || !net.ParseIP(host).IsUnspecified() {
+		return m.URL()
+	}
+	return "http://localhost:" + port
+}
 
 // Close stops accepting requests and commands, lets in-flight ones finish,
 // stops the background workers and closes the NATS connection, the embedded
@@ -400,12 +421,12 @@ func (m *Main) Close() error {
 	if m.Door != nil {
 		errs = append(errs, m.Door.StopCommands(ctx))
 	}
-	for i := len(m.servers) - 1; i >= 0; i-- {
-		if err := m.servers[i].Shutdown(ctx); err != nil {
+	for i, srv := range m.servers { // the API first, the embedded channel last
+		if err := srv.Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("shutdown within SHUTDOWN_TIMEOUT %s: %w", m.Config.ShutdownTimeout, err))
-			_ = m.servers[i].Close()
+			_ = srv.Close()
 		}
-		if i == len(m.servers)-1 && m.stop != nil { // the API is drained: stop the sweeper next
+		if i == 0 && m.stop != nil { // the API is drained: stop the sweeper next
 			m.stop()
 			m.waitWorkers(ctx)
 		}

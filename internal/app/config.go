@@ -123,8 +123,9 @@ type DatabaseConfig struct {
 	// broke the old connections.
 	ConnMaxLifetime time.Duration `env:"DB_CONN_MAX_LIFETIME" envDefault:"2m"`
 	// StartTimeout is how long the start waits for a writable primary (a
-	// failover, a booting database) while /healthz answers 200 and /readyz
-	// 503; then it gives up.
+	// failover, a booting database, PostgreSQL not started yet; the
+	// embedded channel's database too) while /healthz answers 200 and
+	// /readyz 503; then it gives up, naming the URL's setting.
 	StartTimeout time.Duration `env:"DB_START_TIMEOUT" envDefault:"60s"`
 }
 

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -16,7 +17,9 @@ import (
 )
 
 // connectNATS starts the embedded NATS server when NATS_URL is empty, and
-// connects to whichever server is in use. embedded is nil for an external one.
+// connects to whichever server is in use. embedded is nil for an external
+// one; without embedded (a command-line tool) it connects to the embedded
+// server of the service that runs. A failure names the setting to change.
 func connectNATS(cfg Config, embedded bool) (*messaging.Embedded, *nats.Conn, string, error) {
 	srv, dial, serverURL, err := natsDialer(cfg, embedded)
 	if err != nil {
@@ -39,33 +42,50 @@ func connectNATS(cfg Config, embedded bool) (*messaging.Embedded, *nats.Conn, st
 func natsDialer(cfg Config, embedded bool) (srv *messaging.Embedded, dial func() (*nats.Conn, error), serverURL string, err error) {
 	serverURL = cfg.NATS.URL
 	opts := []nats.Option{nats.Name("orderservice"), nats.MaxReconnects(-1), nats.ReconnectWait(500 * time.Millisecond)}
+	setting, value := "NATS_URL", redactURL(serverURL)
+	check := "check that the broker runs there and lets the service's user in, or leave NATS_URL empty for the embedded server"
 	if serverURL == "" {
+		setting, value = "NATS_EMBEDDED_ADDR", cfg.NATS.EmbeddedAddr
 		if embedded {
 			srv, err = messaging.StartEmbedded(cfg.NATS.Embedded(cfg.APIKeys))
 			if err != nil {
-				return nil, nil, "", err
+				return nil, nil, "", embeddedStartError(cfg.NATS, err)
 			}
 			serverURL = srv.URL()
 		} else { // a command-line tool talks to the running service's embedded server
 			serverURL = "nats://" + cfg.NATS.EmbeddedAddr
+			check = "this command talks to the embedded NATS server of a running service: check that the service runs " +
+				"(make run) with the same NATS_EMBEDDED_ADDR, or set NATS_URL to the broker it uses"
 		}
 		opts = append(opts, nats.UserInfo(messaging.ServiceUser, cfg.NATS.ServicePassword))
 	}
 	dial = func() (*nats.Conn, error) {
 		nc, err := nats.Connect(serverURL, opts...)
 		if err != nil {
-			return nil, fmt.Errorf("connect to NATS at %s: %w", redactURL(serverURL), err)
+			return nil, &StartError{Setting: setting, Value: value, Err: fmt.Errorf("connect to NATS: %w", err), Check: check}
 		}
 		return nc, nil
 	}
 	return srv, dial, serverURL, nil
 }
 
+// embeddedStartError names the setting behind the embedded server's
+// failure to start: its address, or its store directory.
+func embeddedStartError(c NATSConfig, err error) error {
+	if errors.Is(err, messaging.ErrEmbeddedStore) {
+		return &StartError{Setting: "NATS_STORE_DIR", Value: c.Embedded(nil).StoreDir, Err: err,
+			Check: "check that the directory can be created and written, or set NATS_STORE_DIR to one that can"}
+	}
+	return &StartError{Setting: "NATS_EMBEDDED_ADDR", Value: c.EmbeddedAddr, Err: err,
+		Check: freeAddress("NATS_EMBEDDED_ADDR", " (or NATS_URL to a broker of your own)")}
+}
+
+// redactURL is s with its password hidden.
 func redactURL(s string) string {
 	if u, err := url.Parse(s); err == nil {
 		return u.Redacted()
 	}
-	return "(NATS_URL)"
+	return "(a URL that does not parse)"
 }
 
 // brokerPolicy reads the streams the commands replay from (creating them

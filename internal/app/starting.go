@@ -2,6 +2,8 @@ package app
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -12,29 +14,79 @@ import (
 	"github.com/orderservice/orderservice/internal/problem"
 )
 
-// openDatabase opens the pool and applies the migrations, waiting up to
-// DB_START_TIMEOUT while no read-write database answers (a failover under
-// way, only a replica reachable, a server still booting). Any other error
-// (bad credentials, a failed migration) stops the start at once.
-func (m *Main) openDatabase(ctx context.Context) (uint, error) {
-	cfg := m.Config
-	deadline := time.Now().Add(cfg.Database.StartTimeout)
+// StartError is why the service could not start, as main prints it: the
+// setting to change, its value, what went wrong and what to check.
+type StartError struct {
+	Setting string
+	Value   string
+	Err     error
+	Check   string
+}
+
+func (e *StartError) Error() string {
+	return fmt.Sprintf("%s=%s: %v; %s", e.Setting, e.Value, e.Err, e.Check)
+}
+
+func (e *StartError) Unwrap() error { return e.Err }
+
+// listen binds addr, the value of setting, before anything is served, so
+// that an address in use stops the start with its setting named. elsewhere
+// says how to do without the listener, if there is a way.
+func listen(setting, addr, elsewhere string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, &StartError{Setting: setting, Value: addr, Err: err, Check: freeAddress(setting, elsewhere)}
+	}
+	return ln, nil
+}
+
+// freeAddress says what to check when the address in setting cannot be
+// listened on.
+func freeAddress(setting, elsewhere string) string {
+	return "check that no other process listens there (a service already started?), or set " + setting + " to a free address" + elsewhere
+}
+
+// openDatabase opens the pool and applies the migrations (awaitDatabase).
+func (m *Main) openDatabase(ctx context.Context, deadline time.Time) (uint, error) {
+	var version uint
+	err := m.awaitDatabase(ctx, deadline, "DATABASE_URL", m.Config.Database.URL, func() (err error) {
+		version, err = m.tryOpenDatabase(ctx)
+		return err
+	})
+	return version, err
+}
+
+// awaitDatabase runs open, the opening of the database at url (the value
+// of setting), until it succeeds, trying again until deadline
+// (DB_START_TIMEOUT from the start) while no read-write database answers
+// (PostgreSQL not started yet, a failover under way, only a replica
+// reachable). Any other error (a role that does not exist, a failed
+// migration) stops the start at once.
+func (m *Main) awaitDatabase(ctx context.Context, deadline time.Time, setting, url string, open func() error) error {
 	var lastLog time.Time
 	for {
-		version, err := m.tryOpenDatabase(ctx)
-		if err == nil {
-			return version, nil
-		}
-		if !database.IsUnavailable(err) || ctx.Err() != nil || time.Now().After(deadline) {
-			return 0, err
+		err := open()
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case !database.IsUnavailable(err):
+			return &StartError{Setting: setting, Value: redactURL(url), Err: err,
+				Check: "check the user, the password and the database it names (a missing database is created), or set " + setting}
+		case time.Now().After(deadline):
+			return &StartError{Setting: setting, Value: redactURL(url), Err: err,
+				Check: fmt.Sprintf("no read-write PostgreSQL answered there within DB_START_TIMEOUT (%s): check that PostgreSQL "+
+					"is running and accepts connections at that address, or set %s", m.Config.Database.StartTimeout, setting)}
 		}
 		if time.Since(lastLog) >= 10*time.Second {
-			m.Logger.Warn("waiting for a read-write database", "err", err, "gives_up_in", time.Until(deadline).Round(time.Second).String())
+			m.Logger.Warn("waiting for a read-write database: /healthz answers 200, /readyz and the API 503", "setting", setting,
+				"err", err, "gives_up_in", time.Until(deadline).Round(time.Second).String())
 			lastLog = time.Now()
 		}
 		select {
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return ctx.Err()
 		case <-time.After(500 * time.Millisecond):
 		}
 	}

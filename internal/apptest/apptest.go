@@ -72,6 +72,14 @@ func Config(t testing.TB, dbURL string, env map[string]string) app.Config {
 	return cfg
 }
 
+// LessonEnv is what the tests that play the lessons (the lab's, the
+// demo's, the lessons' own) start the service with: pm_slow outlasts the
+// moment lesson 4 sends its duplicates, and a channel call has room beyond
+// it on a machine loaded by the whole suite (a call past its timeout is an
+// unknown outcome, and a lesson's story another one); the lease exceeds
+// the call by a second, as the configuration requires.
+var LessonEnv = map[string]string{"PAYMENT_SLOW_DELAY": "1s", "PAYMENT_CHANNEL_TIMEOUT": "5s", "IDEMPOTENCY_LEASE": "6s"}
+
 // Start boots the service and closes it when the test ends.
 func Start(t testing.TB, dbURL string, env map[string]string) *app.Main {
 	t.Helper()

@@ -1,8 +1,10 @@
 package deploytest
 
 import (
+	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -224,6 +226,53 @@ func TestCompose(t *testing.T) {
 		}
 	})
 
+	t.Run("every published port moves with its variable, and keeps its default without", func(t *testing.T) {
+		defaults := map[string]string{}
+		for _, s := range p.Services {
+			for _, port := range s.Ports {
+				defaults[s.Name+":"+strconv.FormatUint(uint64(port.Target), 10)] = port.Published
+			}
+		}
+		var env []string
+		for i, v := range publishedPortVariables {
+			env = append(env, fmt.Sprintf("%s=%d", v, 20001+i))
+		}
+		moved := loadComposeWith(t, env)
+		seen := map[string]bool{}
+		for _, s := range moved.Services {
+			for _, port := range s.Ports {
+				name := s.Name + ":" + strconv.FormatUint(uint64(port.Target), 10)
+				n, _ := strconv.Atoi(port.Published)
+				if n < 20001 || n >= 20001+len(publishedPortVariables) || seen[port.Published] {
+					t.Errorf("%s is published on %s (default %s) whatever the variables say: give it a ${VAR:-%s}",
+						name, port.Published, defaults[name], defaults[name])
+					continue
+				}
+				seen[port.Published] = true
+				if port.HostIP != "127.0.0.1" {
+					t.Errorf("%s moved off loopback: %q", name, port.HostIP)
+				}
+			}
+		}
+		if len(seen) != len(publishedPortVariables) {
+			t.Errorf("%d of the %d port variables move a port; the file's header lists every one that does", len(seen), len(publishedPortVariables))
+		}
+		raw, err := os.ReadFile(filepath.Join(repoRoot, "docker-compose.yml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		header, _, _ := strings.Cut(string(raw), "\nname:")
+		for _, v := range publishedPortVariables {
+			if !strings.Contains(header, v) {
+				t.Errorf("the file's header does not name %s", v)
+			}
+		}
+		jaeger := fmt.Sprintf("http://localhost:%d/", 20001+slices.Index(publishedPortVariables, "ORDERSERVICE_JAEGER_PORT"))
+		if env := environment(t, service(t, moved, svcLab)); !strings.HasPrefix(env["LAB_TRACE_URL"], jaeger) {
+			t.Errorf("the lab's links to traces do not follow the moved Jaeger port: LAB_TRACE_URL = %q", env["LAB_TRACE_URL"])
+		}
+	})
+
 	t.Run("the image is built with the VERSION it is given, devel without", func(t *testing.T) {
 		for _, name := range append([]string{svcChannel, svcLab}, replicas...) {
 			// Loaded without the caller's environment: ${VERSION:-devel}.
@@ -263,6 +312,13 @@ func TestCompose(t *testing.T) {
 			}
 		}
 	})
+}
+
+// publishedPortVariables move compose's published ports, one each.
+var publishedPortVariables = []string{
+	"ORDERSERVICE_API_PORT", "ORDERSERVICE_CHANNEL_PORT", "ORDERSERVICE_LAB_PORT", "ORDERSERVICE_NATS_PORT",
+	"ORDERSERVICE_POSTGRES_PORT", "ORDERSERVICE_PROMETHEUS_PORT", "ORDERSERVICE_GRAFANA_PORT", "ORDERSERVICE_JAEGER_PORT",
+	"ORDERSERVICE_OTLP_GRPC_PORT", "ORDERSERVICE_OTLP_HTTP_PORT",
 }
 
 func expectDependsOnHealthy(t *testing.T, s types.ServiceConfig, deps ...string) {

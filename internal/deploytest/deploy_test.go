@@ -36,14 +36,18 @@ var replicas = []string{svcReplica1, svcReplica2}
 // loadCompose loads docker-compose.yml the way `docker compose` does
 // (schema validation, merge keys, normalisation), without the caller's
 // environment, so nothing on this machine leaks into what is checked.
-func loadCompose(t *testing.T) *types.Project {
+func loadCompose(t *testing.T) *types.Project { return loadComposeWith(t, nil) }
+
+// loadComposeWith is loadCompose with env ("NAME=value") as the
+// environment compose interpolates the file from, as a shell's would be.
+func loadComposeWith(t *testing.T, env []string) *types.Project {
 	t.Helper()
 	root, err := filepath.Abs(repoRoot)
 	if err != nil {
 		t.Fatal(err)
 	}
 	opts, err := cli.NewProjectOptions([]string{filepath.Join(root, "docker-compose.yml")},
-		cli.WithWorkingDirectory(root))
+		cli.WithWorkingDirectory(root), cli.WithEnv(env))
 	if err != nil {
 		t.Fatalf("compose options: %v", err)
 	}

@@ -42,13 +42,16 @@ var expect = map[string][]string{
 		"HTTP/1.1 201 Created", "Idempotent-Replayed: true", "HTTP/1.1 422 Unprocessable Entity", "idempotency_key_reused",
 		"HTTP/1.1 503 Service Unavailable", "HTTP/1.1 200 OK", `"charges":1`, `"duplicates_absorbed":1`,
 		"HTTP/1.1 202 Accepted", `"status":"PAYMENT_PENDING"`, `"status":"PAID"`,
+		"HTTP/1.1 409 Conflict", "invalid_transition", "A PAID order cannot be paid", "request_in_progress", "Retry-After: ",
+		"Preference-Applied: wait=10",
 	},
 	"docs/api.md": {
 		"HTTP/1.1 201 Created", "HTTP/1.1 200 OK", "Idempotent-Replayed: true", "HTTP/1.1 400 Bad Request",
 		"idempotency_key_missing", `"status":"PAID"`, `"status":"DELIVERED"`, `"longest_window"`,
 	},
-	"docs/messaging.md": {"Status: 201", "Idempotent-Replayed: true", "orders.results.acme.malformed  Status: 400", "unknown operation"},
-	"docs/lab.md":       {"\n5 orders for one intent\n"},
+	"docs/messaging.md":  {"Status: 201", "Idempotent-Replayed: true", "orders.results.acme.malformed  Status: 400", "unknown operation"},
+	"docs/lab.md":        {"\n5 orders for one intent\n"},
+	"docs/operations.md": {"still failing after 5 deliveries", "1 dead-lettered commands replayed, 0 kept", `"status":"PAID"`},
 }
 
 // TestEveryDocsCommandPastes runs every sh and bash block of the README
@@ -71,8 +74,17 @@ func TestEveryDocsCommandPastes(t *testing.T) {
 		"localhost:8099", naiveAddr,
 	)
 	// What the blocks' own programs read: examples/naiveorders on its own
-	// port, with its tables in this package's database.
-	env := append(os.Environ(), "NAIVE_ADDR="+naiveAddr, "NAIVE_DATABASE_URL="+dbURL, "NAIVE_CHANNEL_URL=http://"+m.ChannelAddr)
+	// port, with its tables in this package's database; the service's own
+	// commands (`go run ./cmd/orderservice dlq …`), the address of the
+	// embedded NATS server they talk to, which `make run` has by default.
+	env := append(os.Environ(), "NAIVE_ADDR="+naiveAddr, "NAIVE_DATABASE_URL="+dbURL, "NAIVE_CHANNEL_URL=http://"+m.ChannelAddr,
+		"NATS_EMBEDDED_ADDR="+m.Embedded.Addr())
+	// A newcomer pastes with `make run` going, which compiled the service:
+	// its commands then only link. So does the test, before the blocks and
+	// their timeouts.
+	if out, err := exec.Command("go", "build", "-o", os.DevNull, "github.com/orderservice/orderservice/cmd/orderservice").CombinedOutput(); err != nil {
+		t.Fatalf("build the service as make run does: %v\n%s", err, out)
+	}
 
 	files, err := filepath.Glob(filepath.Join(repoRoot, "docs", "*.md"))
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -95,7 +96,7 @@ func (s *Server) handleError(err error, c echo.Context) {
 	if c.Response().Committed {
 		return
 	}
-	resp := answer.RenderError(echoProblem(err))
+	resp := answer.RenderError(outsideTheAPI(echoProblem(err), c.Request().URL.Path))
 	switch {
 	case resp.Status == http.StatusServiceUnavailable: // transient, and the client was told to retry
 		s.Logger.WarnContext(c.Request().Context(), "request postponed", "err", err, "method", c.Request().Method, "path", c.Path())
@@ -132,6 +133,17 @@ func echoProblem(err error) error {
 		return problem.Errorf(problem.UnsupportedMediaType, "Send the body as application/json.")
 	}
 	return err
+}
+
+// outsideTheAPI tells a request for an unknown path outside /v1 where the
+// API is (a newcomer's first guess is often /orders); any other error
+// passes unchanged.
+func outsideTheAPI(err error, path string) error {
+	if problem.CodeOf(err) != problem.NotFound || path == "/v1" || strings.HasPrefix(path, "/v1/") {
+		return err
+	}
+	return problem.Errorf(problem.NotFound, "No such path: the API is under /v1 (for instance GET /v1/orders); "+
+		"/healthz, /readyz and /metrics are beside it.")
 }
 
 // send writes a rendered answer.

@@ -48,7 +48,7 @@ func redelivered(ctx context.Context, s *Session) error {
 	defer results.stop()
 	subject := messaging.CommandSubject(s.cfg.Tenant, "create")
 	s.send("SUB %s  as NATS user %s (password: its API key)", results.sub.Subject, s.cfg.Tenant)
-	s.send("PUB %s  Idempotency-Key: %s  (customer %s, 2 × SKU-1 at 12.50 EUR)", subject, r1, body.CustomerID)
+	s.send("PUB %s  Idempotency-Key: %s  (customer %s, 2 × SKU-1, unit_price 1250: minor units, 12.50 EUR)", subject, r1, body.CustomerID)
 	ack1, err := s.publishCommand(ctx, "create", r1, raw)
 	if err != nil {
 		return err
@@ -266,7 +266,9 @@ func deadLetterReplayed(ctx context.Context, s *Session) error {
 	}
 	var replayed []messaging.Replayed
 	if opErr == nil {
-		s.send("orderservice dlq replay %d  (it republishes the command unchanged to %s and deletes it from the DLQ)", dead.Sequence, dead.Subject)
+		s.send("go run ./cmd/orderservice dlq replay %d  (it republishes the command unchanged to %s and deletes it from the DLQ)",
+			dead.Sequence, dead.Subject)
+		s.note("(under docker compose: docker compose exec orderservice-1 /orderservice dlq replay %d)", dead.Sequence)
 		if err := s.waitStep(ctx, Request{Method: "REPLAY", Path: dead.Subject, Key: r2, Operation: "order.pay"}); err != nil {
 			return err
 		}
@@ -285,7 +287,7 @@ func deadLetterReplayed(ctx context.Context, s *Session) error {
 			s.emit(Event{Kind: KindMessage, Message: &Message{Kind: MessageReplay, Subject: r.Subject, Key: r2, Seq: r.Sequence}})
 		}
 	} else {
-		s.note("The operator would run `orderservice dlq list` and `orderservice dlq replay SEQ`, which republishes the")
+		s.note("The operator would run `go run ./cmd/orderservice dlq list` and `… dlq replay SEQ`, which republishes the")
 		s.note("command unchanged; without their credentials, the client publishes that very command instead:")
 		s.send("PUB %s  Idempotency-Key: %s  (the dead letter's headers and body)", subject, r2)
 		if _, err := s.publishCommand(ctx, "pay", r2, body); err != nil {

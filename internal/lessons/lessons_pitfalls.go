@@ -368,22 +368,34 @@ func newChannelKeyPerRetry(ctx context.Context, s *Session) error {
 	if err != nil {
 		return err
 	}
-	s.note("channel /admin/stats: charges %d → %d, duplicates_absorbed %d → %d",
-		mid.Charges, after.Charges, mid.DuplicatesAbsorbed, after.DuplicatesAbsorbed)
+	s.note("channel /admin/stats: charges %d → %d, duplicates_absorbed %d → %d, lookups %d → %d",
+		mid.Charges, after.Charges, mid.DuplicatesAbsorbed, after.DuplicatesAbsorbed, mid.Lookups, after.Lookups)
 	requests := 0
 	if len(charges) == 1 {
 		requests = charges[0].Requests
+	}
+	// A retry after Retry-After (a busy machine, a learner pausing between
+	// steps) may find the sweeper resumed the intent first: it looks the
+	// charge up under the same key rather than sending it again (lesson 7).
+	if paid.Replayed {
+		s.note("The sweeper resumed the intent before the retry came, and looked the charge up under the same key.")
 	}
 
 	s.check(naiveAns[0].status == http.StatusServiceUnavailable && succeeded(naiveCharges) == 2 && len(keys) == 2 &&
 		mid.Charges-before.Charges == 2,
 		"naive service: one intent, two attempts, %d charges at the channel under %d keys (%s taken for an order of %s)",
 		succeeded(naiveCharges), len(keys), euros(amountOf(naiveCharges)), euros(amountOf(naiveCharges)/int64(max(1, succeeded(naiveCharges)))))
-	s.check(first.status == http.StatusServiceUnavailable && paid.Value.Status == client.StatusPaid && len(charges) == 1 && requests == 2,
+	s.check(first.status == http.StatusServiceUnavailable && paid.Value.Status == client.StatusPaid && len(charges) == 1 && requests >= 1,
 		"the service: 503, then PAID; %d charge at the channel, reached by %d requests under one key", len(charges), requests)
-	s.check(after.Charges-mid.Charges == 1 && after.DuplicatesAbsorbed > mid.DuplicatesAbsorbed,
-		"the service: the channel's ledger grew by 1 charge and absorbed the retry (duplicates_absorbed +%d)",
-		after.DuplicatesAbsorbed-mid.DuplicatesAbsorbed)
+	if requests > 1 {
+		s.check(after.Charges-mid.Charges == 1 && after.DuplicatesAbsorbed-mid.DuplicatesAbsorbed >= int64(requests-1),
+			"the service: the channel's ledger grew by 1 charge and absorbed the retry (duplicates_absorbed +%d)",
+			after.DuplicatesAbsorbed-mid.DuplicatesAbsorbed)
+	} else {
+		s.check(after.Charges-mid.Charges == 1 && after.Lookups > mid.Lookups,
+			"the service: the channel's ledger grew by 1 charge, which the sweeper looked up under the same key (lookups +%d)",
+			after.Lookups-mid.Lookups)
+	}
 	return nil
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/orderservice/orderservice/examples/naiveorders/naive"
+	"github.com/orderservice/orderservice/internal/app"
 	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/testdb"
 )
@@ -52,8 +53,9 @@ func (e *events) of(lesson int) []Event {
 // TestEveryLessonTellsAWellFormedStory plays every lesson, stepping, with
 // the lanes observed, and checks the shape every front end relies on.
 func TestEveryLessonTellsAWellFormedStory(t *testing.T) {
-	m := apptest.Start(t, dbURL, map[string]string{"PAYMENT_SLOW_DELAY": "1s"})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	m := apptest.Start(t, dbURL, apptest.LessonEnv)
+	// A bound against a hang, with room for the whole suite's load.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var got events
 	s := NewSession(Config{BaseURL: m.URL(), ChannelURL: "http://" + m.ChannelAddr, APIKey: apptest.KeyAcme,
@@ -75,10 +77,16 @@ func TestEveryLessonTellsAWellFormedStory(t *testing.T) {
 	for _, l := range All() {
 		t.Run(l.Title, func(t *testing.T) {
 			out := s.Play(ctx, l, step)
-			if !out.Passed {
-				t.Fatalf("lesson %d did not pass: %v", l.Number, out.Err)
-			}
 			evs := got.of(l.Number)
+			if !out.Passed {
+				var told []string
+				for _, e := range evs {
+					if e.Kind == KindSay || e.Kind == KindCheck || e.Kind == KindAnswer && e.Answer != nil {
+						told = append(told, fmt.Sprintf("%s %v %s %+v", e.Kind, e.OK, e.Text, e.Answer))
+					}
+				}
+				t.Fatalf("lesson %d did not pass: %v\n%s", l.Number, out.Err, strings.Join(told, "\n"))
+			}
 			if evs[0].Kind != KindLessonStart || evs[0].Text != l.Title {
 				t.Errorf("first event = %+v, want lesson_start with the title", evs[0])
 			}
@@ -418,4 +426,119 @@ func TestBrokerLessonsSayWhenTheBrokerRefusesTheTenant(t *testing.T) {
 	if out.Passed || out.Err == nil || !strings.Contains(out.Err.Error(), "the broker refuses tenant globex") {
 		t.Errorf("lesson 9 as globex with acme's key: %+v, want the broker's refusal", out)
 	}
+}
+
+// timingSession is a session of its own against a service of its own,
+// started with env, for a lesson played in a timing the test sets up.
+type timingSession struct {
+	*Session
+	m   *app.Main
+	got *events
+}
+
+func newTimingSession(t *testing.T, env map[string]string) timingSession {
+	m := apptest.Start(t, dbURL, env)
+	got := &events{}
+	s := NewSession(Config{BaseURL: m.URL(), ChannelURL: "http://" + m.ChannelAddr, APIKey: apptest.KeyAcme,
+		Tenant: "acme", Observe: true, NaiveDatabaseURL: dbURL}, got.sink)
+	t.Cleanup(s.Close)
+	return timingSession{s, m, got}
+}
+
+// sweepBefore is a step that lets the service's nth pay go only once the
+// sweeper has resumed an intent: a learner pausing past Retry-After, with
+// the service's own sweeper off (SWEEP_INTERVAL 1h) and swept by hand.
+func (ts timingSession) sweepBefore(nth int) StepFunc {
+	pays := 0
+	return func(ctx context.Context, r Request) error {
+		if r.Operation != "order.pay" || r.Naive != "" {
+			return nil
+		}
+		if pays++; pays < nth {
+			return nil
+		}
+		for {
+			n, err := ts.m.Orders.Sweep(ctx, 10)
+			if err != nil || n > 0 {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// play plays lesson n and fails the test unless it passed and its checks
+// say want; it returns what the lesson said and checked.
+func (ts timingSession) play(t *testing.T, n int, step StepFunc, want string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	l, _ := ByNumber(n)
+	from := len(ts.got.of(n))
+	out := ts.Play(ctx, l, step)
+	var lines []string
+	for _, e := range ts.got.of(n)[from:] {
+		if e.Kind == KindCheck || e.Kind == KindSay {
+			lines = append(lines, fmt.Sprintf("%v %s", e.OK, e.Text))
+		}
+	}
+	story := strings.Join(lines, "\n")
+	if !out.Passed {
+		t.Fatalf("lesson %d did not pass (%v):\n%s", n, out.Err, story)
+	}
+	if !strings.Contains(story, want) {
+		t.Errorf("lesson %d does not say %q:\n%s", n, want, story)
+	}
+	return story
+}
+
+// TestLostChannelResponseHoldsWhoeverResumesTheIntent plays lesson 7 in
+// both timings a learner can meet. Its first attempt leaves the intent
+// FAILED_RETRYABLE until Retry-After; a retry sent before then resumes it
+// and sends the charge again under the stored key, while one sent after
+// (a learner stepping slowly, a loaded machine) may find that the sweeper
+// resumed it first, asking the channel what it holds under the key. The
+// service's own sweeper is off here and the test sweeps by hand, so each
+// timing happens for sure; in both the lesson's checks hold and tell what
+// happened.
+func TestLostChannelResponseHoldsWhoeverResumesTheIntent(t *testing.T) {
+	ts := newTimingSession(t, map[string]string{"SWEEP_INTERVAL": "1h"})
+
+	t.Run("a retry at once resumes the intent and the channel absorbs the charge sent again", func(t *testing.T) {
+		ts.play(t, 7, nil, "the retry sent the charge again under that key and the channel absorbed the duplicate")
+	})
+
+	t.Run("a retry after the sweeper finished the intent gets its result, looked up under the same key", func(t *testing.T) {
+		ts.play(t, 7, ts.sweepBefore(2), "the sweeper asked the channel what it holds under the key")
+	})
+
+	// The pitfall of a new channel key per retry tells the service's half
+	// of the same story (its naive half runs where no sweeper goes).
+	l, _ := ByNumber(1)
+	for _, p := range All() {
+		if p.Pitfall == "new-channel-key-per-retry" {
+			l = p
+		}
+	}
+	t.Run("the new-channel-key pitfall's retry, at once", func(t *testing.T) {
+		ts.play(t, l.Number, nil, "absorbed the retry")
+	})
+	t.Run("the new-channel-key pitfall's retry, after the sweeper", func(t *testing.T) {
+		ts.play(t, l.Number, ts.sweepBefore(2), "which the sweeper looked up under the same key")
+	})
+}
+
+// TestInFlightHoldsWhenTheFirstFinishesFirst plays lesson 4 against a
+// channel whose pm_slow is not slow at all, as a machine too busy to send
+// the duplicates while the first runs would: the first has finished before
+// they come (the waiting one, at least), and the lesson says so and checks
+// that story (the first result, replayed, and one charge) instead of
+// failing.
+func TestInFlightHoldsWhenTheFirstFinishesFirst(t *testing.T) {
+	ts := newTimingSession(t, map[string]string{"PAYMENT_SLOW_DELAY": "1ms"})
+	t.Log(ts.play(t, 4, nil, "the channel holds exactly 1 charge for the order"))
 }

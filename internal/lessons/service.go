@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -259,12 +260,13 @@ func (s *Session) showRecord(r client.IdempotencyRecord) {
 	s.noteRecord(lr)
 }
 
-// waitForRecord polls the record until it is in state, or timeout passes.
-func (s *Session) waitForRecord(ctx context.Context, key, operation, state string, timeout time.Duration) (client.IdempotencyRecord, error) {
+// waitForRecord polls the record until it is in one of states, or timeout
+// passes.
+func (s *Session) waitForRecord(ctx context.Context, key, operation string, timeout time.Duration, states ...string) (client.IdempotencyRecord, error) {
 	start := time.Now()
 	for {
 		r, err := s.record(ctx, key, operation)
-		if err == nil && r.State == state {
+		if err == nil && slices.Contains(states, r.State) {
 			return r, nil
 		}
 		if time.Now().After(s.deadline(start, timeout)) {

@@ -271,7 +271,8 @@ func (s *Session) key(name string) string { return s.keyPrefix + "-" + name }
 // listing its orders counts only this play's.
 func (s *Session) customer() string { return "cus_" + strings.ReplaceAll(s.keyPrefix, "-", "_") }
 
-// purchase is the create body the lessons send: two of SKU-1 at 12.50.
+// purchase is the create body the lessons send: two of SKU-1 at 12.50 EUR
+// (unit_price 1250: prices are in minor units).
 func (s *Session) purchase() client.CreateOrderRequest {
 	return client.CreateOrderRequest{CustomerID: s.customer(), Currency: "EUR",
 		Items: []client.ItemRequest{{SKU: "SKU-1", Quantity: 2, UnitPrice: 1250}}}

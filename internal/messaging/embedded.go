@@ -1,8 +1,10 @@
 package messaging
 
 import (
+	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strconv"
 	"time"
 
@@ -25,6 +27,14 @@ type EmbeddedOptions struct {
 	ServicePassword string
 }
 
+// Why an embedded server did not start: it could not listen on its
+// address (another process holds it), or JetStream could not keep its
+// store in its directory.
+var (
+	ErrEmbeddedListen = errors.New("the embedded NATS server cannot listen")
+	ErrEmbeddedStore  = errors.New("the embedded NATS server cannot keep its JetStream store")
+)
+
 // Embedded is a running in-process NATS server with JetStream.
 type Embedded struct {
 	server *server.Server
@@ -45,6 +55,15 @@ func StartEmbedded(opts EmbeddedOptions) (*Embedded, error) {
 	}
 	if port == 0 {
 		port = server.RANDOM_PORT
+	} else if ln, err := net.Listen("tcp", opts.Addr); err != nil {
+		// The server would only report it to a log and never be ready:
+		// try the address first, for the reason.
+		return nil, fmt.Errorf("%w on %s: %w", ErrEmbeddedListen, opts.Addr, err)
+	} else {
+		ln.Close()
+	}
+	if err := writable(opts.StoreDir); err != nil {
+		return nil, fmt.Errorf("%w in %s: %w", ErrEmbeddedStore, opts.StoreDir, err)
 	}
 	users := []*server.User{{Username: ServiceUser, Password: opts.ServicePassword}}
 	for tenant, key := range opts.Tenants {
@@ -58,13 +77,54 @@ func StartEmbedded(opts EmbeddedOptions) (*Embedded, error) {
 	if err != nil {
 		return nil, fmt.Errorf("embedded NATS server: %w", err)
 	}
+	fatal := make(fatals, 1)
+	s.SetLoggerV2(fatal, false, false, false)
 	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
+	ready := make(chan bool, 1)
+	go func() { ready <- s.ReadyForConnections(10 * time.Second) }()
+	select {
+	case ok := <-ready:
+		if ok {
+			return &Embedded{server: s}, nil
+		}
 		s.Shutdown()
-		return nil, fmt.Errorf("embedded NATS server did not start listening on %s (store %s)", opts.Addr, opts.StoreDir)
+		return nil, fmt.Errorf("embedded NATS server did not start listening on %s (store %s) within 10s", opts.Addr, opts.StoreDir)
+	case msg := <-fatal: // the store refused, or another process took the address since it was tried
+		s.Shutdown()
+		return nil, fmt.Errorf("embedded NATS server on %s (store %s): %s", opts.Addr, opts.StoreDir, msg)
 	}
-	return &Embedded{server: s}, nil
 }
+
+// writable makes dir if it is missing and checks that a file can be
+// written in it, as JetStream's store must.
+func writable(dir string) error {
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(dir, ".writable-*")
+	if err != nil {
+		return err
+	}
+	f.Close()
+	return os.Remove(f.Name())
+}
+
+// fatals receives what the embedded server reports as fatal, where its own
+// logger would exit the process; it stops there, and StartEmbedded returns
+// the reason. The rest of its log is dropped.
+type fatals chan string
+
+func (f fatals) Fatalf(format string, v ...any) {
+	select {
+	case f <- fmt.Sprintf(format, v...):
+	default:
+	}
+}
+func (fatals) Noticef(string, ...any) {}
+func (fatals) Warnf(string, ...any)   {}
+func (fatals) Errorf(string, ...any)  {}
+func (fatals) Debugf(string, ...any)  {}
+func (fatals) Tracef(string, ...any)  {}
 
 // TenantPermissions are what one tenant's NATS user may do, and nothing
 // else: publish commands under orders.commands.<tenant>., and subscribe to

@@ -3,6 +3,8 @@ package order
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/orderservice/orderservice/internal/problem"
@@ -36,13 +38,59 @@ func errNoSuchID() error {
 }
 
 // errTransition names the current status and the event the lifecycle
-// forbids, and why when a guard said so.
+// forbids, and why: a guard's reason, or what the lifecycle table lets a
+// client do from that status instead ("A PAID order cannot be paid; it can
+// be shipped or cancelled.").
 func errTransition(from Status, ev Event, why error) error {
-	reason := fmt.Sprintf("An order in status %s cannot %s.", from, ev)
+	reason := fmt.Sprintf("A %s order cannot be %s", from, asked(ev)) // every status begins with a consonant
 	if why != nil {
-		reason = fmt.Sprintf("An order in status %s cannot %s: %s.", from, ev, why)
+		reason += ": " + why.Error() + "."
+	} else {
+		reason += "; " + whatCanHappen(from) + "."
 	}
 	return final(problem.Errorf(CodeInvalidTransition, "%s", reason).With("current_status", from).With("event", ev))
+}
+
+// requested are the events a client's request fires, as an error says
+// what was asked of the order: a paid order's cancel is its refund.
+var requested = map[Event]string{
+	EventPay: "paid", EventShip: "shipped", EventDeliver: "delivered", EventCancel: "cancelled", EventRefund: "cancelled",
+}
+
+func asked(ev Event) string {
+	if done, ok := requested[ev]; ok {
+		return done
+	}
+	return "moved by " + string(ev)
+}
+
+// whatCanHappen says, from the lifecycle table, what a client may still
+// ask of an order in status s.
+func whatCanHappen(s Status) string {
+	var can []string
+	waits := false
+	for _, e := range lifecycle {
+		if !slices.Contains(e.Src, string(s)) {
+			continue
+		}
+		done, byClient := requested[Event(e.Name)]
+		switch {
+		case !byClient: // only the channel's verdict fires it
+			waits = true
+		case !slices.Contains(can, done):
+			can = append(can, done)
+		}
+	}
+	switch {
+	case len(can) > 0:
+		if n := len(can); n > 1 {
+			return "it can be " + strings.Join(can[:n-1], ", ") + " or " + can[n-1]
+		}
+		return "it can be " + can[0]
+	case waits:
+		return "it waits for the payment channel's verdict"
+	}
+	return "nothing more can happen to it"
 }
 
 // errKeyRanBefore is the final answer to a money intent whose key moved

@@ -127,7 +127,7 @@ func TestPayGuardRefusesAnOrderWithNothingToCharge(t *testing.T) {
 	err := o.fire(EventPay)
 	wantForbidden(t, err, StatusCreated, EventPay)
 	var p *problem.Error
-	if errors.As(err, &p) && p.Detail != "An order in status CREATED cannot pay: the order total is zero, so there is nothing to charge." {
+	if errors.As(err, &p) && p.Detail != "A CREATED order cannot be paid: the order total is zero, so there is nothing to charge." {
 		t.Errorf("detail = %q, want the guard's reason", p.Detail)
 	}
 	if o.Status != StatusCreated {
@@ -162,5 +162,29 @@ func wantForbidden(t *testing.T, err error, from Status, ev Event) {
 	}
 	if got := p.Extensions["event"]; got != ev {
 		t.Errorf("event = %v, want %s", got, ev)
+	}
+}
+
+// TestRefusalsSayWhatTheOrderCanDoInstead: invalid_transition's detail is
+// a sentence a client can act on, generated from the lifecycle table.
+func TestRefusalsSayWhatTheOrderCanDoInstead(t *testing.T) {
+	for _, c := range []struct {
+		from Status
+		ev   Event
+		want string
+	}{
+		{StatusPaid, EventPay, "A PAID order cannot be paid; it can be shipped or cancelled."},
+		{StatusCancelled, EventShip, "A CANCELLED order cannot be shipped; nothing more can happen to it."},
+		{StatusShipped, EventCancel, "A SHIPPED order cannot be cancelled; it can be delivered."},
+		{StatusCreated, EventShip, "A CREATED order cannot be shipped; it can be paid or cancelled."},
+		{StatusPaymentPending, EventCancel, "A PAYMENT_PENDING order cannot be cancelled; it waits for the payment channel's verdict."},
+		{StatusDelivered, EventPay, "A DELIVERED order cannot be paid; nothing more can happen to it."},
+	} {
+		err := (&Order{Status: c.from, TotalAmount: 100}).fire(c.ev)
+		wantForbidden(t, err, c.from, c.ev)
+		var p *problem.Error
+		if errors.As(err, &p) && p.Detail != c.want {
+			t.Errorf("%s from %s: detail %q, want %q", c.ev, c.from, p.Detail, c.want)
+		}
 	}
 }

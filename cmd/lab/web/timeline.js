@@ -15,6 +15,18 @@ let startedAt = 0;
 // view, highlighted and announced.
 const view = { follow: false, unseen: 0, below: "" };
 
+// ours is where the page itself last scrolled the story. Its scroll event
+// comes a frame later, when more rows may have come below the end it
+// scrolled to: landing there is the page following, not the learner
+// scrolling away, and must not stop the following (a busy machine sends
+// many rows a frame).
+let ours = -1;
+
+function scrollStory(s, top) {
+  s.scrollTop = top;
+  ours = s.scrollTop;
+}
+
 // mine counts the requests this page has asked the lab to send and not yet
 // seen; fresh are the ids of those seen, whose answers are shown too.
 let mine = 0;
@@ -45,14 +57,16 @@ function atStoryEnd(s) {
 // bring scrolls the story (and only it) to show el; its top first.
 function bring(s, el) {
   const r = el.getBoundingClientRect(), band = shown(s);
-  if (r.bottom > band.bottom) s.scrollTop += Math.min(r.bottom - band.bottom + 8, r.top - band.top);
-  else if (r.top < band.top) s.scrollTop -= band.top - r.top + 8;
+  if (r.bottom > band.bottom) scrollStory(s, s.scrollTop + Math.min(r.bottom - band.bottom + 8, r.top - band.top));
+  else if (r.top < band.top) scrollStory(s, s.scrollTop - (band.top - r.top + 8));
 }
 
 // watch wires the story's scrolling; call it once.
 export function watch() {
   const s = story();
   s.addEventListener("scroll", () => {
+    if (Math.abs(s.scrollTop - ours) < 1) return; // the page's own
+    ours = -1;
     view.follow = s.scrollHeight > s.clientHeight && atTimelineEnd(s);
     if (view.below ? atStoryEnd(s) : atTimelineEnd(s)) seen();
   }, { passive: true });
@@ -60,10 +74,13 @@ export function watch() {
   // sticky lane headers: the browser's own scrolling leaves it under them.
   s.addEventListener("focusin", (ev) => {
     const li = ev.target.closest && ev.target.closest("#rows > li");
-    if (li) bring(s, li);
+    if (li) {
+      bring(s, li);
+      view.follow = s.scrollHeight > s.clientHeight && atTimelineEnd(s);
+    }
   });
   document.getElementById("jump").addEventListener("click", () => {
-    if (view.below) s.scrollTop = s.scrollHeight;
+    if (view.below) scrollStory(s, s.scrollHeight);
     else bring(s, rows().lastElementChild);
     view.follow = true;
     seen();
@@ -86,7 +103,7 @@ export function grew(what = "row") {
   const el = what === "row" ? rows().lastElementChild : document.getElementById(what === "checks" ? "outcome" : "metrics-section");
   if (view.follow) {
     if (what === "row") bring(s, el);
-    else s.scrollTop = s.scrollHeight;
+    else scrollStory(s, s.scrollHeight);
     return;
   }
   if (el.getBoundingClientRect().top < shown(s).bottom - 12) return; // in sight, or above
@@ -166,7 +183,7 @@ function storedNow(li) {
 export function clear(e) {
   startedAt = e ? Date.parse(e.at) : 0;
   rows().replaceChildren();
-  story().scrollTop = 0;
+  scrollStory(story(), 0);
   view.follow = false;
   fresh.clear();
   orders.clear();
