@@ -311,12 +311,16 @@ func (s *Service) howToAsk(claim idempotency.Claim) asking {
 // is one the channel's reply cannot be classified past (a hook's); the
 // channel's own failures are an unknown reply.
 func (s *Service) askChannel(ctx context.Context, p Payment, how asking) (res channelReply, err error) {
-	ctx, cancel := context.WithTimeout(ctx, s.Money.ChannelTimeout)
-	defer cancel()
-	how = s.atTheCall(ctx, p, how)
+	// The deadline is fixed first and the key window judged against it;
+	// however long the request then takes to leave, it cannot outlive the
+	// deadline it was judged by (keywindow.go).
+	deadline := time.Now().Add(s.Money.ChannelTimeout)
+	how = s.atTheCall(p, how, deadline)
 	if err := s.Hooks.run(s.Hooks.BeforeChannelCall); err != nil {
 		return channelReply{}, err
 	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
 	start := time.Now()
 	var replayed bool
 	switch p.Kind {

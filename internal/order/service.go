@@ -143,8 +143,9 @@ type Hooks struct {
 	// AfterPhase1 runs after a money intent's phase 1 committed, before the
 	// channel is called.
 	AfterPhase1 func() error
-	// BeforeChannelCall runs in phase 2 once it has decided how to ask the
-	// channel and the call's deadline runs, just before the request leaves.
+	// BeforeChannelCall runs in phase 2 once it has fixed the call's
+	// deadline and decided against it how to ask the channel, before the
+	// request leaves: a stall here is a stall between deciding and calling.
 	BeforeChannelCall func() error
 	// AfterChannelCall runs once the channel answered, before phase 3.
 	AfterChannelCall func() error
