@@ -96,7 +96,7 @@ func TestAResumedPayAtTheEdgeOfTheChannelsKeyWindow(t *testing.T) {
 // leaves; the next retry, past the window, looks the key up.
 func TestAStallBetweenDecidingToSendAndTheCallNeverChargesTwice(t *testing.T) {
 	const (
-		lease  = 4 * time.Second
+		lease  = 8 * time.Second // the real mock's calls get ChannelTimeout, 4s
 		window = 24 * time.Hour
 		slack  = 10 * time.Second
 	)
