@@ -69,10 +69,14 @@ func refundReply(rf payment.Refund, replayed bool) channelReply {
 	case payment.StatusSucceeded:
 		r.verdict = moved
 	case payment.StatusFailed:
-		r.verdict, r.reason = refused, "refund_failed"
+		r.verdict, r.reason = refused, refundFailed
 	}
 	return r
 }
+
+// refundFailed is the reason a refund the channel made with status failed
+// is refused for: it returned nothing.
+const refundFailed = "refund_failed"
 
 // final reports whether the reply is the channel's last word on the
 // payment: the money moved, or it never will.
@@ -150,13 +154,17 @@ func refusalReason(err error) string {
 const maxRefusalReason = 64
 
 // storedReply is the reply a payment's stored verdict stands for: how an
-// intent answers when the verdict came in by another way first.
+// intent answers when the verdict came in by another way first. A late
+// verdict that failed is a refund that failed (refund.failed, or a lookup
+// of it) or a charge the acquirer declined (charge.declined, or a lookup).
 func storedReply(p *Payment) channelReply {
 	switch {
 	case p == nil || p.Status == PaymentPending:
 		return channelReply{verdict: pending}
 	case p.Status == PaymentSucceeded:
 		return channelReply{verdict: moved, ref: deref(p.ChannelRef)}
+	case p.Kind == KindRefund:
+		return channelReply{verdict: refused, reason: refundFailed}
 	}
-	return channelReply{verdict: declined, reason: "declined"}
+	return channelReply{verdict: declined}
 }
