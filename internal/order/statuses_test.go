@@ -209,8 +209,10 @@ func TestAStatusThatProvesNothingIsAskedAboutLessOftenAndCounted(t *testing.T) {
 			t.Errorf("attempt %d: Retry-After %s, want %s", attempt, p.RetryAfter, want)
 		}
 		var leftFor float64
-		s.DB.Raw(`SELECT EXTRACT(EPOCH FROM lease_expires_at - updated_at)::float8 FROM idempotency_records
-			WHERE tenant_id = 'acme' AND operation = ? AND idempotency_key = ?`, order.OpPay, key).Scan(&leftFor)
+		if err := s.DB.Raw(`SELECT EXTRACT(EPOCH FROM lease_expires_at - updated_at)::float8 FROM idempotency_records
+			WHERE tenant_id = 'acme' AND operation = ? AND idempotency_key = ?`, order.OpPay, key).Scan(&leftFor).Error; err != nil {
+			t.Fatal(err)
+		}
 		if got := time.Duration(leftFor * float64(time.Second)).Round(time.Second); got != want {
 			t.Errorf("attempt %d: the sweeper leaves the intent for %s, want %s", attempt, got, want)
 		}
