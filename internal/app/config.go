@@ -148,7 +148,9 @@ type PaymentConfig struct {
 	// recorded.
 	ChannelMaxInFlight int `env:"CHANNEL_MAX_IN_FLIGHT" envDefault:"64"`
 	// RetryAfter is the Retry-After after an unknown channel outcome (whole
-	// seconds, at least 1); the sweeper resumes the intent after it.
+	// seconds, at least 1); the sweeper resumes the intent after it. After
+	// an answer in a status that proves no outcome (a refund still pending)
+	// it doubles with each attempt of the intent, up to 5m.
 	RetryAfter time.Duration `env:"RETRY_AFTER" envDefault:"2s"`
 	// ChannelKeyWindow is how long the payment channel remembers an
 	// idempotency key; a call whose deadline falls past this, counted from

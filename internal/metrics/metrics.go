@@ -8,7 +8,6 @@ package metrics
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -20,7 +19,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/orderservice/orderservice/internal/idempotency"
-	"github.com/orderservice/orderservice/internal/payment"
 )
 
 // Metrics is the registry and every collector of the service.
@@ -63,7 +61,7 @@ func New(gauges GaugeReader, logger *slog.Logger, operations, moneyOperations []
 		}, []string{"operation", "by"}),
 		channel: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "orderservice_payment_channel_call_duration_seconds",
-			Help:    "Calls to the payment channel by kind (charge, refund) and outcome (ok, unavailable, rejected).",
+			Help:    "Calls to the payment channel by kind (charge, refund) and outcome (ok, unavailable, rejected, no_outcome: answered in a status that proves no outcome).",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}, []string{"kind", "outcome"}),
 		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -114,7 +112,7 @@ func (m *Metrics) zero(operations, moneyOperations []string) {
 		}
 	}
 	for _, kind := range []string{"charge", "refund"} {
-		for _, o := range []string{"ok", "unavailable", "rejected"} {
+		for _, o := range []string{"ok", "unavailable", "rejected", "no_outcome"} {
 			m.channel.WithLabelValues(kind, o)
 		}
 		m.duplicates.WithLabelValues(kind)
@@ -181,17 +179,12 @@ func observe(ctx context.Context, o prometheus.Observer, v float64) {
 	o.Observe(v)
 }
 
-// ChannelCall observes one call to the payment channel.
-func (m *Metrics) ChannelCall(ctx context.Context, kind string, took time.Duration, err error, replayed bool) {
+// ChannelCall observes one call to the payment channel and how it ended:
+// ok, unavailable, rejected, or no_outcome (the channel answered in a
+// status that proves no outcome).
+func (m *Metrics) ChannelCall(ctx context.Context, kind string, took time.Duration, outcome string, replayed bool) {
 	if m == nil {
 		return
-	}
-	outcome := "ok"
-	switch {
-	case errors.Is(err, payment.ErrRejected):
-		outcome = "rejected"
-	case err != nil:
-		outcome = "unavailable"
 	}
 	observe(ctx, m.channel.WithLabelValues(kind, outcome), took.Seconds())
 	if replayed {

@@ -173,11 +173,15 @@ func TestACancelsRefundMeetsTheFaultsAPayMeets(t *testing.T) {
 			case <-release:
 			default:
 				arrived <- struct{}{}
-				<-release
+				if err := heldUntil(t, ctx, release); err != nil {
+					return payment.Result[payment.Refund]{}, err
+				}
 			}
 			return refund(ctx, key, req)
 		}
-		s := useCases(t, f, lease)
+		// The refund is held while nine cancels contend for the order: its
+		// call's deadline (half the lease) must outlast them on any machine.
+		s := useCases(t, f, 2*time.Minute)
 		id := paidThrough(t, s, payment.MethodOK)
 		first := make(chan answer, 1)
 		go func() {
@@ -209,8 +213,10 @@ func TestIntentsRacingOnOneOrder(t *testing.T) {
 		ch := openChannel(t, opts)
 		c := payment.NewClient(ch.url, nil)
 		f := &funcChannel{charge: c.Charge, lookupCharge: c.LookupCharge, refund: c.Refund, lookupRefund: c.LookupRefund}
-		arrived, release := heldAtTheChannel(f)
-		return ch, useCases(t, f, 5*time.Second), arrived, release
+		arrived, release := heldAtTheChannel(t, f)
+		// The charge is held while the test sends other intents: its
+		// call's deadline (half the lease) must outlast them on any machine.
+		return ch, useCases(t, f, 2*time.Minute), arrived, release
 	}
 
 	t.Run("a cancel while the pay is at the channel is refused, and stays refused once the order is PAID", func(t *testing.T) {

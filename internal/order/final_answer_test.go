@@ -164,7 +164,7 @@ func TestATransientAnswerIsNeverStoredAsFinal(t *testing.T) {
 			}, func() { refuse.Store(false) }
 		}},
 		{"the charge's status proves nothing", func(t *testing.T) (*order.Service, string, func(string, string) error, func()) {
-			c := &statusChannel{status: payment.StatusRequiresAction, acq: newAcquirer()}
+			c := &statusChannel{status: "failed", acq: newAcquirer()}
 			s := useCases(t, c.charges(), lease)
 			return s, order.OpPay, payOn(s, payment.MethodOK), func() { c.set(payment.StatusSucceeded) }
 		}},

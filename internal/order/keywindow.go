@@ -6,31 +6,31 @@ package order
 // again, while a lookup by the key still finds what was made under it
 // (docs/api.md). So the same key is sent again only when the call is sure
 // to land inside the window, and that is known only at the call: a process
-// may stall for any time between its claim and its call. The decision is
-// therefore made where the call's deadline starts, and the call cannot
-// outlive that deadline; a stall after the decision ends in the deadline,
-// not in a late request.
+// may stall for any time between its claim and its call. The call's
+// deadline is therefore fixed first and the window judged against it
+// (askChannel), and the call cannot outlive that deadline: a stall after
+// the decision runs the deadline out, it never sends the key late.
 
-import (
-	"context"
-	"time"
-)
+import "time"
 
-// atTheCall is how a call whose deadline ctx carries asks the channel
-// about p: a send becomes a lookup first (lookUpThenSend) unless the
-// channel still deduplicates p's key when the call's deadline passes.
-func (s *Service) atTheCall(ctx context.Context, p Payment, how asking) asking {
-	if how != send {
-		return how
+// KeyWindowMargin is how long before the end of the channel's key window
+// a call's deadline must fall for the key to be sent again. The deadline
+// bounds the client only: a request that reaches the channel just before
+// it may be processed there a little later, and the key's first attempt is
+// dated by the clock of the instance that wrote the payment, not by the
+// channel's. Looking the key up instead costs one round trip, on an intent
+// nearly a window old; sending it late costs a second charge.
+const KeyWindowMargin = time.Minute
+
+// atTheCall is how a call that ends by deadline asks the channel about p:
+// a send becomes a lookup first (lookUpThenSend) unless the channel still
+// deduplicates p's key, with KeyWindowMargin to spare, when the deadline
+// passes.
+func (s *Service) atTheCall(p Payment, how asking, deadline time.Time) asking {
+	if how == send && !s.keyRemembered(p, deadline.Add(KeyWindowMargin)) {
+		return lookUpThenSend
 	}
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = time.Now().Add(s.Money.ChannelTimeout)
-	}
-	if s.keyRemembered(p, deadline) {
-		return send
-	}
-	return lookUpThenSend
+	return how
 }
 
 // keyRemembered reports whether the channel still deduplicates p's key at

@@ -20,27 +20,32 @@ import (
 // the retry may send the same key again only if the channel will still
 // deduplicate it when the call reaches it. The call takes up to
 // ChannelTimeout, so the service asks the channel first once the intent's
-// age plus ChannelTimeout reaches the window: at window - ChannelTimeout/2
-// the intent is younger than the window, yet a slow call lands past it.
+// age plus ChannelTimeout, plus order.KeyWindowMargin, reaches the window:
+// at window - ChannelTimeout/2 the intent is younger than the window, yet
+// a slow call lands past it.
 //
 // The channel here is the real mock, which forgets a key for deduplication
 // after its window while a lookup by the key still finds the charge
 // (docs/api.md). The intent (its record and payment) and the channel's
 // charge are aged in their databases; the channel's charge by the call's
-// duration more, as the channel's clock has moved on by then.
+// duration more, as the channel's clock has moved on by then. The retry
+// decides at most slack after the ageing, however slow the machine.
 func TestAResumedPayAtTheEdgeOfTheChannelsKeyWindow(t *testing.T) {
 	const (
-		lease   = 4 * time.Second
+		lease   = 40 * time.Second
 		timeout = lease / 2 // useCases: ChannelTimeout is half the lease
 		window  = 24 * time.Hour
 		call    = 3 * timeout / 4 // how long the retry's call takes to reach the channel
+		slack   = 10 * time.Second
+		margin  = order.KeyWindowMargin
 	)
 	for _, tc := range []struct {
 		name    string
 		age     time.Duration // the intent's age when the retry claims it
 		lookups int64         // the retry asks the channel first
 	}{
-		{"at window - 3/2 ChannelTimeout the key is sent again, and the channel still knows it", window - 3*timeout/2, 0},
+		{"with its deadline and the margin inside the window the key is sent again, and the channel still knows it", window - timeout - margin - slack, 0},
+		{"within the margin the channel is asked first, though the call's deadline falls inside the window", window - timeout - margin/2, 1},
 		{"at window - ChannelTimeout/2 the channel is asked first, for the call would land past the window", window - timeout/2, 1},
 		{"past the window the channel is asked first", window + time.Hour, 1},
 	} {
@@ -80,52 +85,77 @@ func TestAResumedPayAtTheEdgeOfTheChannelsKeyWindow(t *testing.T) {
 
 // A stall between deciding to send the key again and the call itself
 // (model/README.md: "it never forgets while an owner is between its claim
-// and its call"). A pay's answer is lost; its retry claims the intent
-// ChannelTimeout + 1s short of the channel's key window, so the key may be
-// sent again, and decides so. Then it stalls (BeforeChannelCall) until the
-// window has passed at the channel. A call made now would reach a channel
-// that has forgotten the key and charge again. The decision is made where
-// the call's deadline starts, so the stall runs the deadline out and no
-// request leaves; the next retry, past the window, looks the key up.
+// and its call"; issue 50). A pay's answer is lost; its retry claims the
+// intent with room to spare (its call's deadline, plus the margin, falls
+// slack inside the channel's key window), so it decides to send the key
+// again. Then it stalls (BeforeChannelCall) for an hour: past its call's
+// deadline, which the test waits for, and past the window at the channel,
+// whose clock the test moves on by ageing the charge (and the intent).
+// A request sent now would reach a channel that has forgotten the key and
+// charge again. The deadline was fixed with the decision, so no request
+// leaves; the next retry, past the window, looks the key up.
 func TestAStallBetweenDecidingToSendAndTheCallNeverChargesTwice(t *testing.T) {
 	const (
-		lease  = 2 * time.Second
+		lease  = 8 * time.Second // the real mock's calls get ChannelTimeout, 4s
 		window = 24 * time.Hour
+		slack  = 10 * time.Second
 	)
 	ch := openChannel(t, channel.Options{KeyWindow: window})
-	s := useCases(t, payment.NewClient(ch.url, nil), lease)
+	c := payment.NewClient(ch.url, nil)
+	var posts, lookups atomic.Int64 // the calls the service made, whether or not they left
+	f := &funcChannel{
+		charge: func(ctx context.Context, key string, req payment.ChargeRequest) (payment.Result[payment.Charge], error) {
+			posts.Add(1)
+			return c.Charge(ctx, key, req)
+		},
+		lookupCharge: func(ctx context.Context, key string) (payment.Charge, error) {
+			lookups.Add(1)
+			return c.LookupCharge(ctx, key)
+		},
+		refund: c.Refund, lookupRefund: c.LookupRefund}
+	s := useCases(t, f, lease)
 	s.Money.ChannelKeyWindow = window
 	ctx := context.Background()
 	id := placeOrder(t, s)
 	pay := acme(newKey("kw-stall"))
 
 	chargedButLost(t, s, pay, id)
-	age := window - s.Money.ChannelTimeout - time.Second
+	age := window - s.Money.ChannelTimeout - order.KeyWindowMargin - slack
 	ageIntent(t, s, pay.Key, age)
 	ch.ageCharge(t, id, age)
 	var stalled atomic.Bool
 	s.Hooks.BeforeChannelCall = func() error {
 		if stalled.CompareAndSwap(false, true) {
-			time.Sleep(ch.untilForgotten(t, id, window) + 200*time.Millisecond)
+			time.Sleep(s.Money.ChannelTimeout + 200*time.Millisecond) // the call's deadline passes
+			ageIntent(t, s, pay.Key, time.Hour)                       // and the window, at the channel
+			ch.ageCharge(t, id, time.Hour)
+			if left := ch.untilForgotten(t, id, window); left > 0 {
+				t.Fatalf("the channel still knows the key for %s", left)
+			}
 		}
 		return nil
 	}
-	before := ch.srv.Stats()
+	before, posted, looked := ch.srv.Stats(), posts.Load(), lookups.Load()
 
-	res, err := s.Pay(ctx, pay, id, payWith(payment.MethodLostResponse))
+	_, err := s.Pay(ctx, pay, id, payWith(payment.MethodLostResponse))
 	if !stalled.Load() {
 		t.Fatal("the retry never reached the channel call")
 	}
-	if err != nil { // the stall ran the call's deadline out: the next retry finishes
-		wantError(t, "the stalled retry", err, problem.ServiceUnavailable)
-		res, err = s.Pay(ctx, pay, id, payWith(payment.MethodLostResponse))
+	if p, l := posts.Load()-posted, lookups.Load()-looked; p != 1 || l != 0 {
+		t.Fatalf("the stalled retry made %d POSTs and %d lookups; want one POST: it decided to send the key again", p, l)
 	}
-	after := ch.srv.Stats()
+	if got := ch.srv.Stats(); got.Requests != before.Requests {
+		t.Errorf("the channel received %d POSTs from the stalled retry, want none: its deadline had passed", got.Requests-before.Requests)
+	}
+	wantError(t, "the stalled retry", err, problem.ServiceUnavailable)
+
+	posted, looked = posts.Load(), lookups.Load()
+	res, err := s.Pay(ctx, pay, id, payWith(payment.MethodLostResponse))
+	if p, l := posts.Load()-posted, lookups.Load()-looked; p != 0 || l != 1 {
+		t.Errorf("the retry past the window made %d POSTs and %d lookups; want none and one", p, l)
+	}
 	if n := ch.succeeded(id); n != 1 {
 		t.Errorf("the channel charged the order %d times, want once", n)
-	}
-	if posts, lookups := after.Requests-before.Requests, after.Lookups-before.Lookups; posts != 0 || lookups != 1 {
-		t.Errorf("after the stall the channel saw %d POSTs and %d lookups, want none and one", posts, lookups)
 	}
 	if err != nil || res.Failure != nil {
 		t.Fatalf("the retry after the stall = %+v, %v; want the order paid", res.Failure, err)

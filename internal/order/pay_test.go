@@ -569,8 +569,9 @@ func TestAPayResumedPastTheChannelsKeyWindowAsksFirst(t *testing.T) {
 }
 
 // heldAtTheChannel makes the calls to ch's charge that arrive before
-// release is closed wait there; each says it arrived on arrived.
-func heldAtTheChannel(ch *funcChannel) (arrived, release chan struct{}) {
+// release is closed wait there (heldUntil); each says it arrived on
+// arrived.
+func heldAtTheChannel(t *testing.T, ch *funcChannel) (arrived, release chan struct{}) {
 	arrived, release = make(chan struct{}), make(chan struct{})
 	charge := ch.charge
 	ch.charge = func(ctx context.Context, key string, req payment.ChargeRequest) (payment.Result[payment.Charge], error) {
@@ -578,11 +579,28 @@ func heldAtTheChannel(ch *funcChannel) (arrived, release chan struct{}) {
 		case <-release:
 		default:
 			arrived <- struct{}{}
-			<-release
+			if err := heldUntil(t, ctx, release); err != nil {
+				return payment.Result[payment.Charge]{}, err
+			}
 		}
 		return charge(ctx, key, req)
 	}
 	return arrived, release
+}
+
+// heldUntil holds a call at the channel until release is closed. A call
+// whose deadline (ChannelTimeout, half the test's lease) passes first
+// fails the test, saying so: the test gave a loaded machine too little
+// room, and the call would otherwise end as an unknown outcome that
+// fails some later assertion for no visible reason.
+func heldUntil(t *testing.T, ctx context.Context, release <-chan struct{}) error {
+	select {
+	case <-release:
+		return nil
+	case <-ctx.Done():
+		t.Errorf("a call held at the channel ran out its deadline before the test released it: the test's lease is too short for this machine")
+		return fmt.Errorf("%w: %w", payment.ErrUnavailable, ctx.Err())
+	}
 }
 
 // payInBackground runs a pay; its answer comes on the channel.
@@ -598,8 +616,8 @@ func payInBackground(s *order.Service, c order.Caller, id, method string) <-chan
 func TestAPayTheChannelHasNoRoomForIsRefusedBeforeAnythingIsRecorded(t *testing.T) {
 	a := newAcquirer()
 	ch := a.channel()
-	arrived, release := heldAtTheChannel(ch)
-	s := withChannelBound(useCases(t, ch, 5*time.Second), 2)
+	arrived, release := heldAtTheChannel(t, ch)
+	s := withChannelBound(useCases(t, ch, 2*time.Minute), 2) // the two held calls outlast the test
 	var first []<-chan answer
 	for range 2 {
 		first = append(first, payInBackground(s, acme(newKey("pay")), placeOrder(t, s), payment.MethodOK))
@@ -647,7 +665,7 @@ func TestAPayTheChannelHasNoRoomForIsRefusedBeforeAnythingIsRecorded(t *testing.
 // (plus a second to record it), not when the lease runs out.
 func TestADuplicateIsToldWhenTheOutcomeIsLikely(t *testing.T) {
 	ch := newAcquirer().channel()
-	arrived, release := heldAtTheChannel(ch)
+	arrived, release := heldAtTheChannel(t, ch)
 	const lease = 10 * time.Second
 	s := useCases(t, ch, lease)
 	id, key := placeOrder(t, s), newKey("R2-409")

@@ -70,6 +70,8 @@ type MoneyConfig struct {
 	ChannelTimeout time.Duration
 	// RetryAfter is what a client is told to wait after an unknown verdict;
 	// the sweeper resumes the intent itself after that if nobody retries.
+	// After a reply in a status that proves no outcome it doubles with each
+	// attempt, up to five minutes (askAgainAfter).
 	RetryAfter time.Duration
 	// ChannelKeyWindow is how long the channel is trusted to remember an
 	// idempotency key (an acquirer's keys expire: a day is common). A call

@@ -140,7 +140,7 @@ func (s *Service) leaseLapsed(claimed time.Time) bool {
 // retry, and by the sweeper after a takeover.
 func (s *Service) finishPayment(ctx context.Context, rec idempotency.Record, p Payment, how asking, claimed time.Time) (idempotency.Result, error) {
 	if s.leaseLapsed(claimed) {
-		return idempotency.Result{}, s.postpone(ctx, rec)
+		return idempotency.Result{}, s.postpone(ctx, rec, s.Money.RetryAfter)
 	}
 	reply, err := s.askChannel(payment.Resending(ctx, rec.Attempts-1), p, how)
 	if err == nil {
@@ -150,7 +150,7 @@ func (s *Service) finishPayment(ctx context.Context, rec idempotency.Record, p P
 		return idempotency.Result{}, err
 	}
 	if reply.verdict == unknown {
-		return idempotency.Result{}, s.postpone(ctx, rec)
+		return idempotency.Result{}, s.postpone(ctx, rec, s.askAgainAfter(rec, reply))
 	}
 	res, err := s.storeReplyPatiently(ctx, rec, p, reply)
 	switch {
@@ -160,7 +160,7 @@ func (s *Service) finishPayment(ctx context.Context, rec idempotency.Record, p P
 		// The channel answered but the reply could not be stored: the
 		// intent is resumable at once, and its retry sends the same key
 		// again, which the channel answers from its own record.
-		return idempotency.Result{}, s.postpone(ctx, rec)
+		return idempotency.Result{}, s.postpone(ctx, rec, s.Money.RetryAfter)
 	}
 	return res, err
 }
@@ -311,12 +311,16 @@ func (s *Service) howToAsk(claim idempotency.Claim) asking {
 // is one the channel's reply cannot be classified past (a hook's); the
 // channel's own failures are an unknown reply.
 func (s *Service) askChannel(ctx context.Context, p Payment, how asking) (res channelReply, err error) {
-	ctx, cancel := context.WithTimeout(ctx, s.Money.ChannelTimeout)
-	defer cancel()
-	how = s.atTheCall(ctx, p, how)
+	// The deadline is fixed first and the key window judged against it;
+	// however long the request then takes to leave, it cannot outlive the
+	// deadline it was judged by (keywindow.go).
+	deadline := time.Now().Add(s.Money.ChannelTimeout)
+	how = s.atTheCall(p, how, deadline)
 	if err := s.Hooks.run(s.Hooks.BeforeChannelCall); err != nil {
 		return channelReply{}, err
 	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
 	start := time.Now()
 	var replayed bool
 	switch p.Kind {
@@ -338,7 +342,7 @@ func (s *Service) askChannel(ctx context.Context, p Payment, how asking) (res ch
 			})
 		res = refundReply(rf, replayed)
 	}
-	s.observe().ChannelCall(ctx, string(p.Kind), time.Since(start), err, res.replayed)
+	s.observe().ChannelCall(ctx, string(p.Kind), time.Since(start), callOutcome(err, res), res.replayed)
 	switch {
 	case errors.Is(err, payment.ErrRejected):
 		s.logger().WarnContext(ctx, "payment channel refused the request", "kind", p.Kind, "channel_key", p.ChannelKey, "err", err)
@@ -468,11 +472,12 @@ func intentResult(o *Order, p Payment, reply channelReply, stored bool) (idempot
 }
 
 // postpone records that the verdict is unknown: FAILED_RETRYABLE with the
-// lease released until RetryAfter. The error it returns tells the client to
-// send the same key again (at once, or after RetryAfter).
-func (s *Service) postpone(ctx context.Context, rec idempotency.Record) error {
+// lease released until after, when the sweeper resumes the intent if no
+// client has. The error it returns tells the client to send the same key
+// again (at once, or after after).
+func (s *Service) postpone(ctx context.Context, rec idempotency.Record, after time.Duration) error {
 	err := database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
-		return s.Records.Fail(tx, rec.Scope(), rec.LeaseToken, s.Money.RetryAfter)
+		return s.Records.Fail(tx, rec.Scope(), rec.LeaseToken, after)
 	})
 	switch {
 	case errors.Is(err, idempotency.ErrFenced):
@@ -480,5 +485,24 @@ func (s *Service) postpone(ctx context.Context, rec idempotency.Record) error {
 	case err != nil:
 		return err
 	}
-	return errPostponed(s.Money.RetryAfter)
+	return errPostponed(after)
 }
+
+// askAgainAfter is how long an intent whose verdict is unknown is left
+// before it is asked about again. With no reply from the channel (down,
+// an answer lost) a moment may mend it: RetryAfter. A reply in a status
+// that proves no outcome (a refund still pending, a status this service
+// does not know) is only heard again if asked at once: the wait doubles
+// with each attempt of the intent, up to maxAskAgainAfter.
+func (s *Service) askAgainAfter(rec idempotency.Record, reply channelReply) time.Duration {
+	if !reply.provesNothing() {
+		return s.Money.RetryAfter
+	}
+	doublings := min(max(rec.Attempts-1, 0), 16)
+	return max(s.Money.RetryAfter, min(s.Money.RetryAfter<<doublings, maxAskAgainAfter))
+}
+
+// maxAskAgainAfter bounds the wait between two askings of an intent the
+// channel answers without an outcome: a refund may stay pending for days,
+// and an operator who fixed the cause should not wait long for the sweeper.
+const maxAskAgainAfter = 5 * time.Minute

@@ -38,22 +38,25 @@ type channelReply struct {
 	ref      string // the channel's id of the charge or refund, when made
 	reason   string // the channel's words, for a refusal or a status that proves nothing
 	replayed bool
+	answered bool // the channel answered with the charge or refund, in whatever status
 }
 
 // chargeReply is what a charge the channel answered with proves. Only the
-// channel's three outcomes for a charge are taken as such; any other
-// status (a charge that requires action, "failed", a status added after
-// this was written) is unknown: the intent stays resumable and the key is
-// asked about again later, never stored as a decline without proof that
-// no money moved.
+// channel's three outcomes for a charge are taken as such: made, declined,
+// or taken on to finish later, which a charge that requires the customer's
+// action is too (pending: 202, its verdict told later like any pending
+// charge's). Any other status ("failed", a status added after this was
+// written) is unknown: the intent stays resumable and the key is asked
+// about again later, never stored as a decline without proof that no
+// money moved.
 func chargeReply(ch payment.Charge, replayed bool) channelReply {
-	r := channelReply{verdict: unknown, ref: ch.ID, reason: ch.Status, replayed: replayed}
+	r := channelReply{verdict: unknown, ref: ch.ID, reason: ch.Status, replayed: replayed, answered: true}
 	switch ch.Status {
 	case payment.StatusSucceeded:
 		r.verdict = moved
 	case payment.StatusDeclined:
 		r.verdict = declined
-	case payment.StatusPending:
+	case payment.StatusPending, payment.StatusRequiresAction:
 		r.verdict = pending
 	}
 	return r
@@ -64,14 +67,38 @@ func chargeReply(ch payment.Charge, replayed bool) channelReply {
 // with reason refund_failed). A refund still pending, or in a status not
 // known here, is not done: unknown.
 func refundReply(rf payment.Refund, replayed bool) channelReply {
-	r := channelReply{verdict: unknown, ref: rf.ID, reason: rf.Status, replayed: replayed}
+	r := channelReply{verdict: unknown, ref: rf.ID, reason: rf.Status, replayed: replayed, answered: true}
 	switch rf.Status {
 	case payment.StatusSucceeded:
 		r.verdict = moved
 	case payment.StatusFailed:
-		r.verdict, r.reason = refused, "refund_failed"
+		r.verdict, r.reason = refused, refundFailed
 	}
 	return r
+}
+
+// refundFailed is the reason a refund the channel made with status failed
+// is refused for: it returned nothing.
+const refundFailed = "refund_failed"
+
+// provesNothing reports a reply in which the channel answered, but in a
+// status that proves no outcome: asked again at once, it says the same.
+func (r channelReply) provesNothing() bool { return r.verdict == unknown && r.answered }
+
+// callOutcome is how a call that returned r and err ended, as
+// Observer.ChannelCall is told: an outcome, or a charge taken on (ok); a
+// refusal (rejected); no reply (unavailable); or an answer in a status that
+// proves no outcome (no_outcome).
+func callOutcome(err error, r channelReply) string {
+	switch {
+	case errors.Is(err, payment.ErrRejected):
+		return "rejected"
+	case err != nil:
+		return "unavailable"
+	case r.provesNothing():
+		return "no_outcome"
+	}
+	return "ok"
 }
 
 // final reports whether the reply is the channel's last word on the
@@ -150,13 +177,17 @@ func refusalReason(err error) string {
 const maxRefusalReason = 64
 
 // storedReply is the reply a payment's stored verdict stands for: how an
-// intent answers when the verdict came in by another way first.
+// intent answers when the verdict came in by another way first. A late
+// verdict that failed is a refund that failed (refund.failed, or a lookup
+// of it) or a charge the acquirer declined (charge.declined, or a lookup).
 func storedReply(p *Payment) channelReply {
 	switch {
 	case p == nil || p.Status == PaymentPending:
 		return channelReply{verdict: pending}
 	case p.Status == PaymentSucceeded:
 		return channelReply{verdict: moved, ref: deref(p.ChannelRef)}
+	case p.Kind == KindRefund:
+		return channelReply{verdict: refused, reason: refundFailed}
 	}
-	return channelReply{verdict: declined, reason: "declined"}
+	return channelReply{verdict: declined}
 }

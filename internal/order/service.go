@@ -143,8 +143,9 @@ type Hooks struct {
 	// AfterPhase1 runs after a money intent's phase 1 committed, before the
 	// channel is called.
 	AfterPhase1 func() error
-	// BeforeChannelCall runs in phase 2 once it has decided how to ask the
-	// channel and the call's deadline runs, just before the request leaves.
+	// BeforeChannelCall runs in phase 2 once it has fixed the call's
+	// deadline and decided against it how to ask the channel, before the
+	// request leaves: a stall here is a stall between deciding and calling.
 	BeforeChannelCall func() error
 	// AfterChannelCall runs once the channel answered, before phase 3.
 	AfterChannelCall func() error
@@ -161,17 +162,18 @@ func (h Hooks) run(f func() error) error {
 
 // Observer is told what the metrics count. A nil Observer is fine.
 type Observer interface {
-	// ChannelCall reports one call to the payment channel.
+	// ChannelCall reports one call to the payment channel and how it
+	// ended: ok, rejected, unavailable or no_outcome (callOutcome).
 	// ctx is the call's (its trace becomes the latency's exemplar).
-	ChannelCall(ctx context.Context, kind string, took time.Duration, err error, replayed bool)
+	ChannelCall(ctx context.Context, kind string, took time.Duration, outcome string, replayed bool)
 	// Takeover reports that an unfinished intent got a new owner.
 	Takeover(operation, by string)
 }
 
 type noObserver struct{}
 
-func (noObserver) ChannelCall(context.Context, string, time.Duration, error, bool) {}
-func (noObserver) Takeover(string, string)                                         {}
+func (noObserver) ChannelCall(context.Context, string, time.Duration, string, bool) {}
+func (noObserver) Takeover(string, string)                                          {}
 
 func (s *Service) observe() Observer {
 	if s.Observe == nil {

@@ -2,6 +2,8 @@ package order_test
 
 import (
 	"context"
+	"fmt"
+	"maps"
 	"sync"
 	"testing"
 	"time"
@@ -15,10 +17,12 @@ import (
 
 // The channel's statuses beyond its three outcomes for a charge
 // (succeeded, declined, pending: model/README.md, "the channel's three
-// outcomes"). A status the service does not know proves nothing: it is
-// never stored as a decline, nor a refund counted as done, without the
-// channel's word that the money did or did not move. The intent stays
-// resumable and the key is asked about again, until it does.
+// outcomes"). A charge that requires the customer's action is pending by
+// another name: taken on, its verdict told later. Any other status proves
+// nothing: it is never stored as a decline, nor a refund counted as done,
+// without the channel's word that the money did or did not move. The
+// intent stays resumable and the key is asked about again, less often at
+// each attempt, until it does.
 
 // statusChannel is a channel whose charge or refund under any key has the
 // status its test sets, answered to POSTs and lookups alike.
@@ -83,7 +87,7 @@ func wantResumable(t *testing.T, what string, s *order.Service, err error, op, k
 }
 
 func TestAChannelStatusThatProvesNothingIsNeverFinal(t *testing.T) {
-	for _, status := range []string{payment.StatusRequiresAction, "failed", "processing", "canceled", ""} {
+	for _, status := range []string{"failed", "processing", "canceled", ""} {
 		t.Run("a charge "+quoted(status)+" is asked about again until it succeeds", func(t *testing.T) {
 			c := &statusChannel{status: status, acq: newAcquirer()}
 			s := useCases(t, c.charges(), 5*time.Second)
@@ -151,6 +155,142 @@ func TestAChannelStatusThatProvesNothingIsNeverFinal(t *testing.T) {
 
 func quoted(s string) string { return `"` + s + `"` }
 
+// chargeKeyOf is the channel key of order id's charge.
+func chargeKeyOf(t *testing.T, s *order.Service, id string) string {
+	t.Helper()
+	var key string
+	if err := s.DB.Raw("SELECT channel_key FROM payments WHERE order_id = ? AND kind = 'charge'", id).Scan(&key).Error; err != nil || key == "" {
+		t.Fatalf("the channel key of %s's charge: %q, %v", id, key, err)
+	}
+	return key
+}
+
+// A charge that requires action is one the channel took on: the pay
+// answers 202 at once, as for any pending charge, and the verdict settles
+// it later, by webhook or, here, the sweeper's lookup. It is never left
+// retryable to be asked about every few seconds until the customer acts.
+func TestAChargeThatRequiresActionIsPending(t *testing.T) {
+	c := &statusChannel{status: payment.StatusRequiresAction, acq: newAcquirer()}
+	s := useCases(t, c.charges(), 5*time.Second)
+	id, key := placeOrder(t, s), newKey("R2-action")
+
+	first, err := s.Pay(t.Context(), acme(key), id, payWith(payment.MethodOK))
+	wantOutcome(t, "the pay", first, err, idempotency.OutcomeAccepted)
+	if got := shownBy(t, first).Status; got != "PAYMENT_PENDING" {
+		t.Errorf("the pay shows %s, want PAYMENT_PENDING", got)
+	}
+	// The sweeper's lookup, for this charge alone: the package's database
+	// holds other tests' pending charges, which this channel would answer.
+	channelKey := chargeKeyOf(t, s, id)
+	if got, err := s.ResolvePending(t.Context(), channelKey); err != nil || got != order.ReceiptIgnored {
+		t.Errorf("a lookup while the charge requires action: %s (%v), want it ignored", got, err)
+	}
+	c.set(payment.StatusSucceeded) // the customer acted
+	if got, err := s.ResolvePending(t.Context(), channelKey); err != nil || got != order.ReceiptApplied {
+		t.Fatalf("a lookup once the charge succeeded: %s (%v), want it applied", got, err)
+	}
+	if got := orderNow(t, s, id).Status; got != "PAID" {
+		t.Errorf("the order is %s, want PAID", got)
+	}
+	again, err := s.Pay(t.Context(), acme(key), id, payWith(payment.MethodOK))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantReplay(t, first, again)
+	if got, want := eventsOf(t, s, id), "create,pay,payment_succeeded"; got != want {
+		t.Errorf("history = %s, want %s", got, want)
+	}
+}
+
+// Asking again at once only hears the same status again: an intent the
+// channel answers without an outcome is told, and left by the sweeper,
+// for longer at each attempt (PAYMENT_RETRY_AFTER doubled, up to five
+// minutes), and each such answer is counted apart from the channel's
+// outcomes and its silences. An answer lost is not slowed down so.
+func TestAStatusThatProvesNothingIsAskedAboutLessOftenAndCounted(t *testing.T) {
+	c := &statusChannel{status: "failed", acq: newAcquirer()}
+	s := useCases(t, c.charges(), 5*time.Second)
+	calls := &callsObserved{}
+	s.Observe = calls
+	id, key := placeOrder(t, s), newKey("R2-backoff")
+	for attempt := 1; attempt <= 12; attempt++ {
+		_, err := s.Pay(t.Context(), acme(key), id, payWith(payment.MethodOK))
+		p := wantError(t, fmt.Sprintf("attempt %d", attempt), err, problem.ServiceUnavailable)
+		want := min(s.Money.RetryAfter<<(attempt-1), 5*time.Minute)
+		if p.RetryAfter != want {
+			t.Errorf("attempt %d: Retry-After %s, want %s", attempt, p.RetryAfter, want)
+		}
+		var leftFor float64
+		if err := s.DB.Raw(`SELECT EXTRACT(EPOCH FROM lease_expires_at - updated_at)::float8 FROM idempotency_records
+			WHERE tenant_id = 'acme' AND operation = ? AND idempotency_key = ?`, order.OpPay, key).Scan(&leftFor).Error; err != nil {
+			t.Fatal(err)
+		}
+		if got := time.Duration(leftFor * float64(time.Second)).Round(time.Second); got != want {
+			t.Errorf("attempt %d: the sweeper leaves the intent for %s, want %s", attempt, got, want)
+		}
+	}
+	if got := calls.count("no_outcome"); got != 12 {
+		t.Errorf("%d calls counted as answered without an outcome, want 12 (counted %v)", got, calls.all())
+	}
+	c.set(payment.StatusSucceeded)
+	res, err := s.Pay(t.Context(), acme(key), id, payWith(payment.MethodOK))
+	wantOutcome(t, "the retry once the charge succeeded", res, err, idempotency.OutcomeDone)
+
+	// An answer that never came is not slowed down: the channel may be
+	// back in a moment.
+	ch := newAcquirer().channel()
+	charge := ch.charge
+	ch.charge = func(context.Context, string, payment.ChargeRequest) (payment.Result[payment.Charge], error) {
+		return payment.Result[payment.Charge]{}, errLost
+	}
+	a := useCases(t, ch, 5*time.Second)
+	silences := &callsObserved{}
+	a.Observe = silences
+	id, key = placeOrder(t, a), newKey("R2-silence")
+	for attempt := 1; attempt <= 3; attempt++ {
+		_, err := a.Pay(t.Context(), acme(key), id, payWith(payment.MethodOK))
+		if p := wantError(t, fmt.Sprintf("unanswered attempt %d", attempt), err, problem.ServiceUnavailable); p.RetryAfter != a.Money.RetryAfter {
+			t.Errorf("unanswered attempt %d: Retry-After %s, want %s", attempt, p.RetryAfter, a.Money.RetryAfter)
+		}
+	}
+	if got := silences.count("unavailable"); got != 3 {
+		t.Errorf("%d calls counted as unanswered, want 3 (counted %v)", got, silences.all())
+	}
+	ch.charge = charge
+	res, err = a.Pay(t.Context(), acme(key), id, payWith(payment.MethodOK))
+	wantOutcome(t, "the retry once the channel answers", res, err, idempotency.OutcomeDone)
+}
+
+// callsObserved counts the channel calls an order.Service reports, by how
+// each ended.
+type callsObserved struct {
+	mu      sync.Mutex
+	byEnded map[string]int
+}
+
+func (o *callsObserved) ChannelCall(_ context.Context, _ string, _ time.Duration, outcome string, _ bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.byEnded == nil {
+		o.byEnded = map[string]int{}
+	}
+	o.byEnded[outcome]++
+}
+
+func (o *callsObserved) Takeover(string, string) {}
+
+func (o *callsObserved) count(outcome string) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.byEnded[outcome]
+}
+
+func (o *callsObserved) all() map[string]int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return maps.Clone(o.byEnded)
+}
+
 // storedOutcome is the outcome rec stores, "" for none.
 func storedOutcome(rec idempotency.Record) string {
 	if rec.Outcome == nil {
@@ -164,20 +304,25 @@ func storedOutcome(rec idempotency.Record) string {
 func TestTheMockChannelsStatusesThroughTheUseCases(t *testing.T) {
 	const delay = 300 * time.Millisecond
 
-	t.Run("pm_requires_action: 503 until the customer acts, then PAID, one charge", func(t *testing.T) {
+	t.Run("pm_requires_action: 202 PAYMENT_PENDING, PAID once the customer acted, one charge", func(t *testing.T) {
 		ch := openChannel(t, channel.Options{AsyncDelay: delay})
 		s := useCases(t, payment.NewClient(ch.url, nil), 5*time.Second)
 		id, key := placeOrder(t, s), newKey("R2-action")
 
-		_, err := s.Pay(t.Context(), acme(key), id, payWith(payment.MethodRequiresAction))
-		wantResumable(t, "the pay that requires action", s, err, order.OpPay, key, id, order.StatusPaymentPending)
-		ch.settledAll(t, "charges")
 		res, err := s.Pay(t.Context(), acme(key), id, payWith(payment.MethodRequiresAction))
-		wantOutcome(t, "the retry after the customer acted", res, err, idempotency.OutcomeDone)
-		if got := shownBy(t, res).Status; got != "PAID" {
-			t.Errorf("the retry shows %s, want PAID", got)
+		wantOutcome(t, "the pay that requires action", res, err, idempotency.OutcomeAccepted)
+		if got := shownBy(t, res).Status; got != "PAYMENT_PENDING" {
+			t.Errorf("the pay shows %s, want PAYMENT_PENDING", got)
 		}
-		wantStats(t, ch.srv, channel.Stats{Charges: 1, Requests: 2, DuplicatesAbsorbed: 1, AmountCharged: purchaseTotal})
+		ch.settledAll(t, "charges")
+		// No webhook comes: the sweeper's lookup, for this charge alone.
+		if got, err := s.ResolvePending(t.Context(), chargeKeyOf(t, s, id)); err != nil || got != order.ReceiptApplied {
+			t.Fatalf("a lookup once the customer acted: %s (%v), want it applied", got, err)
+		}
+		if got := orderNow(t, s, id).Status; got != "PAID" {
+			t.Errorf("after the customer acted the order is %s, want PAID", got)
+		}
+		wantStats(t, ch.srv, channel.Stats{Charges: 1, Requests: 1, Lookups: 1, AmountCharged: purchaseTotal})
 	})
 
 	t.Run("pm_refund_pending: 503 while the refund is pending, then CANCELLED, one refund", func(t *testing.T) {

@@ -6,9 +6,10 @@ import "time"
 
 // Charge statuses: a charge is made or declined, at once or, when the
 // channel takes it on as pending, later. These three are the charge's
-// outcomes the order service knows; any other status a channel may send
-// (StatusRequiresAction, "failed", one added later) proves neither, and
-// the service asks again later rather than take it for an outcome.
+// outcomes the order service knows, and a charge that requires action is
+// pending by another name; any other status a channel may send ("failed",
+// "processing", one added later) proves neither, and the service asks
+// again later rather than take it for an outcome.
 const (
 	// StatusSucceeded marks a charge or refund that moved money.
 	StatusSucceeded = "succeeded"
@@ -19,7 +20,8 @@ const (
 	// lookup of its key.
 	StatusPending = "pending"
 	// StatusRequiresAction marks a charge that waits for the customer (a
-	// 3-D Secure challenge): neither made nor declined yet.
+	// 3-D Secure challenge): taken on (202), neither made nor declined yet;
+	// its outcome comes as a pending charge's does.
 	StatusRequiresAction = "requires_action"
 )
 

@@ -14,7 +14,10 @@ import (
 // that the order service is tested against them: a charge that requires
 // the customer's action, and refunds that are pending or fail.
 func TestStatusesBeyondTheThreeOutcomes(t *testing.T) {
-	const delay = 300 * time.Millisecond
+	// Long enough that what is asserted while a charge or refund waits
+	// (its replay, the stats) is asked before it settles on a loaded
+	// machine; eventually waits up to 10s for the settling.
+	const delay = 3 * time.Second
 	refund := func(h *harness, key, chargeID string, amount int64) reply {
 		h.t.Helper()
 		return h.must(http.MethodPost, "/v1/refunds", key, payment.RefundRequest{ChargeID: chargeID, Amount: amount})
