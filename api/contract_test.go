@@ -45,7 +45,8 @@ type exchange struct {
 
 func TestResponsesMatchOpenAPI(t *testing.T) {
 	doc := loadDoc(t)
-	m := apptest.Start(t, dbURL, nil)
+	// globex may send one request a minute: its second is over its quota.
+	m := apptest.Start(t, dbURL, map[string]string{"HTTP_TENANT_LIMITS": "globex;requests=1;window=60s"})
 	doc.Servers = openapi3.Servers{{URL: m.URL()}}
 	router, err := gorillamux.NewRouter(doc)
 	if err != nil {
@@ -86,6 +87,8 @@ func TestResponsesMatchOpenAPI(t *testing.T) {
 		{name: "second order", method: "POST", path: "/v1/orders", key: "c-5", body: create, status: 201},
 		{name: "pay with pm_ok", method: "POST", path: "/v1/orders/{order}/pay", key: "p-5", body: `{"payment_method":"pm_ok"}`, status: 200},
 		{name: "cancel a paid order (refund)", method: "POST", path: "/v1/orders/{order}/cancel", key: "x-5", body: `{"reason":"changed my mind"}`, status: 200},
+		{name: "a tenant's one request a minute", method: "GET", path: "/v1/orders", header: http.Header{"Authorization": {"Bearer " + apptest.KeyGlobex}}, status: 200},
+		{name: "a tenant over its quota", method: "GET", path: "/v1/orders", header: http.Header{"Authorization": {"Bearer " + apptest.KeyGlobex}}, status: 429},
 		{name: "healthz", method: "GET", path: "/healthz", status: 200},
 		{name: "readyz", method: "GET", path: "/readyz", status: 200},
 		{name: "metrics", method: "GET", path: "/metrics", status: 200},
@@ -126,6 +129,11 @@ func TestResponsesMatchOpenAPI(t *testing.T) {
 			res.Body.Close()
 			if res.StatusCode != ex.status {
 				t.Fatalf("status %d, want %d: %s", res.StatusCode, ex.status, body)
+			}
+			// Every answer to /v1 whose key names a tenant tells its quotas.
+			known := res.StatusCode != http.StatusUnauthorized
+			if strings.HasPrefix(path, "/v1/") && known && (res.Header.Get("RateLimit-Policy") == "" || res.Header.Get("RateLimit") == "") {
+				t.Errorf("a %d from /v1 without RateLimit-Policy (%q) and RateLimit (%q)", res.StatusCode, res.Header.Get("RateLimit-Policy"), res.Header.Get("RateLimit"))
 			}
 			if loc := res.Header.Get("Location"); strings.HasPrefix(loc, "/v1/orders/") {
 				vars["order"] = strings.TrimPrefix(loc, "/v1/orders/")

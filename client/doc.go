@@ -19,10 +19,16 @@
 // # What is retried
 //
 // Transport errors (a connection closed before the answer, an attempt that
-// timed out, see [WithAttemptTimeout]), 409 request_in_progress (the first
-// attempt is still running), 429, 502, 503 and 504 are retried with capped
-// exponential backoff and full jitter, never sooner than the server's
-// Retry-After, within the context deadline and [RetryPolicy.MaxAttempts].
+// timed out, see [WithAttemptTimeout]), 408 (the body did not arrive in
+// time), 409 request_in_progress (the first attempt is still running), 429
+// (the tenant is over its quota), 502, 503 (a transient failure, or the
+// service over its capacity) and 504 are retried with capped exponential
+// backoff and full jitter, never sooner than the server's Retry-After (or,
+// without one, than the RateLimit field's t of a policy with nothing left,
+// draft-ietf-httpapi-ratelimit-headers), within the context deadline and
+// [RetryPolicy.MaxAttempts]. A refusal of 408, 429 or 503 happens before
+// the service records anything, and the retry carries the same key all the
+// same: the client never spends a new key on a retry.
 // Final answers are returned at once: 400, 401, 402 payment_declined,
 // 404, 409 invalid_transition, 413, 415 and 422 idempotency_key_reused
 // (and anything else not listed above). They come back as a *[ProblemError].

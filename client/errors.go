@@ -21,8 +21,15 @@ const (
 	CodeOrderNotFound = "order_not_found"
 	// CodePaymentDeclined: the payment channel declined the charge (402).
 	CodePaymentDeclined = "payment_declined"
-	// CodeServiceUnavailable: a transient failure; retry with the same key (503).
+	// CodeServiceUnavailable: a transient failure, or the service over its
+	// capacity; retry with the same key (503).
 	CodeServiceUnavailable = "service_unavailable"
+	// CodeQuotaExceeded: the tenant is over one of its quotas; retry with
+	// the same key after Retry-After (429).
+	CodeQuotaExceeded = "quota_exceeded"
+	// CodeRequestTimeout: the body did not arrive in time; send it again,
+	// whole, with the same key (408).
+	CodeRequestTimeout = "request_timeout"
 )
 
 // ProblemError is a non-2xx answer of the service, read from its
@@ -39,8 +46,12 @@ type ProblemError struct {
 	Detail string
 	// Type is the problem's type URI.
 	Type string
-	// RetryAfter is the Retry-After hint, zero when absent.
+	// RetryAfter is the Retry-After hint; without one, the RateLimit
+	// field's t of a policy with nothing left; zero when neither says.
 	RetryAfter time.Duration
+	// ViolatedPolicies names, for quota_exceeded, the tenant's policies the
+	// request broke (draft-ietf-httpapi-ratelimit-headers).
+	ViolatedPolicies []string
 	// Raw is the response body as received, extension members included.
 	Raw []byte
 	// Attempts counts the requests the client sent for the call.
@@ -72,14 +83,18 @@ func (e *ProblemError) Error() string {
 // document leaves Code empty and is kept in Raw.
 func newProblemError(resp *http.Response, body []byte) *ProblemError {
 	e := &ProblemError{Status: resp.StatusCode, Raw: body, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
+	if e.RetryAfter == 0 {
+		e.RetryAfter = rateLimitWait(resp.Header.Values("RateLimit"))
+	}
 	var doc struct {
-		Type   string `json:"type"`
-		Title  string `json:"title"`
-		Detail string `json:"detail"`
-		Code   string `json:"code"`
+		Type             string   `json:"type"`
+		Title            string   `json:"title"`
+		Detail           string   `json:"detail"`
+		Code             string   `json:"code"`
+		ViolatedPolicies []string `json:"violated-policies"`
 	}
 	if json.Unmarshal(body, &doc) == nil {
-		e.Type, e.Title, e.Detail, e.Code = doc.Type, doc.Title, doc.Detail, doc.Code
+		e.Type, e.Title, e.Detail, e.Code, e.ViolatedPolicies = doc.Type, doc.Title, doc.Detail, doc.Code, doc.ViolatedPolicies
 	}
 	if e.Title == "" && e.Detail == "" {
 		e.Title = http.StatusText(resp.StatusCode)
@@ -101,6 +116,11 @@ func hasCode(err error, code string) bool {
 // IsKeyReused reports whether the key was already used for other parameters
 // (422): a bug in the caller, who sent a different intent under an old key.
 func IsKeyReused(err error) bool { return hasCode(err, CodeKeyReused) }
+
+// IsQuotaExceeded reports whether the tenant was over one of its quotas
+// (429 quota_exceeded) on the last attempt, when the call gave up: the
+// policies are in the ProblemError's ViolatedPolicies.
+func IsQuotaExceeded(err error) bool { return hasCode(err, CodeQuotaExceeded) }
 
 // IsInProgress reports whether the first request with the key was still
 // running when the client gave up waiting (409 request_in_progress).

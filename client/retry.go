@@ -94,7 +94,7 @@ func retryableStatus(status int, code string) bool {
 	switch status {
 	case http.StatusConflict:
 		return code == CodeInProgress // invalid_transition is final
-	case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+	case http.StatusRequestTimeout, http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		return true
 	}
 	return false
@@ -117,4 +117,39 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 		return t.Sub(now)
 	}
 	return 0
+}
+
+// rateLimitWait reads the RateLimit fields (draft-ietf-httpapi-ratelimit-headers:
+// a list of items `"policy";r=N;t=S`) and returns the longest t of a
+// policy with nothing left (r=0): when the service expects to take a
+// request again. Zero when none is empty or says when; an item that does
+// not parse is ignored, as the draft asks.
+func rateLimitWait(fields []string) time.Duration {
+	var longest int64
+	for _, field := range fields {
+		for item := range strings.SplitSeq(field, ",") {
+			params := strings.Split(strings.TrimSpace(item), ";")
+			if len(params) < 2 || !strings.HasPrefix(params[0], `"`) {
+				continue
+			}
+			remaining, reset := int64(-1), int64(0)
+			for _, p := range params[1:] {
+				name, value, _ := strings.Cut(strings.TrimSpace(p), "=")
+				n, err := strconv.ParseInt(value, 10, 64)
+				if err != nil || n < 0 {
+					continue
+				}
+				switch name {
+				case "r":
+					remaining = n
+				case "t":
+					reset = n
+				}
+			}
+			if remaining == 0 {
+				longest = max(longest, min(reset, int64(24*time.Hour/time.Second)))
+			}
+		}
+	}
+	return time.Duration(longest) * time.Second
 }

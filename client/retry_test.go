@@ -96,8 +96,10 @@ func TestRetryableStatus(t *testing.T) {
 		code   string
 		want   bool
 	}{
+		{408, CodeRequestTimeout, true},
 		{409, CodeInProgress, true},
 		{429, "", true},
+		{429, CodeQuotaExceeded, true},
 		{502, "", true},
 		{503, CodeServiceUnavailable, true},
 		{504, "", true},
@@ -219,4 +221,72 @@ func TestRetryLoop(t *testing.T) {
 			t.Errorf("err %v, result key %q, sent key %q: want a GET without Idempotency-Key", err, res.Key, (*keys)[0])
 		}
 	})
+}
+
+// Without Retry-After, a RateLimit field's t for a policy with nothing
+// left says when to come back; a policy with something left, or an item
+// that does not parse, says nothing.
+func TestRateLimitWait(t *testing.T) {
+	for fields, want := range map[string]time.Duration{
+		`"requests";r=0;t=3`:                            3 * time.Second,
+		`"requests";r=0;t=3, "concurrent";r=0`:          3 * time.Second,
+		`"requests";r=5;t=1, "concurrent";r=0`:          0,
+		`"requests";r=0;t=2, "daily";r=0;t=60`:          time.Minute,
+		`"requests";r=9;t=9`:                            0,
+		`requests;r=0;t=3`:                              0, // a token, not a string: malformed
+		`"requests";r=zero;t=3`:                         0,
+		"":                                              0,
+		`"requests";r=0;t=999999999999, "x";r=0;t=nope`: 24 * time.Hour,
+	} {
+		if got := rateLimitWait([]string{fields}); got != want {
+			t.Errorf("RateLimit: %s: wait %v, want %v", fields, got, want)
+		}
+	}
+}
+
+// A 429 without Retry-After is waited out by its RateLimit's t, and a 408
+// is retried, both under the call's one key.
+func TestQuotaAndBodyTimeoutsAreRetriedUnderTheSameKey(t *testing.T) {
+	var mu sync.Mutex
+	var keys []string
+	answers := []func(w http.ResponseWriter){
+		func(w http.ResponseWriter) {
+			w.Header().Set("RateLimit", `"requests";r=0;t=4`)
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(http.StatusTooManyRequests)
+			fmt.Fprint(w, `{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"t","status":429,"detail":"d","code":"quota_exceeded","violated-policies":["requests"]}`)
+		},
+		func(w http.ResponseWriter) {
+			w.Header().Set("Content-Type", "application/problem+json")
+			w.WriteHeader(http.StatusRequestTimeout)
+			fmt.Fprint(w, `{"type":"urn:orderservice:problem:request_timeout","title":"t","status":408,"detail":"d","code":"request_timeout"}`)
+		},
+		func(w http.ResponseWriter) {
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprint(w, `{"id":"o1","status":"CREATED"}`)
+		},
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		n := len(keys)
+		keys = append(keys, r.Header.Get("Idempotency-Key"))
+		mu.Unlock()
+		answers[min(n, len(answers)-1)](w)
+	}))
+	t.Cleanup(srv.Close)
+	clock := &fakeClock{}
+	c := New(srv.URL, "k", WithRetry(RetryPolicy{BaseDelay: 10 * time.Millisecond, MaxDelay: 50 * time.Millisecond}))
+	c.sleep, c.jitter = clock.sleep, func(ceiling time.Duration) time.Duration { return ceiling }
+	res, err := c.CreateOrder(context.Background(), CreateOrderRequest{})
+	if err != nil || res.Attempts != 3 || res.Status != http.StatusCreated {
+		t.Fatalf("result %+v, err %v: want a 201 on the third attempt", res, err)
+	}
+	if want := []time.Duration{4 * time.Second, 20 * time.Millisecond}; fmt.Sprint(clock.waits) != fmt.Sprint(want) {
+		t.Errorf("waits %v, want %v (the 429's RateLimit t, then the backoff)", clock.waits, want)
+	}
+	for i, k := range keys {
+		if k != res.Key {
+			t.Errorf("attempt %d carried key %q, want the call's key %q", i+1, k, res.Key)
+		}
+	}
 }

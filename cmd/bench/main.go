@@ -4,8 +4,8 @@
 // written over pgx with and without a record), the replay path, a
 // duplicate storm, pay with a slow payment channel, create latency at a
 // constant rate, creates, metrics and cleanup on big tables generated in
-// SQL, and an overload at three times capacity. `make bench` runs it and
-// writes docs/benchmarks/.
+// SQL, an overload at three times capacity, and each tenant's share beside
+// a flood. `make bench` runs it and writes docs/benchmarks/.
 //
 // Everything but the overload runs in this process: a fresh database, the
 // real service (app.Start on 127.0.0.1:0 with its embedded payment channel)
@@ -88,8 +88,10 @@ type options struct {
 	// OverloadPools are the DB_MAX_CONNS it is also run at: how many
 	// backends at once the database's CPUs can serve.
 	OverloadPools intList
-	Quick         bool
-	CPUProfile    string
+	// TenantsFor is how long each load of scenario 14 lasts.
+	TenantsFor time.Duration
+	Quick      bool
+	CPUProfile string
 	// viaMake is true when `make bench` started the run.
 	viaMake bool
 	// Only, when set, names the scenarios to run (a partial report, for
@@ -137,15 +139,16 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs.IntVar(&o.OverloadRounds, "overload-rounds", 4, "slices the overload is sent in, each after a slice of the capacity's closed loop")
 	fs.Var(&o.OverloadLimits, "overload-limits", "HTTP_MAX_IN_FLIGHT values the overload is also run at, comma-separated")
 	fs.Var(&o.OverloadPools, "overload-pools", "DB_MAX_CONNS values the overload is also run at, comma-separated")
+	fs.DurationVar(&o.TenantsFor, "tenants-duration", 10*time.Second, "length of each load of scenario 14 (a quiet tenant alone, beside a flood at five times capacity, 64 closed-loop clients)")
 	fs.BoolVar(&o.Quick, "quick", false, "a smoke-test run: short points, concurrencies 1 and 4, a storm of 50, 16 pays in flight, 20 000 records, 200 webhooks")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run (service and load) to this file")
 	var only intList
-	fs.Var(&only, "only", "run only these scenarios, comma-separated (1-13; 1 and 2 run together)")
+	fs.Var(&only, "only", "run only these scenarios, comma-separated (1-14; 1 and 2 run together)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	for _, n := range only {
-		if n < 1 || n > 13 {
+		if n < 1 || n > 14 {
 			return o, fmt.Errorf("-only: there is no scenario %d", n)
 		}
 		if o.Only == nil {
@@ -173,6 +176,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 			"overload-duration": func() { o.OverloadFor = time.Second },
 			"overload-limits":   func() { o.OverloadLimits = []int{16} },
 			"overload-rounds":   func() { o.OverloadRounds = 2 },
+			"tenants-duration":  func() { o.TenantsFor = time.Second },
 			"commands":          func() { o.Commands = 200 },
 			"wait-duplicates":   func() { o.WaitDuplicates = 100 },
 			"webhooks":          func() { o.Webhooks = 200 },
@@ -188,8 +192,8 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 		}
 	}
 	switch {
-	case o.Duration <= 0 || o.Warmup < 0 || o.RateDuration <= 0 || o.OverloadFor <= 0 || o.Slice <= 0:
-		return o, errors.New("-duration, -slice, -rate-duration and -overload-duration must be positive, -warmup not negative")
+	case o.Duration <= 0 || o.Warmup < 0 || o.RateDuration <= 0 || o.OverloadFor <= 0 || o.Slice <= 0 || o.TenantsFor <= 0:
+		return o, errors.New("-duration, -slice, -rate-duration, -overload-duration and -tenants-duration must be positive, -warmup not negative")
 	case o.Rounds < 1 || o.OverloadRounds < 1:
 		return o, errors.New("-rounds and -overload-rounds must be at least 1")
 	case o.BigRecords < 10 || o.BigOrders < 1:

@@ -143,6 +143,7 @@ var scenarioHeadings = []string{
 	"## 11. Webhooks: a first delivery against a duplicate",
 	"## 12. What tracing costs",
 	"## 13. A quiet tenant's create behind another tenant's backlog",
+	"## 14. Each tenant its share: a quiet tenant beside a flood, and a bounded client",
 }
 
 // The overload table counts client timeouts apart, so what it lists as a

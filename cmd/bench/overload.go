@@ -168,65 +168,24 @@ const settle = httpapi.CongestedFor + 500*time.Millisecond
 // off the service's CPUs.
 const repinEvery = 100 * time.Millisecond
 
-// overload is scenario 8. Its service runs in a process of its own, the
-// binary cmd/orderservice builds with the bench's configuration (see
-// serviceProcess); the in-process service is stopped meanwhile, so only
-// they work on the database. The process with the defaults stays up for the
-// whole scenario: it measures the capacity, and it is the service of the
-// defaults' overload.
+// overload is scenario 8. Its services run apart from the load (see
+// apart). The process with the defaults stays up for the whole scenario:
+// it measures the capacity, and it is the service of the defaults'
+// overload.
 func (b *bench) overload(ctx context.Context, res *results) (err error) {
 	o := b.opts
 	ov := &res.Overload
 	ov.Factor, ov.For, ov.Rounds, ov.ClientTimeout = 3, o.OverloadFor, o.OverloadRounds, 10*time.Second
-	bin, err := b.serviceBinary()
+	ap, err := b.setApart(ctx, ov.ClientTimeout)
 	if err != nil {
 		return err
 	}
-	if err := b.svc.Close(); err != nil {
-		return err
-	}
-	b.svc = nil
+	ov.Cores = ap.cores
 	defer func() {
-		var svcErr error
-		b.svc, svcErr = b.startService(ctx, o.Pool, nil)
-		err = errors.Join(err, svcErr)
+		err = errors.Join(err, ap.close(ctx))
+		ov.Repinned = *ap.repinned
 	}()
-	ov.Cores = splitCores()
-	if err := ov.Cores.toGenerator(); err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, ov.Cores.restore(b.backendPIDs()...)) }()
-	// Backends started later (a connection the pool replaced) go to the
-	// service's CPUs too; the watch has a connection of its own, as the
-	// admin connection is for one goroutine.
-	watch, err := b.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer watch.Close(context.Background())
-	stopWatch := ov.Cores.keepOnService(func() []int { return backendPIDs(watch) }, repinEvery)
-	defer func() {
-		var watchErr error
-		ov.Repinned, watchErr = stopWatch()
-		b.progress("  %d backends started during the scenario were moved to the service's CPUs", ov.Repinned)
-		err = errors.Join(err, watchErr)
-	}()
-	client := &http.Client{Timeout: ov.ClientTimeout, Transport: &http.Transport{MaxIdleConns: 0, MaxIdleConnsPerHost: 4096, IdleConnTimeout: time.Minute}}
-	defer client.CloseIdleConnections()
-	// launch starts the service with extra, its process on the service's
-	// CPUs.
-	launch := func(extra map[string]string) (*serviceProcess, error) {
-		client.CloseIdleConnections()
-		svc, err := startProcess(bin, b.serviceEnv(o.Pool, extra))
-		if err != nil {
-			return nil, err
-		}
-		svc.cores = ov.Cores
-		if err := svc.cores.toService(svc.pid()); err != nil {
-			return nil, errors.Join(err, svc.Close())
-		}
-		return svc, nil
-	}
+	client, launch := ap.client, ap.launch
 	ref, err := launch(nil)
 	if err != nil {
 		return err

@@ -26,7 +26,7 @@ var reportTemplate = template.Must(template.New("results.md").Option("missingkey
 	"percentSpread": percentSpread, "timesSpread": timesSpread, "bytesSpread": bytesSpread, "bytesPer": bytesPer,
 	"statuses": statuses, "outcomes": outcomes, "unexpected": unexpected, "others": others, "cpuPer": cpuPer, "pgPerRequest": pgPerRequest,
 	"yes": yes, "orNA": orNA,
-}).Parse(reportText))
+}).Parse(reportText + tenantsText))
 
 // reportData is what the template renders: the run's results, the chart
 // beside the report, and the constants its text names. A template reaches

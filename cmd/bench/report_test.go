@@ -64,7 +64,7 @@ func sampleRun(full bool) *results {
 		WaitDuplicates: 1000, Webhooks: 2000, WebhookConc: 16, OverloadFor: 20 * time.Second, OverloadLimits: []int{16, 64}, OverloadPools: []int{8}}
 	if !full {
 		o.Quick = true
-		o.Only = map[int]bool{2: true, 3: true, 5: true, 7: true, 8: true, 9: true, 10: true, 11: true, 12: true, 13: true}
+		o.Only = map[int]bool{2: true, 3: true, 5: true, 7: true, 8: true, 9: true, 10: true, 11: true, 12: true, 13: true, 14: true}
 	}
 	res := &results{Opts: o, Machine: machine{CPUs: 2, CPUModel: "AMD EPYC", GoVersion: "go1.26.8", PGVersion: "PostgreSQL 15", PGSettings: "fsync=on",
 		Date: time.Date(2026, 12, 2, 8, 54, 0, 0, time.UTC), Command: "`make bench`", LoadBefore: "0.53", LoadAfter: "7.23"}, Took: 19*time.Minute + 20*time.Second}
@@ -171,6 +171,7 @@ func sampleRun(full bool) *results {
 		mode("off", "no OTEL_* variable", 1230, 0),
 		mode("on, 1 % sampled", "OTEL_TRACES_SAMPLER=parentbased_traceidratio, OTEL_TRACES_SAMPLER_ARG=0.01", 1220, 260),
 		mode("on, every trace", "OTEL_TRACES_SAMPLER=parentbased_always_on", 1085, 26000)}}
+	res.Tenants = sampleTenants(full)
 	return res
 }
 

@@ -250,6 +250,7 @@ type results struct {
 	Webhooks                         webhookResult
 	Tracing                          tracingResult
 	Turns                            turnsResult
+	Tenants                          tenantsResult
 	Took                             time.Duration
 	// Problems are failed assertions: the run reports them and fails.
 	Problems []string
@@ -388,6 +389,7 @@ func (b *bench) runAll(ctx context.Context) (*results, error) {
 		{4, "4 duplicate storm", b.storm},
 		{6, "6 constant-rate create", b.steady},
 		{8, "8 overload at three times capacity", b.overload},
+		{14, "14 each tenant its share: a quiet tenant beside a flood, a bounded client", b.tenants},
 		{7, "7 big tables", b.growth},
 		{9, "9 creates as JetStream commands vs HTTP, and the outbox's lag", b.messages},
 		{10, "10 duplicates waiting for one slow pay", b.waitScenario},

@@ -13,8 +13,9 @@ import (
 	"github.com/orderservice/orderservice/internal/messaging"
 )
 
-// The tenants of scenario 13: loud queues a backlog of commands, quiet sends
-// one create at a time.
+// The tenants of scenarios 13 and 14: loud queues a backlog of commands
+// (13), quiet sends one create at a time (13) or keeps a few in flight
+// beside the bench's own flood (14).
 const (
 	loudTenant, loudKey   = "acme", "bench-key-acme-0123456789"
 	quietTenant, quietKey = "globex", "bench-key-globex-0123456789"

@@ -37,7 +37,7 @@ func TestDemoPassesAgainstTheRealService(t *testing.T) {
 		var stdout, stderr bytes.Buffer
 		args := []string{"-url", m.URL(), "-channel", "http://" + m.ChannelAddr, "-api-key", apptest.KeyAcme, "-sweep-wait", "15s",
 			"-tenant", "acme", "-nats-url", m.NATSURL, "-nats-operator", "orderservice:" + m.Config.NATS.ServicePassword,
-			"-naive-database", dbURL}
+			"-naive-database", dbURL, "-neighbour-api-key", apptest.KeyGlobex}
 		// NO_COLOR is unset: the output is plain because a buffer is no terminal.
 		err := run(ctx, args, func(string) string { return "" }, &stdout, &stderr)
 		if err != nil {

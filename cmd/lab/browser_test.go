@@ -125,7 +125,7 @@ func TestLabInABrowser(t *testing.T) {
 	srv, err := start(ctx, config{listen: "127.0.0.1:0", Config: lessons.Config{
 		BaseURL: m.URL(), ChannelURL: channelURL, APIKey: apptest.KeyAcme, SweepWait: 15 * time.Second, Observe: true,
 		Tenant: "acme", NATSURL: m.NATSURL, NATSOperator: "orderservice:" + m.Config.NATS.ServicePassword,
-		NaiveDatabaseURL: dbURL}})
+		NaiveDatabaseURL: dbURL, NeighbourAPIKey: apptest.KeyGlobex, NeighbourTenant: "globex"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,6 +45,8 @@ var codes = map[problem.Code]struct {
 	problem.KeyReused:            {http.StatusUnprocessableEntity, "Idempotency-Key reused with different parameters"},
 	problem.Internal:             {http.StatusInternalServerError, "Internal error"},
 	problem.ServiceUnavailable:   {http.StatusServiceUnavailable, "Service temporarily unavailable"},
+	problem.QuotaExceeded:        {http.StatusTooManyRequests, "Request cannot be satisfied as assigned quota has been exceeded"},
+	problem.RequestTimeout:       {http.StatusRequestTimeout, "The request body did not arrive in time"},
 }
 
 // StatusOf is the HTTP status of a code; an unknown code is 500.
@@ -109,6 +111,9 @@ func renderProblem(e *problem.Error) (status int, body []byte) {
 		doc[k] = v
 	}
 	doc["type"] = "urn:orderservice:problem:" + string(e.Code)
+	if e.Type != "" {
+		doc["type"] = e.Type
+	}
 	doc["title"] = codes[e.Code].title
 	doc["status"] = status
 	doc["detail"] = e.Detail

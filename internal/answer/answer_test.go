@@ -19,6 +19,7 @@ func TestEveryCodeHasTheContractsStatus(t *testing.T) {
 		order.CodeRefundRefused: 409, problem.RequestInProgress: 409, order.CodeInvalidTransition: 409,
 		problem.PayloadTooLarge: 413, problem.UnsupportedMediaType: 415, problem.KeyReused: 422,
 		problem.Internal: 500, problem.ServiceUnavailable: 503,
+		problem.RequestTimeout: 408, problem.QuotaExceeded: 429,
 	}
 	for code, status := range want {
 		if got := StatusOf(code); got != status {

@@ -288,7 +288,6 @@ func (m *Main) start(ctx context.Context) error {
 			MaxIdleConnsPerHost: cfg.Payment.ChannelMaxInFlight, IdleConnTimeout: 90 * time.Second}}),
 		Money: cfg.Payment.Money(),
 	})
-
 	workCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	m.stop = stop
 	cleaner := &idempotency.Cleaner{DB: db, Store: records, Inbox: inbox, Batch: cfg.Cleanup.Batch, Pause: cfg.Cleanup.Pause,
@@ -334,11 +333,15 @@ func (m *Main) start(ctx context.Context) error {
 
 	api := &httpapi.Server{Orders: m.Orders, Ready: ready(db, m.Door.Ready), Logger: m.Logger,
 		Tenants: httpapi.NewTenants(cfg.APIKeys), Metrics: m.Metrics,
-		Admission: cfg.HTTP.Admission(), CORSOrigins: cfg.HTTP.CORSAllowedOrigins,
-		WebhookSecrets: cfg.Payment.WebhookSecrets}
+		Admission: cfg.Admission(), Quotas: httpapi.NewQuotas(cfg.Limits()), BodyTimeout: cfg.HTTP.BodyTimeout,
+		CORSOrigins: cfg.HTTP.CORSAllowedOrigins, WebhookSecrets: cfg.Payment.WebhookSecrets}
 	if api.Admission != nil {
-		api.Admission.OnShed, api.Admission.Logger = m.Metrics.Shed, m.Logger
+		api.Admission.OnRefuse = func(tenant string, why httpapi.Refusal) {
+			m.Metrics.Refused(tenant, string(why), http.StatusServiceUnavailable)
+		}
+		api.Admission.Logger = m.Logger
 	}
+	m.Metrics.WatchTenants(cfg.tenantNames(), refusalReasons())
 	gate.open(api.HTTPHandler())
 
 	m.Logger.Info("orderservice ready on "+m.publicURL(), "addr", m.Addr, "schema_version", version,
@@ -374,7 +377,9 @@ func (m *Main) startChannel(ctx context.Context, deadline time.Time, lifetime co
 
 // serve serves h on ln, each request's context a child of lifetime.
 func (m *Main) serve(ln net.Listener, h http.Handler, lifetime context.Context) {
-	srv := &http.Server{Handler: m.requests.track(h), ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 2 * time.Minute,
+	cfg := m.Config.HTTP
+	srv := &http.Server{Handler: m.requests.track(h), ReadHeaderTimeout: cfg.ReadHeaderTimeout, WriteTimeout: cfg.WriteTimeout,
+		IdleTimeout: cfg.IdleTimeout,
 		ErrorLog:    slog.NewLogLogger(m.Logger.Handler(), slog.LevelWarn),
 		BaseContext: func(net.Listener) context.Context { return lifetime }}
 	m.servers = append(m.servers, srv)

@@ -60,6 +60,14 @@ func TestBadConfigurationStopsTheStart(t *testing.T) {
 
 		// Issue 48: a tenant's share of ORDER_COMMANDS is a bound or none (0).
 		"a negative share of the commands stream": {"NATS_MAX_COMMANDS_PER_SUBJECT": "-1"},
+
+		// Issue 49: a tenant's limits, and a bound on every phase of a request.
+		"limits of a tenant API_KEYS does not name": {"HTTP_TENANT_LIMITS": "initech;weight=2"},
+		"a tenant's weight of zero":                 {"HTTP_TENANT_LIMITS": "acme;weight=0"},
+		"a tenant limit of no known name":           {"HTTP_TENANT_LIMITS": "acme;burst=3"},
+		"a quota window of half a second":           {"HTTP_TENANT_WINDOW": "500ms"},
+		"a write timeout shorter than a wait":       {"HTTP_WRITE_TIMEOUT": "10s"},
+		"no bound on a body":                        {"HTTP_BODY_TIMEOUT": "0s"},
 	} {
 		t.Run(name+" is refused in one line", func(t *testing.T) {
 			var out bytes.Buffer

@@ -80,29 +80,65 @@ type HTTPConfig struct {
 	// comma separated, no wildcard) whose pages may call /v1 from a browser;
 	// empty turns CORS off.
 	CORSAllowedOrigins []string `env:"CORS_ALLOWED_ORIGINS"`
-	// MaxInFlight is how many /v1 requests are served at once (a pay or
-	// refund gives its slot back while it waits for the channel, a duplicate
-	// while it waits with Prefer: wait); 0 turns admission control off.
+	// MaxInFlight is how many /v1 requests are served at once, the slots
+	// going to tenants in turn by weight (a pay or refund gives its slot
+	// back while it waits for the channel, a duplicate while it waits with
+	// Prefer: wait); 0 turns admission control off.
 	MaxInFlight int `env:"HTTP_MAX_IN_FLIGHT" envDefault:"32"`
-	// MaxQueue is the most that may wait for a slot (FIFO); fewer may
-	// when slots come free too slowly for them all to get one within a
-	// tenth of HTTP_QUEUE_TIMEOUT (never fewer than HTTP_MAX_IN_FLIGHT, nor
-	// 8). Beyond the bound a request is refused at once.
+	// MaxQueue is the most that may wait for a slot beyond their
+	// tenants' fair shares (within its share a tenant always waits its
+	// turn; each tenant's queue is FIFO); fewer may when a tenant's slots
+	// come free too slowly for its waiters to get one within a tenth of
+	// HTTP_QUEUE_TIMEOUT (never fewer than the slots it holds, nor 8).
+	// Beyond the bound a request is refused at once.
 	MaxQueue int `env:"HTTP_MAX_QUEUE" envDefault:"1024"`
-	// QueueTimeout is the longest wait for a slot; when every waiter for
-	// a fifth of it waited longer than a tenth of it (a standing queue), new
-	// arrivals that find no free slot are refused at once, and those already
-	// queued are still served (docs/concepts.md §9).
+	// QueueTimeout is the longest wait for a slot; when every waiter of a
+	// tenant for a fifth of it waited longer than a tenth of it (a standing
+	// queue), that tenant's queue holds no more than the slots it holds,
+	// its arrivals past that are refused at once, and those already queued
+	// are still served (docs/concepts.md §9).
 	QueueTimeout time.Duration `env:"HTTP_QUEUE_TIMEOUT" envDefault:"1s"`
 	// MaxWait caps Prefer: wait=N, how long a duplicate may wait for its
 	// first attempt's outcome.
 	MaxWait time.Duration `env:"MAX_WAIT" envDefault:"10s"`
+	// ReadHeaderTimeout bounds how long a request's headers may take to
+	// arrive; a connection past it is closed.
+	ReadHeaderTimeout time.Duration `env:"HTTP_READ_HEADER_TIMEOUT" envDefault:"5s"`
+	// BodyTimeout bounds how long a request's body may take to arrive
+	// after its headers; it is read before the request takes a slot, and a
+	// body past it is answered 408 request_timeout, its connection closed.
+	BodyTimeout time.Duration `env:"HTTP_BODY_TIMEOUT" envDefault:"10s"`
+	// WriteTimeout bounds a request from its headers to the end of its
+	// answer: longer than HTTP_BODY_TIMEOUT, HTTP_QUEUE_TIMEOUT,
+	// DB_STATEMENT_TIMEOUT and the longer of MAX_WAIT and
+	// PAYMENT_CHANNEL_TIMEOUT together.
+	WriteTimeout time.Duration `env:"HTTP_WRITE_TIMEOUT" envDefault:"2m"`
+	// IdleTimeout is how long a kept-alive connection may wait for its
+	// next request.
+	IdleTimeout time.Duration `env:"HTTP_IDLE_TIMEOUT" envDefault:"2m"`
+	// TenantRequests is how many requests to /v1 a tenant may send per
+	// HTTP_TENANT_WINDOW (a token bucket: that many at once, refilled
+	// evenly), more than one instance serves: by default only the
+	// service's capacity refuses (503); over it, 429 quota_exceeded.
+	TenantRequests int `env:"HTTP_TENANT_REQUESTS" envDefault:"10000"`
+	// TenantWindow is HTTP_TENANT_REQUESTS' window, in whole seconds.
+	TenantWindow time.Duration `env:"HTTP_TENANT_WINDOW" envDefault:"1s"`
+	// TenantConcurrent is the most requests to /v1 a tenant may have in
+	// flight at once, queued ones, pays at the channel and duplicates
+	// waiting included; 0 sets none (what a tenant holds of the service is
+	// its share of HTTP_MAX_IN_FLIGHT either way).
+	TenantConcurrent int `env:"HTTP_TENANT_CONCURRENT" envDefault:"0"`
+	// TenantLimits are tenants' own weights in the admission's turns
+	// (default 1) and quotas:
+	// `acme;weight=2;requests=100;window=60s;concurrent=16`, comma
+	// separated, each parameter optional (docs/scaling.md).
+	TenantLimits TenantLimits `env:"HTTP_TENANT_LIMITS"`
 }
 
 // Admission is the API's admission control, nil when HTTP_MAX_IN_FLIGHT
 // turns it off.
-func (c HTTPConfig) Admission() *httpapi.Admission {
-	return httpapi.NewAdmission(c.MaxInFlight, c.MaxQueue, c.QueueTimeout)
+func (c Config) Admission() *httpapi.Admission {
+	return httpapi.NewAdmission(c.HTTP.MaxInFlight, c.HTTP.MaxQueue, c.HTTP.QueueTimeout, c.Weights())
 }
 
 // DatabaseConfig is the service's database.
@@ -467,6 +503,12 @@ func (c Config) validate() error {
 	}
 	if c.HTTP.MaxInFlight < 0 || c.HTTP.MaxQueue < 0 || c.HTTP.QueueTimeout <= 0 {
 		return fmt.Errorf("HTTP_MAX_IN_FLIGHT and HTTP_MAX_QUEUE must not be negative, HTTP_QUEUE_TIMEOUT must be positive")
+	}
+	if err := c.checkServerTimeouts(); err != nil {
+		return err
+	}
+	if err := c.checkTenantLimits(); err != nil {
+		return err
 	}
 	// A duplicate waiting on the first request's lock must give up (409)
 	// before its statement is cancelled (which would read as an outage, 503).

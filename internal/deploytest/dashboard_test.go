@@ -89,7 +89,7 @@ func TestDashboardQueriesReturnDataFromARealPrometheus(t *testing.T) {
 	var mu sync.Mutex
 	s := lessons.NewSession(lessons.Config{BaseURL: m.URL(), ChannelURL: "http://" + m.ChannelAddr, APIKey: apptest.KeyAcme,
 		Tenant: "acme", NATSURL: m.NATSURL, NATSOperator: "orderservice:" + m.Config.NATS.ServicePassword,
-		SweepWait: 15 * time.Second}, func(e lessons.Event) {
+		SweepWait: 15 * time.Second, NeighbourAPIKey: apptest.KeyGlobex, NeighbourTenant: "globex"}, func(e lessons.Event) {
 		if e.Kind == lessons.KindCheck && !e.OK {
 			mu.Lock()
 			failedChecks = append(failedChecks, fmt.Sprintf("lesson %d: %s", e.Lesson, e.Text))

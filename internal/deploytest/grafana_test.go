@@ -388,6 +388,7 @@ var issueSignals = map[string][]string{
 	"duration per command":              {"orderservice_command_duration_seconds_bucket"},
 	"the database pool":                 {"go_sql_in_use_connections", "go_sql_max_open_connections", "go_sql_wait_duration_seconds_total"},
 	"shedding":                          {"orderservice_http_requests_shed_total"},
+	"refusals by tenant (issue #49)":    {"orderservice_http_refused_total", "orderservice_http_tenant_requests_total"},
 	"outbox lag":                        {"orderservice_outbox_lag_seconds"},
 	"DLQ depth":                         {"orderservice_dlq_depth"},
 	"webhook outcomes":                  {"orderservice_webhooks_received_total"},

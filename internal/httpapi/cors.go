@@ -13,10 +13,11 @@ import (
 // before a request carrying Authorization, Idempotency-Key or Prefer; the
 // answer names the exact origins allowed (never "*": the API is
 // authenticated) and the headers a page may read, so a script can see that
-// a response was a replay, where the order is, and when to retry.
+// a response was a replay, where the order is, when to retry, and what is
+// left of its tenant's quotas.
 var (
 	corsAllowedHeaders = []string{"Authorization", "Content-Type", "Idempotency-Key", "Prefer"}
-	corsExposedHeaders = []string{"Idempotent-Replayed", "Location", "Retry-After", "Preference-Applied"}
+	corsExposedHeaders = []string{"Idempotent-Replayed", "Location", "Retry-After", "Preference-Applied", "RateLimit-Policy", "RateLimit"}
 )
 
 // WithCORS wraps h so that /v1 answers preflights and cross-origin requests

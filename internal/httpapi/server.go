@@ -53,6 +53,11 @@ type Server struct {
 	Metrics *metrics.Metrics
 	// Admission sheds load on /v1 (see HTTPHandler); nil admits everything.
 	Admission *Admission
+	// Quotas are each tenant's quotas on /v1; nil sets none.
+	Quotas *Quotas
+	// BodyTimeout bounds how long a request's body may take to arrive
+	// after its headers; 0 sets no bound.
+	BodyTimeout time.Duration
 	// CORSOrigins are the origins whose pages may call /v1; none: CORS off.
 	CORSOrigins []string
 	// WebhookSecrets verify the payment channel's webhooks: any of them
@@ -60,11 +65,11 @@ type Server struct {
 	WebhookSecrets []string
 }
 
-// HTTPHandler is Handler behind the admission limit, with CORS around both
-// and a server span around everything (see traced): what the service
-// serves.
+// HTTPHandler is Handler behind the Guard (body deadline, quotas,
+// admission limit), with CORS around both and a server span around
+// everything (see traced): what the service serves.
 func (s *Server) HTTPHandler() http.Handler {
-	return traced(WithCORS(s.Admission.Wrap(s.Handler()), s.CORSOrigins))
+	return traced(WithCORS(s.Guard(s.Handler()), s.CORSOrigins))
 }
 
 // NewTenants builds the API-key table from tenant -> key pairs. Keys are

@@ -19,6 +19,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix string, getenv func(stri
 	fs.StringVar(&c.ChannelURL, "channel", orDefault("CHANNEL_URL", "http://127.0.0.1:8081"), "base URL of the payment channel's admin API (env "+prefix+"CHANNEL_URL)")
 	fs.StringVar(&c.APIKey, "api-key", orDefault("API_KEY", "demo-key-acme"), "API key of the tenant to play as (env "+prefix+"API_KEY)")
 	fs.StringVar(&c.Tenant, "tenant", orDefault("TENANT", "acme"), "the tenant the API key belongs to: its NATS user (env "+prefix+"TENANT)")
+	fs.StringVar(&c.NeighbourAPIKey, "neighbour-api-key", orDefault("NEIGHBOUR_API_KEY", "demo-key-globex"), "API key of another tenant, the quiet one beside a flood (env "+prefix+"NEIGHBOUR_API_KEY)")
+	fs.StringVar(&c.NeighbourTenant, "neighbour-tenant", orDefault("NEIGHBOUR_TENANT", "globex"), "the tenant the neighbour's API key belongs to (env "+prefix+"NEIGHBOUR_TENANT)")
 	fs.StringVar(&c.NATSURL, "nats-url", orDefault("NATS_URL", "nats://127.0.0.1:4223"), "the service's NATS server; `make run` embeds one on 127.0.0.1:4223 (env "+prefix+"NATS_URL)")
 	fs.StringVar(&c.NATSOperator, "nats-operator", orDefault("NATS_OPERATOR", "orderservice:orderservice-dev-secret"),
 		"user:password of the service's NATS user, for the operator's steps (DLQ replay, an event republished); empty shows them instead (env "+prefix+"NATS_OPERATOR)")

@@ -33,7 +33,8 @@ type Lesson struct {
 }
 
 // All returns the lessons in the order of the seed, then the pitfalls
-// (lessons_pitfalls.go), numbered on from the seed's.
+// (lessons_pitfalls.go), then capacity's (lessons_fairshare.go), numbered
+// on from the seed's.
 func All() []Lesson {
 	list := []Lesson{
 		{
@@ -163,6 +164,7 @@ func All() []Lesson {
 		},
 	}
 	list = append(list, pitfalls()...)
+	list = append(list, capacity()...)
 	for i := range list {
 		list[i].Number = i + 1
 	}

@@ -27,6 +27,9 @@ type Config struct {
 	APIKey string
 	// Tenant is the tenant APIKey belongs to: its NATS user name.
 	Tenant string
+	// NeighbourAPIKey and NeighbourTenant are another tenant's, the quiet
+	// one beside the session's flood in the fair-share lesson.
+	NeighbourAPIKey, NeighbourTenant string
 	// NATSURL is the broker the service uses (nats://127.0.0.1:4223 for
 	// `make run`'s embedded server); the session connects as the tenant,
 	// with its API key as the password.

@@ -34,6 +34,7 @@ type Metrics struct {
 	waits      *prometheus.CounterVec
 	webhooks   *prometheus.CounterVec
 	messages   messages
+	tenants    tenants
 	logger     *slog.Logger
 	shed       prometheus.Counter
 }
@@ -46,6 +47,7 @@ func New(gauges GaugeReader, logger *slog.Logger, operations, moneyOperations []
 	m := &Metrics{
 		registry: prometheus.NewRegistry(),
 		messages: newMessages(),
+		tenants:  newTenants(),
 		logger:   logger,
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "orderservice_idempotent_requests_total",
@@ -94,6 +96,7 @@ func New(gauges GaugeReader, logger *slog.Logger, operations, moneyOperations []
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&recordCollector{gauges: gauges, logger: logger})
 	m.registry.MustRegister(m.messages.collectors()...)
+	m.registry.MustRegister(m.tenants.collectors()...)
 	m.zero(operations, moneyOperations)
 	return m
 }
@@ -198,14 +201,6 @@ func (m *Metrics) Takeover(operation, by string) {
 		return
 	}
 	m.takeovers.WithLabelValues(operation, by).Inc()
-}
-
-// Shed counts one request refused by the admission limit.
-func (m *Metrics) Shed() {
-	if m == nil {
-		return
-	}
-	m.shed.Inc()
 }
 
 // Waited counts one wait of a duplicate and how it ended.

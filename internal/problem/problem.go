@@ -30,6 +30,17 @@ const (
 	UnsupportedMediaType Code = "unsupported_media_type"
 	Internal             Code = "internal"
 	ServiceUnavailable   Code = "service_unavailable"
+	QuotaExceeded        Code = "quota_exceeded"
+	RequestTimeout       Code = "request_timeout"
+)
+
+// Problem types of draft-ietf-httpapi-ratelimit-headers, for the answers
+// that are about capacity: a tenant over its quota (429), the service over
+// its own (503). Other problems' types are the service's own, from their
+// codes.
+const (
+	TypeQuotaExceeded            = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+	TypeTemporaryReducedCapacity = "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
 )
 
 // Error is an error with a Code a client can act on. Detail is shown to the
@@ -40,6 +51,9 @@ type Error struct {
 	Detail string `json:"detail"`
 	// Extensions are extra members of the answer, e.g. "field".
 	Extensions map[string]any `json:"extensions,omitempty"`
+	// Type, when set, is the problem's type URI instead of the one its
+	// code names (one of the Type constants).
+	Type string `json:"type,omitempty"`
 	// RetryAfter, when set, tells the client when to try again. It is
 	// never stored: only transient errors carry it.
 	RetryAfter time.Duration `json:"-"`
