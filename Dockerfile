@@ -32,7 +32,7 @@ RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
     go build -trimpath -ldflags="-s -w -X github.com/orderservice/orderservice/internal/app.version=${VERSION}" -o /out/orderservice ./cmd/orderservice && \
     go build -trimpath -ldflags='-s -w' -o /out/paymentchannel ./cmd/paymentchannel && \
-    go build -trimpath -ldflags='-s -w' -o /out/lab ./cmd/lab && \
+    go build -trimpath -ldflags='-s -w' -o /out/lab ./lab/cmd/lab && \
     go build -trimpath -ldflags='-s -w' -o /out/healthcheck ./cmd/healthcheck && \
     go build -trimpath -ldflags='-s -w' -o /out/nats-server github.com/nats-io/nats-server/v2 && \
     mkdir /jetstream

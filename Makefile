@@ -29,7 +29,7 @@ cleanup: ## one pass of the retention job by hand: delete expired records, archi
 	$(GO) run -ldflags '$(LDFLAGS)' ./cmd/orderservice cleanup
 
 build: ## the image's four binaries in bin/ (BIN=dir: elsewhere), static and stamped with the version; a build of its own (for the CLI beside make run: go run ./cmd/orderservice help)
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o $(BIN)/ ./cmd/orderservice ./cmd/paymentchannel ./cmd/lab ./cmd/healthcheck
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o $(BIN)/ ./cmd/orderservice ./cmd/paymentchannel ./lab/cmd/lab ./cmd/healthcheck
 
 image: ## the Docker image orderservice:local (the one compose runs), stamped with the version
 	docker build --build-arg VERSION=$(or $(VERSION),devel) -t orderservice:local .
@@ -56,8 +56,8 @@ test: test-tools ## every test, with the race detector, against real PostgreSQL 
 
 .PHONY: test-faults
 test-faults: ## fault and load suite on real processes (restarts the local PostgreSQL: run it alone); FAULTS_FLAGS=-short for the reduced run CI makes
-	$(GO) vet -tags faults ./internal/faults/...
-	$(GO) test -race -tags faults -count=1 -timeout 15m $(FAULTS_FLAGS) ./internal/faults/...
+	$(GO) vet -tags faults ./tests/faults/...
+	$(GO) test -race -tags faults -count=1 -timeout 15m $(FAULTS_FLAGS) ./tests/faults/...
 
 # HA_PACKAGES are what the HA suite runs on: Patroni, etcd and PostgreSQL 15
 # (Debian's packages), installed when missing. CI runs as root on a fresh machine.
@@ -70,10 +70,10 @@ test-ha: ## HA suite: etcd and two Patroni-managed PostgreSQL 15 nodes on loopba
 	  echo "test-ha: installing$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null || exit 1; \
 	fi
-	$(GO) vet -tags ha ./internal/hatest/...
+	$(GO) vet -tags ha ./tests/hatest/...
 	@dir=$$(mktemp -d /tmp/orderservice-ha-XXXXXX); \
-	trap 'sh internal/hatest/leftovers.sh "$$dir"' EXIT INT TERM; \
-	HA_DIR=$$dir $(GO) test -race -tags ha -count=1 -timeout 4m -v ./internal/hatest/...
+	trap 'sh tests/hatest/leftovers.sh "$$dir"' EXIT INT TERM; \
+	HA_DIR=$$dir $(GO) test -race -tags ha -count=1 -timeout 4m -v ./tests/hatest/...
 
 .PHONY: test-bursts
 test-bursts: ## the seed's storms on an idle instance with the default admission settings: served, not shed (run alone)
@@ -116,18 +116,18 @@ endif
 
 .PHONY: demo
 demo: ## narrated scenarios of every lesson against the running service (STACK=compose: against docker compose up)
-	$(GO) run ./cmd/demo $(DEMO_FLAGS)
+	$(GO) run ./lab/cmd/demo $(DEMO_FLAGS)
 
 .PHONY: lab
 lab: ## the lessons in a browser on http://localhost:8090, against the running service (STACK=compose: against docker compose up)
-	$(GO) run ./cmd/lab $(LAB_FLAGS)
+	$(GO) run ./lab/cmd/lab $(LAB_FLAGS)
 
 .PHONY: lab-screenshot
 lab-screenshot: ## run the lab's browser test and refresh docs/lab.png, the README's picture
-	LAB_SCREENSHOT=update $(GO) test -count=1 -run TestLabInABrowser ./cmd/lab/
+	LAB_SCREENSHOT=update $(GO) test -count=1 -run TestLabInABrowser ./lab/cmd/lab/
 
 bench: ## load benchmarks against the real service and PostgreSQL; writes docs/benchmarks/ (BENCHFLAGS=-quick: a short run, written outside the tree)
-	$(GO) run ./cmd/bench $(BENCHFLAGS)
+	$(GO) run ./tests/bench $(BENCHFLAGS)
 
 lint-openapi: ## lint api/openapi.yaml (Redocly; Spectral with OWASP's ruleset, 0 errors) and build a client from it with ogen, oapi-codegen and openapi-typescript
 	npm ci --prefix tools/openapi-lint --no-audit --no-fund
@@ -141,7 +141,7 @@ fmt: ## gofmt every Go file
 
 vet: ## go vet every package, the tagged suites included
 	$(GO) vet ./...
-	$(GO) vet -tags faults ./internal/faults/...
-	$(GO) vet -tags ha ./internal/hatest/...
+	$(GO) vet -tags faults ./tests/faults/...
+	$(GO) vet -tags ha ./tests/hatest/...
 	$(GO) vet -tags bursts ./internal/order/...
 	$(GO) vet -tags cluster ./internal/messaging/...

@@ -17,7 +17,7 @@ import (
 	"github.com/getkin/kin-openapi/openapi3"
 
 	"github.com/orderservice/orderservice/internal/app"
-	"github.com/orderservice/orderservice/internal/apptest"
+	"github.com/orderservice/orderservice/tests/apptest"
 )
 
 // The bounds tests read api/openapi.yaml, not a list of fields: every

@@ -15,8 +15,8 @@ import (
 
 	"github.com/orderservice/orderservice/client"
 	"github.com/orderservice/orderservice/internal/app"
-	"github.com/orderservice/orderservice/internal/apptest"
-	"github.com/orderservice/orderservice/internal/testdb"
+	"github.com/orderservice/orderservice/tests/apptest"
+	"github.com/orderservice/orderservice/tests/testdb"
 )
 
 var dbURL string

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/orderservice/orderservice/client"
-	"github.com/orderservice/orderservice/internal/apptest"
+	"github.com/orderservice/orderservice/tests/apptest"
 )
 
 // keysSeen records, per attempt, the key and the status of each answer

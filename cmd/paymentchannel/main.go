@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/orderservice/orderservice/internal/payment/channel"
+	"github.com/orderservice/orderservice/internal/payment/mockchannel"
 	"github.com/orderservice/orderservice/internal/tracing"
 )
 
@@ -47,7 +47,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		return fmt.Errorf("unexpected arguments %q: configure with HTTP_ADDR, PAYMENT_SLOW_DELAY, LOG_LEVEL, CHANNEL_DATABASE_URL, "+
 			"PAYMENT_ASYNC_DELAY, CHANNEL_WEBHOOK_URL, CHANNEL_WEBHOOK_RETRY_WINDOW, PAYMENT_WEBHOOK_SECRET, CHANNEL_KEY_WINDOW", args[1:])
 	}
-	cfg, err := channel.LoadConfig(environ)
+	cfg, err := mockchannel.LoadConfig(environ)
 	if err != nil {
 		return err
 	}
@@ -72,7 +72,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		return fmt.Errorf("HTTP_ADDR=%s: %w; check that no other process listens there, or set HTTP_ADDR to a free address", cfg.Addr, err)
 	}
 	defer ln.Close() // a no-op once Serve has closed it
-	ch, err := channel.Open(ctx, cfg.DatabaseURL, cfg.Options(log))
+	ch, err := mockchannel.Open(ctx, cfg.DatabaseURL, cfg.Options(log))
 	if err != nil {
 		return fmt.Errorf("CHANNEL_DATABASE_URL: %w; check that PostgreSQL runs there and lets its user in, or set CHANNEL_DATABASE_URL", err)
 	}

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/orderservice/orderservice/internal/testdb"
 	"github.com/orderservice/orderservice/internal/webhook"
+	"github.com/orderservice/orderservice/tests/testdb"
 )
 
 // started is one run of the binary's run function.

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/orderservice/orderservice/internal/testdb"
+	"github.com/orderservice/orderservice/tests/testdb"
 )
 
 func TestAnEventDeliveredTwiceIsAppliedOnce(t *testing.T) {

@@ -23,7 +23,7 @@ import (
 	"github.com/orderservice/orderservice/internal/metrics"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/payment"
-	"github.com/orderservice/orderservice/internal/payment/channel"
+	"github.com/orderservice/orderservice/internal/payment/mockchannel"
 	"github.com/orderservice/orderservice/internal/tracing"
 )
 
@@ -79,7 +79,7 @@ func Run(ctx context.Context, args []string, environ map[string]string, stdout i
 		}
 		fmt.Fprintf(stdout, "database schema at version %d\n", v)
 		if cfg.Payment.ChannelURL == "" { // the embedded channel's own database too
-			cv, err := channel.Migrate(ctx, cfg.Channel.DatabaseURL)
+			cv, err := mockchannel.Migrate(ctx, cfg.Channel.DatabaseURL)
 			if err != nil {
 				return err
 			}
@@ -186,7 +186,7 @@ type Main struct {
 	Addr string
 	// Channel is the embedded mock payment channel, nil when
 	// PAYMENT_CHANNEL_URL names an external one.
-	Channel     *channel.Server
+	Channel     *mockchannel.Server
 	ChannelAddr string
 	// Embedded is the in-process NATS server, nil when NATS_URL names one.
 	Embedded *messaging.Embedded
@@ -359,7 +359,7 @@ func (m *Main) start(ctx context.Context) error {
 func (m *Main) startChannel(ctx context.Context, deadline time.Time, lifetime context.Context) (string, error) {
 	cfg := m.Config
 	err := m.awaitDatabase(ctx, deadline, "CHANNEL_DATABASE_URL", cfg.Channel.DatabaseURL, func() (err error) {
-		m.Channel, err = channel.Open(ctx, cfg.Channel.DatabaseURL, cfg.Channel.Options(cfg.Payment,
+		m.Channel, err = mockchannel.Open(ctx, cfg.Channel.DatabaseURL, cfg.Channel.Options(cfg.Payment,
 			m.URL()+"/webhooks/payment-channel", m.Logger.With("component", "paymentchannel")))
 		return err
 	})

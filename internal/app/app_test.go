@@ -16,10 +16,10 @@ import (
 	"time"
 
 	"github.com/orderservice/orderservice/internal/app"
-	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/database"
-	"github.com/orderservice/orderservice/internal/payment/channel"
-	"github.com/orderservice/orderservice/internal/testdb"
+	"github.com/orderservice/orderservice/internal/payment/mockchannel"
+	"github.com/orderservice/orderservice/tests/apptest"
+	"github.com/orderservice/orderservice/tests/testdb"
 )
 
 var dbURL string
@@ -313,7 +313,7 @@ func TestShutdownIsBoundedBySHUTDOWN_TIMEOUTWithTheSweeperMidBatch(t *testing.T)
 	// Every channel call runs into the 1s channel timeout before anything is
 	// charged, so each intent stays retryable and the sweeper keeps a batch
 	// of one-second calls going.
-	if err := m.Channel.SetFaults(channel.Faults{LatencyMS: 5000}); err != nil {
+	if err := m.Channel.SetFaults(mockchannel.Faults{LatencyMS: 5000}); err != nil {
 		t.Fatal(err)
 	}
 	c := apptest.NewClient(m, "bounded-key-1")

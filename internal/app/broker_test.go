@@ -14,10 +14,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/orderservice/orderservice/internal/app"
-	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/messaging"
 	"github.com/orderservice/orderservice/internal/order"
-	"github.com/orderservice/orderservice/internal/testproc"
+	"github.com/orderservice/orderservice/tests/apptest"
+	"github.com/orderservice/orderservice/tests/testproc"
 )
 
 // The broker door (issue 48): whatever closes the service's connection to

@@ -16,11 +16,11 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/orderservice/orderservice/internal/app"
-	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/payment"
-	"github.com/orderservice/orderservice/internal/payment/channel"
-	"github.com/orderservice/orderservice/internal/testdb"
+	"github.com/orderservice/orderservice/internal/payment/mockchannel"
 	"github.com/orderservice/orderservice/migrations"
+	"github.com/orderservice/orderservice/tests/apptest"
+	"github.com/orderservice/orderservice/tests/testdb"
 )
 
 func TestEmbeddedChannelDatabase(t *testing.T) {
@@ -108,7 +108,7 @@ func TestRestartKeepsTheEmbeddedChannelsLedger(t *testing.T) {
 		if err != nil || !res.Replayed || res.Value != ch {
 			t.Errorf("charge again = %+v, %v; want %+v replayed", res, err, ch)
 		}
-		if s := second.Channel.Stats(); s != (channel.Stats{Charges: 1, DuplicatesAbsorbed: 1, Requests: 2, Lookups: 1, AmountCharged: 2100}) {
+		if s := second.Channel.Stats(); s != (mockchannel.Stats{Charges: 1, DuplicatesAbsorbed: 1, Requests: 2, Lookups: 1, AmountCharged: 2100}) {
 			t.Errorf("channel stats = %+v, want the one charge from before the restart and one duplicate absorbed", s)
 		}
 	})
@@ -183,23 +183,23 @@ func TestMigrateCreatesTheEmbeddedChannelsDatabase(t *testing.T) {
 	if want := fmt.Sprintf("payment channel database schema at version %d", len(ups)); !strings.Contains(out.String(), want) {
 		t.Errorf("migrate printed %q, want %q: the channel's latest migration", out.String(), want)
 	}
-	ch, err := channel.Open(context.Background(), chURL, channel.Options{})
+	ch, err := mockchannel.Open(context.Background(), chURL, mockchannel.Options{})
 	if err != nil {
 		t.Fatalf("open the migrated channel database: %v", err)
 	}
 	defer ch.Close()
 	ts := httptest.NewServer(ch.Handler())
 	defer ts.Close()
-	var st channel.Stats
+	var st mockchannel.Stats
 	getJSON(t, ts.URL+"/admin/stats", &st) // fails unless the ledger's tables are there
-	if st != (channel.Stats{}) {
+	if st != (mockchannel.Stats{}) {
 		t.Errorf("stats of the new channel database = %+v, want zero", st)
 	}
 }
 
 // restartWithOneCharge checks that first's channel holds exactly one
 // charge, stops first and starts the service again on the same databases.
-func restartWithOneCharge(t *testing.T, first *app.Main, cfg app.Config, logger *slog.Logger) (*app.Main, []channel.ChargeRecord) {
+func restartWithOneCharge(t *testing.T, first *app.Main, cfg app.Config, logger *slog.Logger) (*app.Main, []mockchannel.ChargeRecord) {
 	t.Helper()
 	before := first.Channel.Charges()
 	if len(before) != 1 {

@@ -20,7 +20,7 @@ import (
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/messaging"
 	"github.com/orderservice/orderservice/internal/order"
-	"github.com/orderservice/orderservice/internal/payment/channel"
+	"github.com/orderservice/orderservice/internal/payment/mockchannel"
 	"github.com/orderservice/orderservice/internal/webhook"
 )
 
@@ -232,8 +232,8 @@ type ChannelConfig struct {
 // Options are the in-process channel's options: it signs its webhooks to
 // webhookURL with the service's first webhook secret, and remembers a key
 // exactly as long as the service trusts it to (PAYMENT_CHANNEL_KEY_WINDOW).
-func (c ChannelConfig) Options(p PaymentConfig, webhookURL string, logger *slog.Logger) channel.Options {
-	return channel.Options{SlowDelay: c.SlowDelay, AsyncDelay: c.AsyncDelay, WebhookRetryWindow: c.WebhookRetryWindow,
+func (c ChannelConfig) Options(p PaymentConfig, webhookURL string, logger *slog.Logger) mockchannel.Options {
+	return mockchannel.Options{SlowDelay: c.SlowDelay, AsyncDelay: c.AsyncDelay, WebhookRetryWindow: c.WebhookRetryWindow,
 		WebhookURL: webhookURL, WebhookSecret: p.WebhookSecrets[0], KeyWindow: p.ChannelKeyWindow, Logger: logger}
 }
 

@@ -10,8 +10,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/orderservice/orderservice/internal/app"
-	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/messaging"
+	"github.com/orderservice/orderservice/tests/apptest"
 )
 
 // TestDLQSaysWhatItDid pins what `orderservice dlq` prints for the two

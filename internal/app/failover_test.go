@@ -16,9 +16,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/orderservice/orderservice/internal/app"
-	"github.com/orderservice/orderservice/internal/apptest"
-	"github.com/orderservice/orderservice/internal/testdb"
-	"github.com/orderservice/orderservice/internal/testproc"
+	"github.com/orderservice/orderservice/tests/apptest"
+	"github.com/orderservice/orderservice/tests/testdb"
+	"github.com/orderservice/orderservice/tests/testproc"
 )
 
 const createBody = `{"customer_id":"c","currency":"EUR","items":[{"sku":"S","quantity":1,"unit_price":100}]}`

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/orderservice/orderservice/internal/apptest"
+	"github.com/orderservice/orderservice/tests/apptest"
 )
 
 // TestARequestRefusedByTheAdmissionLimitRecordsNothing holds the only slot

@@ -13,7 +13,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/google/uuid"
 
-	"github.com/orderservice/orderservice/internal/apptest"
+	"github.com/orderservice/orderservice/tests/apptest"
 )
 
 // A page served from another origin calls the API from headless Chromium:

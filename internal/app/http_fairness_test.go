@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/orderservice/orderservice/internal/app"
-	"github.com/orderservice/orderservice/internal/apptest"
+	"github.com/orderservice/orderservice/tests/apptest"
 )
 
 // defaultAdmission is the admission as shipped: apptest queues for 30s so

@@ -14,7 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/orderservice/orderservice/internal/app"
-	"github.com/orderservice/orderservice/internal/apptest"
+	"github.com/orderservice/orderservice/tests/apptest"
 )
 
 // Two tenants: one only ever sends rejected requests, so "0 rows written" is

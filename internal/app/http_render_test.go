@@ -9,8 +9,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/orderservice/orderservice/internal/answer"
-	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/order"
+	"github.com/orderservice/orderservice/tests/apptest"
 )
 
 // A second transport calls the same use case and Render: what it gets is

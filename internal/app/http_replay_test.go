@@ -15,8 +15,8 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/tests/apptest"
 )
 
 // purchase is a valid create body for customer: 2 × 1250.

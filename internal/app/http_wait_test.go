@@ -18,9 +18,9 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/orderservice/orderservice/internal/app"
-	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
+	"github.com/orderservice/orderservice/tests/apptest"
 )
 
 // payInFlight starts a pay on its own order whose owner stops right after

@@ -16,8 +16,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/orderservice/orderservice/internal/app"
-	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/messaging"
+	"github.com/orderservice/orderservice/tests/apptest"
 )
 
 // preCreateCommandsStream makes ORDER_COMMANDS with maxAge in storeDir, as

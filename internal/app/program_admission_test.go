@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/orderservice/orderservice/internal/app"
-	"github.com/orderservice/orderservice/internal/apptest"
+	"github.com/orderservice/orderservice/tests/apptest"
 )
 
 // slowPaysAtTheChannel sends n pm_slow pays, each on an order of its own

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/orderservice/orderservice/internal/apptest"
+	"github.com/orderservice/orderservice/tests/apptest"
 )
 
 // A labelled series a dashboard or an alert names exists from the start at

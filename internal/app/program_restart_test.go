@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/orderservice/orderservice/internal/apptest"
-	"github.com/orderservice/orderservice/internal/testdb"
-	"github.com/orderservice/orderservice/internal/testproc"
+	"github.com/orderservice/orderservice/tests/apptest"
+	"github.com/orderservice/orderservice/tests/testdb"
+	"github.com/orderservice/orderservice/tests/testproc"
 )
 
 const (

@@ -20,8 +20,8 @@ import (
 	"github.com/google/uuid"
 	"gorm.io/gorm"
 
-	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/database"
+	"github.com/orderservice/orderservice/tests/apptest"
 )
 
 // isolateMoney fails at once if an earlier test left unfinished money

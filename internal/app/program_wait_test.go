@@ -14,11 +14,11 @@ import (
 	"time"
 
 	"github.com/orderservice/orderservice/internal/app"
-	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/metrics"
 	"github.com/orderservice/orderservice/internal/order"
-	"github.com/orderservice/orderservice/internal/payment/channel"
+	"github.com/orderservice/orderservice/internal/payment/mockchannel"
+	"github.com/orderservice/orderservice/tests/apptest"
 )
 
 // slowPayEnv makes pm_slow take 2s at the channel, well inside its timeout.
@@ -155,7 +155,7 @@ func TestDuplicatesWaitingOnAnotherInstanceAreToldOfTheFirstResult(t *testing.T)
 	if st := a.Channel.Stats(); st.Charges != 1 || st.Declined != 0 || st.Refunds != 0 || st.Requests != 1 || st.Lookups != 0 || st.DuplicatesAbsorbed != 0 {
 		t.Errorf("the first instance's channel: %+v, want one charge from one request", st)
 	}
-	if st := b.Channel.Stats(); st != (channel.Stats{}) {
+	if st := b.Channel.Stats(); st != (mockchannel.Stats{}) {
 		t.Errorf("the second instance's channel: %+v, want it never asked", st)
 	}
 }

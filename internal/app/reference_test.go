@@ -29,7 +29,7 @@ func TestTheConfigurationReferenceIsCurrent(t *testing.T) {
 Every setting is an environment variable, read once at start; an invalid
 value stops the process with a one-line reason and exit status 1. This page
 is generated from the configuration structs' tags and comments
-(` + "`internal/app/config.go`, `internal/payment/channel/config.go`" + `):
+(` + "`internal/app/config.go`, `internal/payment/mockchannel/config.go`" + `):
 ` + "`go test ./internal/app -run Reference -update`" + ` rewrites it, and
 ` + "`make test`" + ` fails when it differs.
 
@@ -47,7 +47,7 @@ takes its settings from the service's instead (its key window is
 nothing).
 
 `)
-	table(t, &b, "../payment/channel/config.go")
+	table(t, &b, "../payment/mockchannel/config.go")
 	want := b.String()
 	if *update {
 		if err := os.WriteFile(referencePath, []byte(want), 0o644); err != nil {

@@ -16,9 +16,9 @@ import (
 	"testing"
 
 	"github.com/orderservice/orderservice/internal/app"
-	"github.com/orderservice/orderservice/internal/apptest"
-	"github.com/orderservice/orderservice/internal/testdb"
-	"github.com/orderservice/orderservice/internal/testproc"
+	"github.com/orderservice/orderservice/tests/apptest"
+	"github.com/orderservice/orderservice/tests/testdb"
+	"github.com/orderservice/orderservice/tests/testproc"
 )
 
 // TestEveryStartFailureNamesItsSetting: whatever stops the start, the

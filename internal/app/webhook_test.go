@@ -13,9 +13,9 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/orderservice/orderservice/internal/app"
-	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/payment"
 	"github.com/orderservice/orderservice/internal/webhook"
+	"github.com/orderservice/orderservice/tests/apptest"
 )
 
 // Whole-program tests of payments that finish later: the real mock channel

@@ -18,7 +18,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/orderservice/orderservice/internal/database"
-	"github.com/orderservice/orderservice/internal/testdb"
+	"github.com/orderservice/orderservice/tests/testdb"
 )
 
 // testOptions are the options the service's defaults (app.Config) give.

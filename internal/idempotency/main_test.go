@@ -10,7 +10,7 @@ import (
 
 	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
-	"github.com/orderservice/orderservice/internal/testdb"
+	"github.com/orderservice/orderservice/tests/testdb"
 )
 
 var (

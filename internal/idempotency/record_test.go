@@ -10,7 +10,7 @@ import (
 
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/problem"
-	"github.com/orderservice/orderservice/internal/testdb"
+	"github.com/orderservice/orderservice/tests/testdb"
 )
 
 // unique makes a key no other run of the test used (-count > 1).

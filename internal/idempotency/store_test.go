@@ -6,9 +6,9 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/problem"
+	"github.com/orderservice/orderservice/tests/apptest"
 )
 
 func TestClaimOrReplay(t *testing.T) {

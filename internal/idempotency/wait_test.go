@@ -16,7 +16,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/orderservice/orderservice/internal/idempotency"
-	"github.com/orderservice/orderservice/internal/testdb"
+	"github.com/orderservice/orderservice/tests/testdb"
 )
 
 // A wait reports how it ended, and only what ended it can: each case below

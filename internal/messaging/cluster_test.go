@@ -19,9 +19,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/orderservice/orderservice/internal/app"
-	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/messaging"
-	"github.com/orderservice/orderservice/internal/testproc"
+	"github.com/orderservice/orderservice/tests/apptest"
+	"github.com/orderservice/orderservice/tests/testproc"
 )
 
 // The broker beyond one node: three NATS servers as a JetStream cluster on

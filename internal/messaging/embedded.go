@@ -135,7 +135,7 @@ func (fatals) Tracef(string, ...any)  {}
 // read every tenant's commands as the service fetches them. Every tenant
 // name is one subject token (IsToken), so no pattern here can match
 // another tenant's subjects. The same list is in deploy/nats.conf for the
-// compose setup (internal/deploytest's tests hold the two together).
+// compose setup (tests/deploytest's tests hold the two together).
 func TenantPermissions(tenant string) *server.Permissions {
 	return &server.Permissions{
 		Publish: &server.SubjectPermission{Allow: []string{CommandPrefix + tenant + ".>"}},

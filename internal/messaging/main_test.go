@@ -19,7 +19,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"gorm.io/gorm"
 
-	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/httpapi"
 	"github.com/orderservice/orderservice/internal/idempotency"
@@ -27,8 +26,9 @@ import (
 	"github.com/orderservice/orderservice/internal/metrics"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/payment"
-	"github.com/orderservice/orderservice/internal/payment/channel"
-	"github.com/orderservice/orderservice/internal/testdb"
+	"github.com/orderservice/orderservice/internal/payment/mockchannel"
+	"github.com/orderservice/orderservice/tests/apptest"
+	"github.com/orderservice/orderservice/tests/testdb"
 )
 
 var dbURL string
@@ -70,7 +70,7 @@ func newWorld(t *testing.T) *world {
 	}
 	t.Cleanup(func() { _ = database.Close(db) })
 
-	channelSrv, err := channel.Open(ctx, testdb.Fresh(t, "messaging_channel"), channel.Options{SlowDelay: 300 * time.Millisecond})
+	channelSrv, err := mockchannel.Open(ctx, testdb.Fresh(t, "messaging_channel"), mockchannel.Options{SlowDelay: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatalf("channel: %v", err)
 	}

@@ -20,7 +20,7 @@ import (
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/payment"
 	"github.com/orderservice/orderservice/internal/problem"
-	"github.com/orderservice/orderservice/internal/testdb"
+	"github.com/orderservice/orderservice/tests/testdb"
 )
 
 // A pay at its last delivery (COMMAND_MAX_DELIVER is 1 here: its first is

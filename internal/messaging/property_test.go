@@ -16,9 +16,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"pgregory.net/rapid"
 
-	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/messaging"
+	"github.com/orderservice/orderservice/tests/apptest"
 )
 
 // TestEveryDoorAnswersEverySequenceDefinitively is the contract's "one set

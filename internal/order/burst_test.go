@@ -14,8 +14,8 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/orderservice/orderservice/internal/app"
-	"github.com/orderservice/orderservice/internal/apptest"
 	"github.com/orderservice/orderservice/internal/httpapi"
+	"github.com/orderservice/orderservice/tests/apptest"
 )
 
 // A burst is not overload. On an idle instance with the default admission

@@ -8,7 +8,7 @@ import (
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/payment"
-	"github.com/orderservice/orderservice/internal/payment/channel"
+	"github.com/orderservice/orderservice/internal/payment/mockchannel"
 	"github.com/orderservice/orderservice/internal/problem"
 )
 
@@ -55,7 +55,7 @@ func wantCancelled(t *testing.T, s *order.Service, what string, res idempotency.
 func TestACancelsRefundMeetsTheFaultsAPayMeets(t *testing.T) {
 	const lease = 3 * time.Second
 	onTheMock := func(t *testing.T) (realChannel, *order.Service) {
-		ch := openChannel(t, channel.Options{})
+		ch := openChannel(t, mockchannel.Options{})
 		return ch, useCases(t, payment.NewClient(ch.url, nil), lease)
 	}
 
@@ -74,7 +74,7 @@ func TestACancelsRefundMeetsTheFaultsAPayMeets(t *testing.T) {
 		wantReplay(t, res, again)
 		// Two POSTs for the charge and two for the refund, each second one a
 		// replay of an answer lost.
-		wantStats(t, ch.srv, channel.Stats{Charges: 1, Refunds: 1, Requests: 4, DuplicatesAbsorbed: 2, LostResponses: 2,
+		wantStats(t, ch.srv, mockchannel.Stats{Charges: 1, Refunds: 1, Requests: 4, DuplicatesAbsorbed: 2, LostResponses: 2,
 			AmountCharged: purchaseTotal, AmountRefunded: purchaseTotal})
 	})
 
@@ -103,7 +103,7 @@ func TestACancelsRefundMeetsTheFaultsAPayMeets(t *testing.T) {
 				res, err = s.Cancel(t.Context(), acme(key), id, order.CancelRequest{})
 			}
 			wantCancelled(t, s, "the cancel finished by "+finisher, res, err, id)
-			wantStats(t, ch.srv, channel.Stats{Charges: 1, Refunds: 1, Requests: 2, Lookups: 1,
+			wantStats(t, ch.srv, mockchannel.Stats{Charges: 1, Refunds: 1, Requests: 2, Lookups: 1,
 				AmountCharged: purchaseTotal, AmountRefunded: purchaseTotal})
 		})
 	}
@@ -137,7 +137,7 @@ func TestACancelsRefundMeetsTheFaultsAPayMeets(t *testing.T) {
 		if rec := recordOf(t, s, order.OpCancel, key); rec.State != idempotency.Succeeded || rec.LeaseToken != 2 {
 			t.Errorf("record = %s token %d, want SUCCEEDED token 2 (the successor's)", rec.State, rec.LeaseToken)
 		}
-		wantStats(t, ch.srv, channel.Stats{Charges: 1, Refunds: 1, Requests: 2, Lookups: 1,
+		wantStats(t, ch.srv, mockchannel.Stats{Charges: 1, Refunds: 1, Requests: 2, Lookups: 1,
 			AmountCharged: purchaseTotal, AmountRefunded: purchaseTotal})
 	})
 
@@ -159,11 +159,11 @@ func TestACancelsRefundMeetsTheFaultsAPayMeets(t *testing.T) {
 		}
 		shipped, err := s.Ship(t.Context(), acme(newKey("ship")), id, shipDetails)
 		wantOutcome(t, "ship after the refused refunds", shipped, err, idempotency.OutcomeDone)
-		wantStats(t, ch.srv, channel.Stats{Charges: 1, Requests: 3, AmountCharged: purchaseTotal})
+		wantStats(t, ch.srv, mockchannel.Stats{Charges: 1, Requests: 3, AmountCharged: purchaseTotal})
 	})
 
 	t.Run("nine cancels with new keys while the refund is at the channel: refused by the state machine, one refund", func(t *testing.T) {
-		ch := openChannel(t, channel.Options{})
+		ch := openChannel(t, mockchannel.Options{})
 		c := payment.NewClient(ch.url, nil)
 		f := &funcChannel{charge: c.Charge, lookupCharge: c.LookupCharge, refund: c.Refund, lookupRefund: c.LookupRefund}
 		arrived, release := make(chan struct{}), make(chan struct{})
@@ -198,7 +198,7 @@ func TestACancelsRefundMeetsTheFaultsAPayMeets(t *testing.T) {
 		close(release)
 		got := <-first
 		wantCancelled(t, s, "the first cancel", got.res, got.err, id)
-		wantStats(t, ch.srv, channel.Stats{Charges: 1, Refunds: 1, Requests: 2,
+		wantStats(t, ch.srv, mockchannel.Stats{Charges: 1, Refunds: 1, Requests: 2,
 			AmountCharged: purchaseTotal, AmountRefunded: purchaseTotal})
 	})
 }
@@ -209,7 +209,7 @@ func TestACancelsRefundMeetsTheFaultsAPayMeets(t *testing.T) {
 func TestIntentsRacingOnOneOrder(t *testing.T) {
 	// heldOnTheMock is the mock channel whose charges wait at the channel
 	// until release is closed.
-	heldOnTheMock := func(t *testing.T, opts channel.Options) (realChannel, *order.Service, chan struct{}, chan struct{}) {
+	heldOnTheMock := func(t *testing.T, opts mockchannel.Options) (realChannel, *order.Service, chan struct{}, chan struct{}) {
 		ch := openChannel(t, opts)
 		c := payment.NewClient(ch.url, nil)
 		f := &funcChannel{charge: c.Charge, lookupCharge: c.LookupCharge, refund: c.Refund, lookupRefund: c.LookupRefund}
@@ -220,7 +220,7 @@ func TestIntentsRacingOnOneOrder(t *testing.T) {
 	}
 
 	t.Run("a cancel while the pay is at the channel is refused, and stays refused once the order is PAID", func(t *testing.T) {
-		ch, s, arrived, release := heldOnTheMock(t, channel.Options{})
+		ch, s, arrived, release := heldOnTheMock(t, mockchannel.Options{})
 		id := placeOrder(t, s)
 		paying := payInBackground(s, acme(newKey("R2")), id, payment.MethodOK)
 		<-arrived
@@ -237,12 +237,12 @@ func TestIntentsRacingOnOneOrder(t *testing.T) {
 		wantReplay(t, early, again) // a stored final answer never changes
 		res, err := s.Cancel(t.Context(), acme(newKey("R3-later")), id, order.CancelRequest{})
 		wantCancelled(t, s, "a cancel with a new key once PAID", res, err, id)
-		wantStats(t, ch.srv, channel.Stats{Charges: 1, Refunds: 1, Requests: 2,
+		wantStats(t, ch.srv, mockchannel.Stats{Charges: 1, Refunds: 1, Requests: 2,
 			AmountCharged: purchaseTotal, AmountRefunded: purchaseTotal})
 	})
 
 	t.Run("a second pay with a new key while the first is at the channel: one charge, the second 409", func(t *testing.T) {
-		ch, s, arrived, release := heldOnTheMock(t, channel.Options{})
+		ch, s, arrived, release := heldOnTheMock(t, mockchannel.Options{})
 		id := placeOrder(t, s)
 		paying := payInBackground(s, acme(newKey("R2-first")), id, payment.MethodOK)
 		<-arrived
@@ -260,22 +260,22 @@ func TestIntentsRacingOnOneOrder(t *testing.T) {
 		if n := count(t, s.DB, "SELECT count(*) FROM payments WHERE order_id = ?", id); n != 1 {
 			t.Errorf("%d payments, want 1", n)
 		}
-		wantStats(t, ch.srv, channel.Stats{Charges: 1, Requests: 1, AmountCharged: purchaseTotal})
+		wantStats(t, ch.srv, mockchannel.Stats{Charges: 1, Requests: 1, AmountCharged: purchaseTotal})
 	})
 
 	t.Run("a cancel first: the order is CANCELLED, the pay refused, the channel never asked", func(t *testing.T) {
-		ch, s, _, release := heldOnTheMock(t, channel.Options{})
+		ch, s, _, release := heldOnTheMock(t, mockchannel.Options{})
 		close(release)
 		id := placeOrder(t, s)
 		res, err := s.Cancel(t.Context(), acme(newKey("R3")), id, order.CancelRequest{})
 		wantOutcome(t, "the cancel", res, err, idempotency.OutcomeDone)
 		pay, err := s.Pay(t.Context(), acme(newKey("R2")), id, payWith(payment.MethodOK))
 		wantInvalidTransition(t, pay, err, order.StatusCancelled, order.EventPay)
-		wantStats(t, ch.srv, channel.Stats{})
+		wantStats(t, ch.srv, mockchannel.Stats{})
 	})
 
 	t.Run("a cancel while the charge is taken on (202) is refused; after it settles a new cancel refunds", func(t *testing.T) {
-		ch, s, _, release := heldOnTheMock(t, channel.Options{AsyncDelay: 300 * time.Millisecond})
+		ch, s, _, release := heldOnTheMock(t, mockchannel.Options{AsyncDelay: 300 * time.Millisecond})
 		close(release)
 		id := placeOrder(t, s)
 		accepted, err := s.Pay(t.Context(), acme(newKey("R2")), id, payWith(payment.MethodAsyncOK))
@@ -289,7 +289,7 @@ func TestIntentsRacingOnOneOrder(t *testing.T) {
 		}
 		res, err := s.Cancel(t.Context(), acme(newKey("R3-later")), id, order.CancelRequest{})
 		wantCancelled(t, s, "a cancel once PAID", res, err, id)
-		wantStats(t, ch.srv, channel.Stats{Charges: 1, Refunds: 1, Requests: 2, Lookups: 1,
+		wantStats(t, ch.srv, mockchannel.Stats{Charges: 1, Refunds: 1, Requests: 2, Lookups: 1,
 			AmountCharged: purchaseTotal, AmountRefunded: purchaseTotal})
 	})
 }

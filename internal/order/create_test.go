@@ -16,7 +16,7 @@ import (
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/problem"
-	"github.com/orderservice/orderservice/internal/testdb"
+	"github.com/orderservice/orderservice/tests/testdb"
 )
 
 func TestCreateIsIdempotent(t *testing.T) {

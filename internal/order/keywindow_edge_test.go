@@ -11,7 +11,7 @@ import (
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/payment"
-	"github.com/orderservice/orderservice/internal/payment/channel"
+	"github.com/orderservice/orderservice/internal/payment/mockchannel"
 	"github.com/orderservice/orderservice/internal/problem"
 )
 
@@ -50,7 +50,7 @@ func TestAResumedPayAtTheEdgeOfTheChannelsKeyWindow(t *testing.T) {
 		{"past the window the channel is asked first", window + time.Hour, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ch := openChannel(t, channel.Options{KeyWindow: window})
+			ch := openChannel(t, mockchannel.Options{KeyWindow: window})
 			s := useCases(t, payment.NewClient(ch.url, nil), lease)
 			if s.Money.ChannelTimeout != timeout {
 				t.Fatalf("ChannelTimeout = %s, want %s", s.Money.ChannelTimeout, timeout)
@@ -100,7 +100,7 @@ func TestAStallBetweenDecidingToSendAndTheCallNeverChargesTwice(t *testing.T) {
 		window = 24 * time.Hour
 		slack  = 10 * time.Second
 	)
-	ch := openChannel(t, channel.Options{KeyWindow: window})
+	ch := openChannel(t, mockchannel.Options{KeyWindow: window})
 	c := payment.NewClient(ch.url, nil)
 	var posts, lookups atomic.Int64 // the calls the service made, whether or not they left
 	f := &funcChannel{

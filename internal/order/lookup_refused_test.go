@@ -17,9 +17,9 @@ import (
 
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/payment"
-	"github.com/orderservice/orderservice/internal/payment/channel"
+	"github.com/orderservice/orderservice/internal/payment/mockchannel"
 	"github.com/orderservice/orderservice/internal/problem"
-	"github.com/orderservice/orderservice/internal/testdb"
+	"github.com/orderservice/orderservice/tests/testdb"
 )
 
 // A lookup the channel (or anything on the way to it: a gateway, a WAF, a
@@ -33,13 +33,13 @@ import (
 // while it holds one; the channel's POSTs pass.
 type refusingLookups struct {
 	status atomic.Int32
-	*channel.Server
+	*mockchannel.Server
 	client *payment.Client
 }
 
 func channelBehindAProxy(t *testing.T) *refusingLookups {
 	t.Helper()
-	srv, err := channel.Open(context.Background(), testdb.Fresh(t, "lookupchannel"), channel.Options{AsyncDelay: 50 * time.Millisecond})
+	srv, err := mockchannel.Open(context.Background(), testdb.Fresh(t, "lookupchannel"), mockchannel.Options{AsyncDelay: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatalf("open channel: %v", err)
 	}

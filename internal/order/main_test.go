@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/orderservice/orderservice/internal/testdb"
+	"github.com/orderservice/orderservice/tests/testdb"
 )
 
 // dbURL is this package's own database, created fresh by TestMain.

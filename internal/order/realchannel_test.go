@@ -15,22 +15,22 @@ import (
 
 	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/payment"
-	"github.com/orderservice/orderservice/internal/payment/channel"
-	"github.com/orderservice/orderservice/internal/testdb"
+	"github.com/orderservice/orderservice/internal/payment/mockchannel"
+	"github.com/orderservice/orderservice/tests/testdb"
 )
 
 // realChannel is the mock channel, served over HTTP on its own fresh
 // database, with a pool to that database.
 type realChannel struct {
-	srv *channel.Server
+	srv *mockchannel.Server
 	url string
 	db  *gorm.DB
 }
 
-func openChannel(t *testing.T, opts channel.Options) realChannel {
+func openChannel(t *testing.T, opts mockchannel.Options) realChannel {
 	t.Helper()
 	chURL := testdb.Fresh(t, "realchannel")
-	srv, err := channel.Open(context.Background(), chURL, opts)
+	srv, err := mockchannel.Open(context.Background(), chURL, opts)
 	if err != nil {
 		t.Fatalf("open channel: %v", err)
 	}

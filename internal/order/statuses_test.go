@@ -11,7 +11,7 @@ import (
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/payment"
-	"github.com/orderservice/orderservice/internal/payment/channel"
+	"github.com/orderservice/orderservice/internal/payment/mockchannel"
 	"github.com/orderservice/orderservice/internal/problem"
 )
 
@@ -305,7 +305,7 @@ func TestTheMockChannelsStatusesThroughTheUseCases(t *testing.T) {
 	const delay = 300 * time.Millisecond
 
 	t.Run("pm_requires_action: 202 PAYMENT_PENDING, PAID once the customer acted, one charge", func(t *testing.T) {
-		ch := openChannel(t, channel.Options{AsyncDelay: delay})
+		ch := openChannel(t, mockchannel.Options{AsyncDelay: delay})
 		s := useCases(t, payment.NewClient(ch.url, nil), 5*time.Second)
 		id, key := placeOrder(t, s), newKey("R2-action")
 
@@ -322,11 +322,11 @@ func TestTheMockChannelsStatusesThroughTheUseCases(t *testing.T) {
 		if got := orderNow(t, s, id).Status; got != "PAID" {
 			t.Errorf("after the customer acted the order is %s, want PAID", got)
 		}
-		wantStats(t, ch.srv, channel.Stats{Charges: 1, Requests: 1, Lookups: 1, AmountCharged: purchaseTotal})
+		wantStats(t, ch.srv, mockchannel.Stats{Charges: 1, Requests: 1, Lookups: 1, AmountCharged: purchaseTotal})
 	})
 
 	t.Run("pm_refund_pending: 503 while the refund is pending, then CANCELLED, one refund", func(t *testing.T) {
-		ch := openChannel(t, channel.Options{AsyncDelay: delay})
+		ch := openChannel(t, mockchannel.Options{AsyncDelay: delay})
 		s := useCases(t, payment.NewClient(ch.url, nil), 5*time.Second)
 		id := placeOrder(t, s)
 		paid, err := s.Pay(t.Context(), acme(newKey("R2")), id, payWith(payment.MethodRefundPending))
@@ -341,12 +341,12 @@ func TestTheMockChannelsStatusesThroughTheUseCases(t *testing.T) {
 		if o := shownBy(t, res); o.Status != "CANCELLED" || o.Payment == nil || o.Payment.Status != "refunded" {
 			t.Errorf("the retry shows %s", res.Body)
 		}
-		wantStats(t, ch.srv, channel.Stats{Charges: 1, Refunds: 1, Requests: 3, DuplicatesAbsorbed: 1,
+		wantStats(t, ch.srv, mockchannel.Stats{Charges: 1, Refunds: 1, Requests: 3, DuplicatesAbsorbed: 1,
 			AmountCharged: purchaseTotal, AmountRefunded: purchaseTotal})
 	})
 
 	t.Run("pm_refund_failed: refund_refused, stored and replayed, the order PAID, nothing refunded", func(t *testing.T) {
-		ch := openChannel(t, channel.Options{})
+		ch := openChannel(t, mockchannel.Options{})
 		s := useCases(t, payment.NewClient(ch.url, nil), 5*time.Second)
 		id := placeOrder(t, s)
 		paid, err := s.Pay(t.Context(), acme(newKey("R2")), id, payWith(payment.MethodRefundFailed))
@@ -363,12 +363,12 @@ func TestTheMockChannelsStatusesThroughTheUseCases(t *testing.T) {
 		if o := orderNow(t, s, id); o.Status != "PAID" || o.Payment == nil || o.Payment.Status != "succeeded" {
 			t.Errorf("order = %+v, want PAID with its charge succeeded", o)
 		}
-		wantStats(t, ch.srv, channel.Stats{Charges: 1, RefundsFailed: 1, Requests: 2, AmountCharged: purchaseTotal})
+		wantStats(t, ch.srv, mockchannel.Stats{Charges: 1, RefundsFailed: 1, Requests: 2, AmountCharged: purchaseTotal})
 	})
 }
 
 // wantStats fails the test unless the mock channel counted exactly want.
-func wantStats(t *testing.T, srv *channel.Server, want channel.Stats) {
+func wantStats(t *testing.T, srv *mockchannel.Server, want mockchannel.Stats) {
 	t.Helper()
 	if got := srv.Stats(); got != want {
 		t.Errorf("channel stats:\n got %+v\nwant %+v", got, want)

@@ -9,14 +9,14 @@ import (
 	"time"
 
 	"github.com/orderservice/orderservice/internal/payment"
-	"github.com/orderservice/orderservice/internal/payment/channel"
-	"github.com/orderservice/orderservice/internal/testdb"
+	"github.com/orderservice/orderservice/internal/payment/mockchannel"
+	"github.com/orderservice/orderservice/tests/testdb"
 )
 
 // newClient serves a real mock channel and returns a client for it.
-func newClient(t *testing.T, opts channel.Options) (*payment.Client, *channel.Server) {
+func newClient(t *testing.T, opts mockchannel.Options) (*payment.Client, *mockchannel.Server) {
 	t.Helper()
-	srv, err := channel.Open(context.Background(), testdb.Fresh(t, "payment"), opts)
+	srv, err := mockchannel.Open(context.Background(), testdb.Fresh(t, "payment"), opts)
 	if err != nil {
 		t.Fatalf("open channel: %v", err)
 	}
@@ -43,7 +43,7 @@ func TestClientCharge(t *testing.T) {
 	ctx := context.Background()
 
 	t.Run("charges and replays the charge for the same key", func(t *testing.T) {
-		c, srv := newClient(t, channel.Options{})
+		c, srv := newClient(t, mockchannel.Options{})
 		first, err := c.Charge(ctx, "k1", chargeReq(payment.MethodOK))
 		if err != nil {
 			t.Fatal(err)
@@ -64,7 +64,7 @@ func TestClientCharge(t *testing.T) {
 	})
 
 	t.Run("returns a declined charge without an error", func(t *testing.T) {
-		c, _ := newClient(t, channel.Options{})
+		c, _ := newClient(t, mockchannel.Options{})
 		res, err := c.Charge(ctx, "k1", chargeReq(payment.MethodDeclined))
 		if err != nil {
 			t.Fatal(err)
@@ -75,7 +75,7 @@ func TestClientCharge(t *testing.T) {
 	})
 
 	t.Run("reports a lost response as unavailable and replays it on retry", func(t *testing.T) {
-		c, srv := newClient(t, channel.Options{})
+		c, srv := newClient(t, mockchannel.Options{})
 		// A first call leaves a keep-alive connection that net/http could otherwise resend on.
 		if _, err := c.Charge(ctx, "warm-up", chargeReq(payment.MethodOK)); err != nil {
 			t.Fatal(err)
@@ -104,7 +104,7 @@ func TestClientCharge(t *testing.T) {
 	})
 
 	t.Run("reports the first pm_unavailable_once attempt as unavailable", func(t *testing.T) {
-		c, srv := newClient(t, channel.Options{})
+		c, srv := newClient(t, mockchannel.Options{})
 		_, err := c.Charge(ctx, "k1", chargeReq(payment.MethodUnavailableOnce))
 		if !errors.Is(err, payment.ErrUnavailable) {
 			t.Fatalf("err = %v, want ErrUnavailable", err)
@@ -125,7 +125,7 @@ func TestClientCharge(t *testing.T) {
 	})
 
 	t.Run("rejects the same key with other parameters", func(t *testing.T) {
-		c, _ := newClient(t, channel.Options{})
+		c, _ := newClient(t, mockchannel.Options{})
 		if _, err := c.Charge(ctx, "k1", chargeReq(payment.MethodOK)); err != nil {
 			t.Fatal(err)
 		}
@@ -138,7 +138,7 @@ func TestClientCharge(t *testing.T) {
 	})
 
 	t.Run("rejects an invalid request", func(t *testing.T) {
-		c, _ := newClient(t, channel.Options{})
+		c, _ := newClient(t, mockchannel.Options{})
 		_, err := c.Charge(ctx, "k1", chargeReq("pm_unknown"))
 		if !errors.Is(err, payment.ErrRejected) || statusErr(t, err).StatusCode != http.StatusBadRequest {
 			t.Errorf("err = %v, want ErrRejected 400", err)
@@ -148,7 +148,7 @@ func TestClientCharge(t *testing.T) {
 	t.Run("reports a timeout as unavailable", func(t *testing.T) {
 		// The deadline leaves the request time to reach the channel's ledger
 		// on a loaded machine (20ms did not), and ends well before the answer.
-		c, srv := newClient(t, channel.Options{SlowDelay: 5 * time.Second})
+		c, srv := newClient(t, mockchannel.Options{SlowDelay: 5 * time.Second})
 		tctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
 		_, err := c.Charge(tctx, "k1", chargeReq(payment.MethodSlow))
@@ -202,7 +202,7 @@ func TestClientCharge(t *testing.T) {
 
 func TestClientLookupCharge(t *testing.T) {
 	ctx := context.Background()
-	c, _ := newClient(t, channel.Options{})
+	c, _ := newClient(t, mockchannel.Options{})
 
 	t.Run("answers ErrNotFound for a key never charged", func(t *testing.T) {
 		if _, err := c.LookupCharge(ctx, "unknown"); !errors.Is(err, payment.ErrNotFound) {
@@ -254,7 +254,7 @@ func TestStatusErrorClassifiesByMethod(t *testing.T) {
 
 func TestClientRefund(t *testing.T) {
 	ctx := context.Background()
-	c, srv := newClient(t, channel.Options{})
+	c, srv := newClient(t, mockchannel.Options{})
 	charge, err := c.Charge(ctx, "charge-key", chargeReq(payment.MethodLostResponse))
 	if err == nil {
 		t.Fatalf("charge response arrived: %+v", charge)
