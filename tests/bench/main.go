@@ -140,7 +140,7 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 	fs.Var(&o.OverloadLimits, "overload-limits", "HTTP_MAX_IN_FLIGHT values the overload is also run at, comma-separated")
 	fs.Var(&o.OverloadPools, "overload-pools", "DB_MAX_CONNS values the overload is also run at, comma-separated")
 	fs.DurationVar(&o.TenantsFor, "tenants-duration", 10*time.Second, "length of each load of scenario 14 (a quiet tenant alone, beside a flood at five times capacity, 64 closed-loop clients)")
-	fs.BoolVar(&o.Quick, "quick", false, "a smoke-test run: short points, concurrencies 1 and 4, a storm of 50, 16 pays in flight, 20 000 records, 200 webhooks")
+	fs.BoolVar(&o.Quick, "quick", false, "a smoke-test run: short points, concurrencies 1 and 4, the overload at the defaults, one pool and no admission only, a storm of 50, 16 pays in flight, 20 000 records, 200 webhooks")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the whole run (service and load) to this file")
 	var only intList
 	fs.Var(&only, "only", "run only these scenarios, comma-separated (1-14; 1 and 2 run together)")
@@ -174,14 +174,15 @@ func parseOptions(args []string, getenv func(string) string, stderr io.Writer) (
 			"records":           func() { o.BigRecords = 20_000 },
 			"orders":            func() { o.BigOrders = 4_000 },
 			"overload-duration": func() { o.OverloadFor = time.Second },
-			"overload-limits":   func() { o.OverloadLimits = []int{16} },
-			"overload-rounds":   func() { o.OverloadRounds = 2 },
-			"tenants-duration":  func() { o.TenantsFor = time.Second },
-			"commands":          func() { o.Commands = 200 },
-			"wait-duplicates":   func() { o.WaitDuplicates = 100 },
-			"webhooks":          func() { o.Webhooks = 200 },
-			"backlog":           func() { o.Backlog = 2000 },
-			"quiet-creates":     func() { o.QuietCreates = 20 },
+			// The other limits are the full run's question.
+			"overload-limits":  func() { o.OverloadLimits = nil },
+			"overload-rounds":  func() { o.OverloadRounds = 2 },
+			"tenants-duration": func() { o.TenantsFor = time.Second },
+			"commands":         func() { o.Commands = 200 },
+			"wait-duplicates":  func() { o.WaitDuplicates = 100 },
+			"webhooks":         func() { o.Webhooks = 200 },
+			"backlog":          func() { o.Backlog = 2000 },
+			"quiet-creates":    func() { o.QuietCreates = 20 },
 			// Smoke figures never overwrite the committed results.
 			"out": func() { o.Out = filepath.Join(os.TempDir(), "orderservice-bench-quick") },
 		}
