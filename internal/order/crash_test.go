@@ -79,8 +79,8 @@ func TestCrashAtAPhaseBoundaryIsRecovered(t *testing.T) {
 					if got := orderNow(t, s, id).Status; got != "PAYMENT_PENDING" {
 						t.Errorf("order right after the crash = %s, want PAYMENT_PENDING", got)
 					}
-					if rec := recordOf(t, s, order.OpPay, key); rec.State != idempotency.Processing || rec.LeaseToken != 1 {
-						t.Errorf("record right after the crash = %s token %d, want PROCESSING token 1", rec.State, rec.LeaseToken)
+					if rec := recordOf(t, s, order.OpPay, key); rec.State != idempotency.Processing || rec.LeaseToken != 1 || rec.RecoveryPoint != paymentCreated {
+						t.Errorf("record right after the crash = %s token %d at %q, want PROCESSING token 1 at %q", rec.State, rec.LeaseToken, rec.RecoveryPoint, paymentCreated)
 					}
 					charged := int64(0)
 					if b.charged {
@@ -119,8 +119,8 @@ func TestCrashAtAPhaseBoundaryIsRecovered(t *testing.T) {
 						t.Errorf("history = %s, want %s", got, want)
 					}
 					rec := recordOf(t, s, order.OpPay, key)
-					if rec.State != idempotency.Succeeded || rec.LeaseToken != 2 || rec.Attempts != 2 {
-						t.Errorf("record = %s token %d attempts %d, want SUCCEEDED token 2 attempts 2", rec.State, rec.LeaseToken, rec.Attempts)
+					if rec.State != idempotency.Succeeded || rec.LeaseToken != 2 || rec.Attempts != 2 || rec.RecoveryPoint != idempotency.Finished {
+						t.Errorf("record = %s token %d attempts %d at %q, want SUCCEEDED token 2 attempts 2 finished", rec.State, rec.LeaseToken, rec.Attempts, rec.RecoveryPoint)
 					}
 
 					replay, err := s.Pay(ctx, acme(key), id, payWith(payment.MethodOK))

@@ -3,6 +3,7 @@ package order
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -219,9 +220,12 @@ func (s *Service) finish(tx *gorm.DB, in idempotency.Intent, token int64, res id
 //	phase 3, one transaction (storeReply):  store the reply, fenced by the
 //	         lease token; an unknown reply postpones the intent instead.
 //
-// A retry of an unfinished intent (failed retryably, or its owner's lease
-// expired) skips the rule and resumes the payment phase 1 wrote; the
-// sweeper (Sweep) does the same for intents nobody retries.
+// Each phase that commits stores on the intent's record the point it
+// reached (its recovery point: started, then paymentCreated once phase 1
+// committed, finished once phase 3 did). A retry of an unfinished intent
+// (failed retryably, or its owner's lease expired) switches on it: at
+// paymentCreated it skips the rule and resumes the payment phase 1 wrote;
+// the sweeper (Sweep) does the same for intents nobody retries.
 
 // runPaymentIntent runs c's payment intent op (paymentIntent), letting a
 // duplicate of one still in flight wait for its outcome when c asked to
@@ -310,6 +314,30 @@ func (s *Service) finishPayment(ctx context.Context, rec idempotency.Record, p P
 // Phase 1, open: claim or replay the intent and apply the order's rule, in
 // one transaction.
 
+// paymentCreated is a money intent's recovery point once phase 1 has
+// committed: its payment is written, with the channel key every attempt
+// asks under, and the channel is to be asked (phase 2). open writes it in
+// phase 1's transaction; a retry (open) and the sweeper (resume) that find
+// it skip the rule and finish that payment.
+const paymentCreated idempotency.RecoveryPoint = "payment_created"
+
+// paymentOf is the payment an intent at paymentCreated wrote in its phase 1.
+func paymentOf(db *gorm.DB, rec idempotency.Record) (Payment, error) {
+	p, found, err := pendingPayment(db, rec.Scope())
+	if err == nil && !found { // phase 1 writes both in one transaction, so this is a bug
+		err = fmt.Errorf("order: the %s intent of key %q is at %s but has no payment", rec.Operation, rec.IdempotencyKey, paymentCreated)
+	}
+	return p, err
+}
+
+// unknownPoint refuses to resume an intent at a recovery point this build
+// does not know (a newer build's, met while two run side by side): it is
+// left to an instance that knows it.
+func unknownPoint(rec idempotency.Record) error {
+	return fmt.Errorf("order: the %s intent of key %q is at recovery point %q, which this build does not know",
+		rec.Operation, rec.IdempotencyKey, rec.RecoveryPoint)
+}
+
 // opening is how phase 1 ended: either the intent is answered (result:
 // replayed, a final error, or done without the channel), or a pending
 // payment awaits the channel and the record stays PROCESSING meanwhile.
@@ -341,20 +369,27 @@ func (s *Service) open(ctx context.Context, c Caller, id uuid.UUID, in idempoten
 		default:
 			mark(ctx, "claimed")
 		}
-		if claim.Resumes() { // an earlier attempt recorded its payment: resume it
-			p, found, err := pendingPayment(tx, in.Scope)
+		// Where the intent stands is stored on its record, written with
+		// the step that reached it: switch on it.
+		switch point := claim.Record.RecoveryPoint; point {
+		case paymentCreated: // an earlier attempt committed phase 1: resume at phase 2
+			p, err := paymentOf(tx, claim.Record)
 			if err != nil {
 				return err
 			}
-			if found {
-				opened.awaitsChannel, opened.payment = true, p
-				return place.take()
-			}
+			opened.awaitsChannel, opened.payment = true, p
+			return place.take()
+		case idempotency.Started: // a new claim, or one whose phase 1 never committed: run it
+		default:
+			return unknownPoint(claim.Record)
 		}
 		res, pending, err := s.applyRule(tx, c, in.Operation, id, rule)
 		if err == nil && pending != nil {
 			opened.awaitsChannel, opened.payment = true, *pending
-			return place.take()
+			if err := place.take(); err != nil {
+				return err
+			}
+			return s.Records.Advance(tx, in.Scope, claim.Token(), paymentCreated)
 		}
 		opened.result, err = s.finish(tx, in, claim.Token(), res, err)
 		return err

@@ -116,13 +116,18 @@ func (s *Service) resume(ctx context.Context, rec idempotency.Record, claimedAt 
 			s.logger().ErrorContext(ctx, "sweeper recovered from a panic", "operation", rec.Operation, "key", rec.IdempotencyKey, "panic", r)
 		}
 	}()
-	p, found, err := pendingPayment(s.DB.WithContext(ctx), rec.Scope())
-	if err != nil {
-		s.logger().WarnContext(ctx, "sweeper could not read an intent's payment; the next sweep tries again", "operation", rec.Operation, "key", rec.IdempotencyKey, "err", err)
+	switch rec.RecoveryPoint {
+	case paymentCreated: // phase 1 committed: finish its payment
+	case idempotency.Started: // phase 1 never committed: only a retry, which brings the request, can run it
+		s.logger().ErrorContext(ctx, "sweeper cannot resume a money intent whose phase 1 never committed", "operation", rec.Operation, "key", rec.IdempotencyKey)
+		return
+	default:
+		s.logger().ErrorContext(ctx, "sweeper cannot resume an unfinished money intent", "operation", rec.Operation, "key", rec.IdempotencyKey, "err", unknownPoint(rec))
 		return
 	}
-	if !found { // phase 1 writes the payment with the claim, so this is a bug
-		s.logger().ErrorContext(ctx, "unfinished money intent has no payment", "operation", rec.Operation, "key", rec.IdempotencyKey)
+	p, err := paymentOf(s.DB.WithContext(ctx), rec)
+	if err != nil {
+		s.logger().WarnContext(ctx, "sweeper could not read an intent's payment; the next sweep tries again", "operation", rec.Operation, "key", rec.IdempotencyKey, "err", err)
 		return
 	}
 	if _, err := s.finishPayment(ctx, rec, p, lookUpThenSend, claimedAt); err != nil {
