@@ -16,11 +16,21 @@ import (
 	"github.com/orderservice/orderservice/internal/problem"
 )
 
-// Caller is who asks, as the API key proved it, and the Idempotency-Key
-// that names this intent.
+// Caller is who asks: the tenant, as the API key proved it, and the
+// Idempotency-Key that names this intent. Beside it rides what the door
+// that carried the request lends the use case while it runs (Door); the
+// message door lends nothing, so its callers are the two names alone.
 type Caller struct {
 	TenantID string
 	Key      string
+	Door
+}
+
+// Door is what a transport lends a use case for one request: a way to
+// give back what it holds while the request only waits, and how long a
+// duplicate may wait for its first attempt. The zero Door lends nothing:
+// no give-back, and a duplicate in flight is answered 409 at once.
+type Door struct {
 	// Yield, when set, gives back what the door holds for the caller only
 	// while the service works for it (the HTTP door's admission slot). A
 	// use case calls it when it goes on to wait on something other than
@@ -42,10 +52,10 @@ func (c Caller) scope(op string) idempotency.Scope {
 	return idempotency.Scope{TenantID: c.TenantID, Operation: op, Key: c.Key}
 }
 
-// yield calls c.Yield, if any.
-func (c Caller) yield() {
-	if c.Yield != nil {
-		c.Yield()
+// yield calls d.Yield, if any.
+func (d Door) yield() {
+	if d.Yield != nil {
+		d.Yield()
 	}
 }
 
@@ -79,7 +89,7 @@ func (s *Service) once(ctx context.Context, c Caller, in idempotency.Intent, exe
 
 // A duplicate that arrives while its intent's first attempt is still in
 // flight is answered 409 request_in_progress at once, unless its caller
-// asked to wait (Caller.Wait, HTTP's Prefer: wait). It then waits, holding
+// asked to wait (Door.Wait, HTTP's Prefer: wait). It then waits, holding
 // no connection, until the first attempt's outcome is stored, and asks
 // again, which replays it.
 

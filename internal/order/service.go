@@ -27,7 +27,7 @@ type Deps struct {
 	Observe Observer
 	Logger  *slog.Logger
 	// Waiter lets a duplicate wait for its intent's first outcome
-	// (Caller.Wait), up to MaxWait; nil: it is answered 409 at once.
+	// (Door.Wait), up to MaxWait; nil: it is answered 409 at once.
 	Waiter  Waiter
 	MaxWait time.Duration
 	// Stopping is closed when the service begins to shut down: waiting
