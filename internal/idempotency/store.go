@@ -348,7 +348,7 @@ func (s *Store) Fail(tx *gorm.DB, scope Scope, token int64, retryAfter time.Dura
 }
 
 // CountDue is how many intents ClaimDue would take now, at most limit,
-// without taking any: the sweeper asks first, so that it holds places at
+// without taking any: the sweeper asks first, so that it holds slots at
 // the channel only for intents that are there.
 func (s *Store) CountDue(db *gorm.DB, operations []string, limit int) (int, error) {
 	var n int64

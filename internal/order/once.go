@@ -255,10 +255,10 @@ func (s *Service) paymentIntent(ctx context.Context, c Caller, op, orderID strin
 	}
 	ctx, end := traced(ctx, in)
 	defer func() { end(res, err) }()
-	place := s.channelPlace()
-	defer place.release()
+	slot := s.channelSlot()
+	defer slot.release()
 	claimed := time.Now() // the lease the claim takes runs from no earlier than this
-	opened, err := s.open(ctx, c, id, in, rule, place)
+	opened, err := s.open(ctx, c, id, in, rule, slot)
 	if err != nil || !opened.awaitsChannel {
 		return opened.result, err
 	}
@@ -272,7 +272,7 @@ func (s *Service) paymentIntent(ctx context.Context, c Caller, op, orderID strin
 	// the door may admit a request with work to do meanwhile (c.Yield).
 	// The client may hang up; the money phases still run to the end (or to
 	// the shutdown deadline), so the result is recorded and its retry gets
-	// the replay. Its place at the channel, held until its reply is
+	// the replay. Its slot at the channel, held until its reply is
 	// stored, bounds what it does from now on.
 	c.yield()
 	work, cancel := s.detach(ctx)
@@ -359,8 +359,8 @@ type opening struct {
 }
 
 // open is phase 1, in one transaction. An intent that goes on to the
-// channel leaves it holding place.
-func (s *Service) open(ctx context.Context, c Caller, id uuid.UUID, in idempotency.Intent, rule func(*Order) (plan, error), place *channelPlace) (opened opening, err error) {
+// channel leaves it holding slot.
+func (s *Service) open(ctx context.Context, c Caller, id uuid.UUID, in idempotency.Intent, rule func(*Order) (plan, error), slot *channelSlot) (opened opening, err error) {
 	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
 		opened = opening{}
 		claim, err := s.Records.ClaimOrReplay(tx, in)
@@ -388,7 +388,7 @@ func (s *Service) open(ctx context.Context, c Caller, id uuid.UUID, in idempoten
 				return err
 			}
 			opened.awaitsChannel, opened.payment = true, p
-			return place.take()
+			return slot.take()
 		case idempotency.Started: // a new claim, or one whose phase 1 never committed: run it
 		default:
 			return unknownPoint(claim.Record)
@@ -396,7 +396,7 @@ func (s *Service) open(ctx context.Context, c Caller, id uuid.UUID, in idempoten
 		res, pending, err := s.applyRule(tx, c, in.Operation, id, rule)
 		if err == nil && pending != nil {
 			opened.awaitsChannel, opened.payment = true, *pending
-			if err := place.take(); err != nil {
+			if err := slot.take(); err != nil {
 				return err
 			}
 			return s.Records.Advance(tx, in.Scope, claim.Token(), paymentCreated)

@@ -54,7 +54,7 @@ type Service struct {
 	Hooks Hooks
 
 	// calls bounds how many intents are at the channel at once
-	// (Money.MaxChannelCalls; nil: no bound). See channelPlace.
+	// (Money.MaxChannelCalls; nil: no bound). See channelSlot.
 	calls *semaphore.Weighted
 }
 

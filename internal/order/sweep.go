@@ -60,26 +60,26 @@ func (s *Service) Sweep(ctx context.Context, batch int) (int, error) {
 	if err != nil || due == 0 {
 		return 0, err
 	}
-	places := s.freePlaces(due)
+	slots := s.freeSlots(due)
 	defer func() {
-		for _, p := range places {
+		for _, p := range slots {
 			p.release()
 		}
 	}()
-	if len(places) == 0 {
-		return 0, nil // every place at the channel is taken: the next sweep
+	if len(slots) == 0 {
+		return 0, nil // every slot at the channel is taken: the next sweep
 	}
 	var claimed []idempotency.Record
 	claimedAt := time.Now() // their leases run from no earlier than this
 	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
 		var err error
-		claimed, err = s.Records.ClaimDue(tx, MoneyOperations, len(places))
+		claimed, err = s.Records.ClaimDue(tx, MoneyOperations, len(slots))
 		return err
 	})
 	if err != nil {
 		return 0, err
 	}
-	for _, p := range places[len(claimed):] { // another sweeper was quicker: free them now
+	for _, p := range slots[len(claimed):] { // another sweeper was quicker: free them now
 		p.release()
 	}
 	// The intents taken over are finished even if ctx ends meanwhile (the
@@ -95,7 +95,7 @@ func (s *Service) Sweep(ctx context.Context, batch int) (int, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer places[i].release() // its place is free once its reply is stored
+			defer slots[i].release() // its slot is free once its reply is stored
 			s.resume(work, rec, claimedAt)
 		}()
 	}
@@ -104,7 +104,7 @@ func (s *Service) Sweep(ctx context.Context, batch int) (int, error) {
 }
 
 // resume finishes one intent the sweeper took over, holding one of the
-// places Sweep took for its batch. A postponed or superseded attempt is
+// slots Sweep took for its batch. A postponed or superseded attempt is
 // normal here: the intent stays resumable and a later sweep or retry
 // finishes it. A panic is contained to this intent, as a request's would
 // be, so one bad record cannot stop the process.
