@@ -160,6 +160,13 @@ func (s *Service) runOnce(ctx context.Context, in idempotency.Intent, exec func(
 	}
 }
 
+// maxRecordRaces bounds how often once goes back to the read after losing
+// the record's insert: once is enough, for the winner's result is committed.
+// Only a key held by a record the read cannot replay (removed in between,
+// or not definitive: never written by a one-transaction intent) loses every
+// round; that ends in 409.
+const maxRecordRaces = 3
+
 // insertRecordFirst is how an intent whose result is known before it writes
 // anything runs, inside once's transaction (a create: the new order's id,
 // times and representation are chosen before its first statement): its
@@ -187,13 +194,6 @@ func (s *Service) insertRecordLast(in idempotency.Intent, exec func(tx *gorm.DB)
 		return res, s.Records.Insert(tx, in, res)
 	}
 }
-
-// maxRecordRaces bounds how often once goes back to the read after losing
-// the record's insert: once is enough, for the winner's result is committed.
-// Only a key held by a record the read cannot replay (removed in between,
-// or not definitive: never written by a one-transaction intent) loses every
-// round; that ends in 409.
-const maxRecordRaces = 3
 
 // resultOf is the result an intent's execution ended with: its success, or
 // the final error it ended with, as a failed result to store and replay.
@@ -280,47 +280,6 @@ func (s *Service) paymentIntent(ctx context.Context, c Caller, op, orderID strin
 	return s.finishPayment(work, opened.claim.Record, opened.payment, s.howToAsk(opened.claim), claimed)
 }
 
-// leaseLapsed reports whether the lease of a claim made at claimed (or
-// after) has run out: the process stalled between its claim and its call
-// to the channel. The intent may have been taken over meanwhile, and a
-// call that late may reach a channel that has forgotten the key (a stall
-// as long as the key window is what the model assumes away); so a lapsed
-// owner does not call, and gives the intent back (postpone, fenced) for
-// its current owner, which asks the channel first when it must.
-func (s *Service) leaseLapsed(claimed time.Time) bool {
-	return s.Records.Lease > 0 && time.Since(claimed) >= s.Records.Lease
-}
-
-// finishPayment finishes the intent of a pending payment: phase 2, then
-// phase 3. It is used by the request that started the payment, by a client
-// retry, and by the sweeper after a takeover.
-func (s *Service) finishPayment(ctx context.Context, rec idempotency.Record, p Payment, how asking, claimed time.Time) (idempotency.Result, error) {
-	if s.leaseLapsed(claimed) {
-		return idempotency.Result{}, s.postpone(ctx, rec, s.Money.RetryAfter)
-	}
-	reply, err := s.askChannel(payment.Resending(ctx, rec.Attempts-1), p, how)
-	if err == nil {
-		err = s.Hooks.run(s.Hooks.AfterChannelCall)
-	}
-	if err != nil {
-		return idempotency.Result{}, err
-	}
-	if reply.verdict == unknown {
-		return idempotency.Result{}, s.postpone(ctx, rec, s.askAgainAfter(rec, reply))
-	}
-	res, err := s.storeReplyPatiently(ctx, rec, p, reply)
-	switch {
-	case errors.Is(err, idempotency.ErrFenced):
-		return idempotency.Result{}, errSuperseded()
-	case transientStore(err):
-		// The channel answered but the reply could not be stored: the
-		// intent is resumable at once, and its retry sends the same key
-		// again, which the channel answers from its own record.
-		return idempotency.Result{}, s.postpone(ctx, rec, s.Money.RetryAfter)
-	}
-	return res, err
-}
-
 // Phase 1, open: claim or replay the intent and apply the order's rule, in
 // one transaction.
 
@@ -330,23 +289,6 @@ func (s *Service) finishPayment(ctx context.Context, rec idempotency.Record, p P
 // phase 1's transaction; a retry (open) and the sweeper (resume) that find
 // it skip the rule and finish that payment.
 const paymentCreated idempotency.RecoveryPoint = "payment_created"
-
-// paymentOf is the payment an intent at paymentCreated wrote in its phase 1.
-func paymentOf(db *gorm.DB, rec idempotency.Record) (Payment, error) {
-	p, found, err := pendingPayment(db, rec.Scope())
-	if err == nil && !found { // phase 1 writes both in one transaction, so this is a bug
-		err = fmt.Errorf("order: the %s intent of key %q is at %s but has no payment", rec.Operation, rec.IdempotencyKey, paymentCreated)
-	}
-	return p, err
-}
-
-// unknownPoint refuses to resume an intent at a recovery point this build
-// does not know (a newer build's, met while two run side by side): it is
-// left to an instance that knows it.
-func unknownPoint(rec idempotency.Record) error {
-	return fmt.Errorf("order: the %s intent of key %q is at recovery point %q, which this build does not know",
-		rec.Operation, rec.IdempotencyKey, rec.RecoveryPoint)
-}
 
 // opening is how phase 1 ended: either the intent is answered (result:
 // replayed, a final error, or done without the channel), or a pending
@@ -405,6 +347,64 @@ func (s *Service) open(ctx context.Context, c Caller, id uuid.UUID, in idempoten
 		return err
 	})
 	return opened, err
+}
+
+// paymentOf is the payment an intent at paymentCreated wrote in its phase 1.
+func paymentOf(db *gorm.DB, rec idempotency.Record) (Payment, error) {
+	p, found, err := pendingPayment(db, rec.Scope())
+	if err == nil && !found { // phase 1 writes both in one transaction, so this is a bug
+		err = fmt.Errorf("order: the %s intent of key %q is at %s but has no payment", rec.Operation, rec.IdempotencyKey, paymentCreated)
+	}
+	return p, err
+}
+
+// unknownPoint refuses to resume an intent at a recovery point this build
+// does not know (a newer build's, met while two run side by side): it is
+// left to an instance that knows it.
+func unknownPoint(rec idempotency.Record) error {
+	return fmt.Errorf("order: the %s intent of key %q is at recovery point %q, which this build does not know",
+		rec.Operation, rec.IdempotencyKey, rec.RecoveryPoint)
+}
+
+// finishPayment finishes the intent of a pending payment: phase 2, then
+// phase 3. It is used by the request that started the payment, by a client
+// retry, and by the sweeper after a takeover.
+func (s *Service) finishPayment(ctx context.Context, rec idempotency.Record, p Payment, how asking, claimed time.Time) (idempotency.Result, error) {
+	if s.leaseLapsed(claimed) {
+		return idempotency.Result{}, s.postpone(ctx, rec, s.Money.RetryAfter)
+	}
+	reply, err := s.askChannel(payment.Resending(ctx, rec.Attempts-1), p, how)
+	if err == nil {
+		err = s.Hooks.run(s.Hooks.AfterChannelCall)
+	}
+	if err != nil {
+		return idempotency.Result{}, err
+	}
+	if reply.verdict == unknown {
+		return idempotency.Result{}, s.postpone(ctx, rec, s.askAgainAfter(rec, reply))
+	}
+	res, err := s.storeReplyPatiently(ctx, rec, p, reply)
+	switch {
+	case errors.Is(err, idempotency.ErrFenced):
+		return idempotency.Result{}, errSuperseded()
+	case transientStore(err):
+		// The channel answered but the reply could not be stored: the
+		// intent is resumable at once, and its retry sends the same key
+		// again, which the channel answers from its own record.
+		return idempotency.Result{}, s.postpone(ctx, rec, s.Money.RetryAfter)
+	}
+	return res, err
+}
+
+// leaseLapsed reports whether the lease of a claim made at claimed (or
+// after) has run out: the process stalled between its claim and its call
+// to the channel. The intent may have been taken over meanwhile, and a
+// call that late may reach a channel that has forgotten the key (a stall
+// as long as the key window is what the model assumes away); so a lapsed
+// owner does not call, and gives the intent back (postpone, fenced) for
+// its current owner, which asks the channel first when it must.
+func (s *Service) leaseLapsed(claimed time.Time) bool {
+	return s.Records.Lease > 0 && time.Since(claimed) >= s.Records.Lease
 }
 
 // Phase 3, store: the channel's reply, fenced by the lease token, in one
