@@ -1,5 +1,30 @@
 package order
 
+// How an intent runs exactly once, top to bottom. A use case that changes
+// something (Create, Ship and Deliver in service.go; Pay and Cancel in
+// payment_intent.go) decides only its rule; the rest is here, the same for
+// all of them, in the order a request meets it:
+//
+//  1. Who asks names the intent: the Caller (tenant and Idempotency-Key)
+//     and the operation make its scope, the request its fingerprint
+//     (intent, intentOn). Beside the Caller rides what its door lends
+//     (Door): a give-back of what the door holds, and a wait.
+//  2. A duplicate of an intent still in flight is answered 409, or waits
+//     for the first attempt's outcome when its door lends a wait
+//     (awaitFirst).
+//  3. An intent of one transaction (create, ship, deliver) is replayed,
+//     or run and recorded in that one transaction, its record definitive
+//     at once (once, runOnce, insertRecordFirst, insertRecordLast).
+//  4. A payment cannot be one transaction, as the channel works between:
+//     it runs in three phases (paymentIntent). Phase 1 (open) claims or
+//     replays the intent, applies the rule and writes the payment; phase 2
+//     asks the channel holding no connection (finishPayment, askChannel);
+//     phase 3 stores the reply, fenced by the lease token (storeReply), or
+//     postpones an unknown one (postpone).
+//  5. Whoever takes an unfinished payment over (a retry in open, the
+//     sweeper in sweep.go's resume) picks it up at the recovery point its
+//     record stores, written by the phase that reached it.
+
 import (
 	"context"
 	"errors"

@@ -1,5 +1,11 @@
 package order
 
+// What a payment intent decides, and how it asks the channel. Pay and
+// Cancel give their rule (a plan); applyRule applies it in phase 1 and
+// writes the payment under its stable channel key (channelKey);
+// askChannel is phase 2; moveOnReply and intentResult are what phase 3
+// stores. How the phases run, and resume, is once.go.
+
 import (
 	"context"
 	"crypto/sha256"
