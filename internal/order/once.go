@@ -391,6 +391,34 @@ func unknownPoint(rec idempotency.Record) error {
 		rec.Operation, rec.IdempotencyKey, rec.RecoveryPoint)
 }
 
+// asking is how phase 2 asks the channel about a payment.
+type asking int
+
+const (
+	// send sends the request under the payment's key.
+	send asking = iota
+	// lookUpThenSend first asks what the channel holds under the key, and
+	// sends the request (same key) only when it holds nothing: a takeover
+	// from an owner that died, or a key the channel may have forgotten.
+	lookUpThenSend
+	// lookUpOnly asks what the channel holds under the key and never sends
+	// anything: a late verdict (payment_later.go).
+	lookUpOnly
+)
+
+// howToAsk is how phase 2 asks the channel about the payment of a claimed
+// intent. An owner that died mid-flight left no word of the channel's
+// answer, so its successor asks the channel first; an intent that failed
+// retryably sends the same request under the same key again, which the
+// channel absorbs for as long as it remembers the key (checked at the
+// call: atTheCall, keywindow.go).
+func (s *Service) howToAsk(claim idempotency.Claim) asking {
+	if claim.ResumedFrom == idempotency.Processing {
+		return lookUpThenSend
+	}
+	return send
+}
+
 // finishPayment finishes the intent of a pending payment: phase 2, then
 // phase 3. It is used by the request that started the payment, by a client
 // retry, and by the sweeper after a takeover.

@@ -129,34 +129,6 @@ func channelKey(tenantID, op string, orderID uuid.UUID, key string) string {
 // Phase 2, ask: the channel, under the payment's key, holding no
 // transaction.
 
-// asking is how phase 2 asks the channel about a payment.
-type asking int
-
-const (
-	// send sends the request under the payment's key.
-	send asking = iota
-	// lookUpThenSend first asks what the channel holds under the key, and
-	// sends the request (same key) only when it holds nothing: a takeover
-	// from an owner that died, or a key the channel may have forgotten.
-	lookUpThenSend
-	// lookUpOnly asks what the channel holds under the key and never sends
-	// anything: a late verdict (payment_later.go).
-	lookUpOnly
-)
-
-// howToAsk is how phase 2 asks the channel about the payment of a claimed
-// intent. An owner that died mid-flight left no word of the channel's
-// answer, so its successor asks the channel first; an intent that failed
-// retryably sends the same request under the same key again, which the
-// channel absorbs for as long as it remembers the key (checked at the
-// call: atTheCall, keywindow.go).
-func (s *Service) howToAsk(claim idempotency.Claim) asking {
-	if claim.ResumedFrom == idempotency.Processing {
-		return lookUpThenSend
-	}
-	return send
-}
-
 // askChannel is phase 2: it asks the channel about p as how says. An error
 // is one the channel's reply cannot be classified past (a hook's); the
 // channel's own failures are an unknown reply.
