@@ -391,6 +391,9 @@ func unknownPoint(rec idempotency.Record) error {
 		rec.Operation, rec.IdempotencyKey, rec.RecoveryPoint)
 }
 
+// Phase 2, ask: then store. How the claim asks the channel is decided
+// here, from how it was claimed; askChannel (payment_intent.go) asks.
+
 // asking is how phase 2 asks the channel about a payment.
 type asking int
 
