@@ -15,69 +15,14 @@ import (
 )
 
 // Admission is the service's load shedding, shared fairly between
-// tenants: at most MaxInFlight requests to /v1 are served at once; a
+// tenants: at most MaxInFlight requests to /v1 are served at once, and a
 // request that finds every slot taken waits in its tenant's FIFO queue for
-// at most QueueTimeout. A request that cannot get a slot is refused with
-// 503 service_unavailable and Retry-After before it reaches the router:
-// nothing is decoded or recorded, so its retry with the same
-// Idempotency-Key is a fresh attempt. A request gives its slot back early
-// when it goes on to wait on something other than the service (Yield): a
-// pay during its call to the payment channel, a duplicate waiting for its
-// first attempt's outcome.
-//
-// Slots go to tenants in turn. A slot given back goes to the waiting
-// tenant that holds the fewest for its weight (ties to the one whose first
-// waiter came first), so every tenant with waiters gets slots in
-// proportion to its weight, and one that sends more than its share waits
-// for its own requests only. A tenant's fair share is the slots times its
-// weight over the weights of the tenants with requests in flight; an
-// arrival of a tenant below its share is always queued (it gets one of
-// the next slots given back), whatever another tenant sends: a tenant
-// within its share is never refused because another exceeds its own.
-//
-// Beyond its share, a tenant's queue is for bursts, and a burst is not
-// overload: the service drains it well within its latency budget. How
-// many of a tenant's requests may wait follows from how fast its slots
-// come free (Little's law): the slots it holds over the time a request
-// holds one (a moving average) is the rate at which its waiters get in,
-// and a queue longer than that rate times the target could not drain
-// within it. The bound is never below the slots it holds (nor 8), nor,
-// with the waiters of every tenant beyond its share, above MaxQueue.
-//
-// The average starts afresh when a queue forms in an empty service, so a
-// burst is judged by how fast its own requests leave, not by the last
-// one's (once a few have: see queueLimit). A burst that arrives at once
-// queues whole: its quick requests (duplicates that give their slot back
-// to wait for the first) keep the bound high. At the onset of overload
-// the slots are soon seen held for tens of milliseconds, and the excess
-// is refused as it arrives, in microseconds, rather than after waiting.
-//
-// What tells a tenant's overload from its burst is how long its requests
-// wait for their slot (their sojourn), as CoDel judges a queue: a
-// standing queue is one whose waiters have all waited longer than a
-// target for a whole interval (QueueTimeout/10 and QueueTimeout/5: 100ms
-// and 200ms by default). Then, and for CongestedFor after it or after an
-// arrival its queue had no room for, the tenant is congested: its queue
-// may hold no more than the slots it holds, so whatever waits gets in
-// within one turn of them, and an arrival past that is refused at once.
-// A queue no longer than the slots its tenant holds is no overload,
-// however slow the machine is today: a client that keeps a bounded number
-// of requests in flight (the slots and as many again) is served, and only
-// arrivals the service cannot serve within QueueTimeout are refused.
-// Requests refused during the congestion are no new sign of overload and
-// do not prolong it: the congestion ends CongestedFor after the last
-// sign, the queue is judged afresh. (Were every refusal a sign, clients
-// that honour Retry-After would keep the service refusing after the
-// overload is gone: refusing congests, the congestion refuses.) A place
-// in the queue is a promise: the bound keeps what is queued within the
-// target of being served, so the waiters already queued are served, not
-// sent away after waiting (CoDel drops from the head of a queue it does
-// not bound), and whether a request is refused is decided as it arrives,
-// with nothing waited for (the queue timeout, for an estimate gone wrong
-// or a stall, is the one exception). Refusing a request costs a few
-// microseconds (no routing, no per-request log line: the refusals are
-// counted, and logged at most once a second), so the excess does not eat
-// the capacity the accepted requests need.
+// at most QueueTimeout, or is refused with 503 service_unavailable and
+// Retry-After before it reaches the router, nothing decoded or recorded.
+// Why slots go to tenants in turn, how long a queue may be (Little's law)
+// and how a standing queue is told from a burst (CoDel's sojourn) is
+// explained in docs/concepts.md, section 9, "Inside the admission limit";
+// share, queueLimit, waited and congest each apply one of its rules.
 type Admission struct {
 	maxInFlight, maxQueue int64
 	queueTimeout          time.Duration

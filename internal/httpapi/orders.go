@@ -48,10 +48,10 @@ func idempotentOn[Req any](s *Server, op string, run useCase[Req]) echo.HandlerF
 		if err := readBody(c, &req); err != nil {
 			return err
 		}
-		caller := order.Caller{TenantID: tenant(c), Key: key, Yield: slotOf(c.Request().Context()), Wait: wait,
-			Waited: func(d time.Duration) {
-				c.Response().Header().Set("Preference-Applied", "wait="+strconv.Itoa(int(d/time.Second)))
-			}}
+		door := order.Door{Yield: slotOf(c.Request().Context()), Wait: wait, Waited: func(d time.Duration) {
+			c.Response().Header().Set("Preference-Applied", "wait="+strconv.Itoa(int(d/time.Second)))
+		}}
+		caller := order.Caller{TenantID: tenant(c), Key: key, Door: door}
 		res, err := run(c.Request().Context(), caller, c.Param("id"), req)
 		if err != nil {
 			return err

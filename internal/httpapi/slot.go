@@ -11,9 +11,9 @@ import (
 // refund waiting for the payment channel; a duplicate waiting for its
 // first attempt's outcome), gives its slot back, so that requests with
 // work to do are admitted meanwhile. The door hands the give-back to the
-// use case as the caller's Yield (order.Caller), and the use case calls it
+// use case as its Yield (order.Door), and the use case calls it
 // when it starts to wait. What it does after the wait runs without a slot:
-// a pay stores the channel's answer while it still holds its place at the
+// a pay stores the channel's answer while it still holds its slot at the
 // channel (order.MoneyConfig.MaxChannelCalls), a duplicate asks again once.
 
 // slot gives a request's slot back; only its first call does anything.

@@ -13,7 +13,7 @@ import (
 const maxPrefer = 200
 
 // preferredWait reads RFC 7240's `Prefer: wait=N` (whole seconds), as the
-// use case's order.Caller.Wait (which the service caps). Absent, malformed
+// use case's order.Door.Wait (which the service caps). Absent, malformed
 // or zero: no wait. Other preferences are ignored, as the RFC asks of
 // preferences a server does not support; only a line longer than its
 // documented bound is rejected.

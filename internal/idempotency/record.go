@@ -36,6 +36,24 @@ const (
 // Definitive reports whether s holds an outcome that is replayed as it is.
 func (s State) Definitive() bool { return s == Succeeded || s == FailedFinal }
 
+// RecoveryPoint is the last step of an intent that committed, stored on its
+// record in the transaction that made the step: whoever resumes the intent
+// (a retry, the sweeper) picks it up there, switching on the stored value
+// rather than inferring it from what else is in the database (the atomic
+// phases of Brandur Leach's "Implementing Stripe-like Idempotency Keys in
+// Postgres"). The package names the first and the last point; the steps
+// between are the use case's own (order's paymentCreated), written with
+// Store.Advance.
+type RecoveryPoint string
+
+const (
+	// Started: the intent is claimed and nothing else of it committed.
+	Started RecoveryPoint = "started"
+	// Finished: the outcome is stored (Complete, Insert); only a definitive
+	// record is finished.
+	Finished RecoveryPoint = "finished"
+)
+
 // Scope names one intent. The database's primary key is exactly this triple.
 type Scope struct {
 	TenantID  string
@@ -67,6 +85,8 @@ type Record struct {
 	LeaseToken     int64
 	LeaseExpiresAt *time.Time
 	Attempts       int
+	// RecoveryPoint is where a resumed attempt picks the intent up.
+	RecoveryPoint RecoveryPoint
 	// Waiting is set by a duplicate that waits for the outcome (Prefer:
 	// wait): moving the record on then notifies it (a trigger:
 	// migrations/006_record_waiters.up.sql).

@@ -92,6 +92,7 @@ func (s *Store) ClaimOrReplay(tx *gorm.DB, in Intent) (Claim, error) {
 	if res.RowsAffected == 1 { // ours: the rest of the row is what we just wrote
 		rec.TenantID, rec.Operation, rec.IdempotencyKey = in.TenantID, in.Operation, in.Key
 		rec.Fingerprint, rec.State, rec.Attempts, rec.UpdatedAt = in.Fingerprint, Processing, 1, rec.CreatedAt
+		rec.RecoveryPoint = Started
 		rec.Resumable = true
 		if in.ResourceID != "" {
 			rec.ResourceID = &in.ResourceID
@@ -135,9 +136,9 @@ func (s *Store) Insert(tx *gorm.DB, in Intent, result Result) error {
 	res := tx.Exec(`
 		INSERT INTO idempotency_records
 			(tenant_id, operation, idempotency_key, fingerprint, state, resource_id, outcome, result_code, result_body,
-			 lease_token, attempts, completed_at, expires_at, resumable)
+			 lease_token, attempts, completed_at, expires_at, resumable, recovery_point)
 		VALUES (?, ?, ?, ?, ?, NULLIF(?, ''), ?, ?, ?,
-			1, 1, now(), now() + make_interval(secs => ?), false)
+			1, 1, now(), now() + make_interval(secs => ?), false, 'finished')
 		ON CONFLICT DO NOTHING`,
 		in.TenantID, in.Operation, in.Key, in.Fingerprint, result.state(), result.Resource, outcome, code, body,
 		s.Policy.RetentionFor(in.Operation).Seconds())
@@ -279,12 +280,27 @@ func (s *Store) Complete(tx *gorm.DB, scope Scope, token int64, result Result) e
 		SET state = ?, resource_id = COALESCE(NULLIF(?, ''), resource_id),
 		    outcome = ?, result_code = ?, result_body = ?,
 		    completed_at = now(), expires_at = now() + make_interval(secs => ?),
-		    lease_expires_at = NULL, updated_at = now()
+		    lease_expires_at = NULL, updated_at = now(), recovery_point = 'finished'
 		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?
 		  AND lease_token = ? AND state = 'PROCESSING'`,
 		state, resourceID, outcome, code, body,
 		s.Policy.RetentionFor(scope.Operation).Seconds(),
 		scope.TenantID, scope.Operation, scope.Key, token)
+	return fenced(res)
+}
+
+// Advance stores the recovery point the intent owned with token reached,
+// in the transaction that made the step, so the step and its point commit
+// together: a resumed attempt starts after the step, never before it
+// (redoing it) nor past it (skipping it). ErrFenced means a newer owner
+// took over. The lease and updated_at (when the current owner took the
+// intent) are left as they are.
+func (s *Store) Advance(tx *gorm.DB, scope Scope, token int64, point RecoveryPoint) error {
+	res := tx.Exec(`
+		UPDATE idempotency_records SET recovery_point = ?
+		WHERE tenant_id = ? AND operation = ? AND idempotency_key = ?
+		  AND lease_token = ? AND state = 'PROCESSING'`,
+		point, scope.TenantID, scope.Operation, scope.Key, token)
 	return fenced(res)
 }
 
@@ -332,7 +348,7 @@ func (s *Store) Fail(tx *gorm.DB, scope Scope, token int64, retryAfter time.Dura
 }
 
 // CountDue is how many intents ClaimDue would take now, at most limit,
-// without taking any: the sweeper asks first, so that it holds places at
+// without taking any: the sweeper asks first, so that it holds slots at
 // the channel only for intents that are there.
 func (s *Store) CountDue(db *gorm.DB, operations []string, limit int) (int, error) {
 	var n int64

@@ -114,7 +114,7 @@ func TestADeadLetterTheDLQRefusesAsItIsIsStoredWithoutTheTenantsOtherHeaders(t *
 // at all (here the DLQ stream is gone) is tried again on a bounded number
 // of deliveries, and then the command is terminated with an error log
 // naming it; it stays readable in ORDER_COMMANDS until its max_age. It
-// never holds a place among the consumer's unacknowledged commands forever.
+// never holds a slot among the consumer's unacknowledged commands forever.
 func TestADeadLetterThatCannotBeStoredIsGivenUpLoudlyNotRetriedForever(t *testing.T) {
 	w := newWorld(t)
 	if err := w.js.DeleteStream(context.Background(), messaging.DLQStream); err != nil {

@@ -22,7 +22,7 @@ import (
 //
 // A dead letter is never dropped silently, and never holds up the
 // consumer for good: a command not yet acknowledged or terminated takes
-// one of the consumer's MaxAckPending places, and a thousand of them stop
+// one of the consumer's MaxAckPending slots, and a thousand of them stop
 // every tenant's commands. So:
 //   - the DLQ refuses the letter as it is (larger than its max_msg_size or
 //     the broker's max_payload, say): a smaller letter is stored at once,

@@ -79,8 +79,8 @@ func TestCrashAtAPhaseBoundaryIsRecovered(t *testing.T) {
 					if got := orderNow(t, s, id).Status; got != "PAYMENT_PENDING" {
 						t.Errorf("order right after the crash = %s, want PAYMENT_PENDING", got)
 					}
-					if rec := recordOf(t, s, order.OpPay, key); rec.State != idempotency.Processing || rec.LeaseToken != 1 {
-						t.Errorf("record right after the crash = %s token %d, want PROCESSING token 1", rec.State, rec.LeaseToken)
+					if rec := recordOf(t, s, order.OpPay, key); rec.State != idempotency.Processing || rec.LeaseToken != 1 || rec.RecoveryPoint != paymentCreated {
+						t.Errorf("record right after the crash = %s token %d at %q, want PROCESSING token 1 at %q", rec.State, rec.LeaseToken, rec.RecoveryPoint, paymentCreated)
 					}
 					charged := int64(0)
 					if b.charged {
@@ -119,8 +119,8 @@ func TestCrashAtAPhaseBoundaryIsRecovered(t *testing.T) {
 						t.Errorf("history = %s, want %s", got, want)
 					}
 					rec := recordOf(t, s, order.OpPay, key)
-					if rec.State != idempotency.Succeeded || rec.LeaseToken != 2 || rec.Attempts != 2 {
-						t.Errorf("record = %s token %d attempts %d, want SUCCEEDED token 2 attempts 2", rec.State, rec.LeaseToken, rec.Attempts)
+					if rec.State != idempotency.Succeeded || rec.LeaseToken != 2 || rec.Attempts != 2 || rec.RecoveryPoint != idempotency.Finished {
+						t.Errorf("record = %s token %d attempts %d at %q, want SUCCEEDED token 2 attempts 2 finished", rec.State, rec.LeaseToken, rec.Attempts, rec.RecoveryPoint)
 					}
 
 					replay, err := s.Pay(ctx, acme(key), id, payWith(payment.MethodOK))
@@ -369,18 +369,18 @@ func TestSupersededOwnerCannotWrite(t *testing.T) {
 
 // The sweeper takes over an intent whose owner died after phase 1, but
 // MaxChannelCalls (PAYMENT_CHANNEL_MAX_IN_FLIGHT) bounds the sweeper's
-// calls too. While another pay holds the only place, the sweeper claims
+// calls too. While another pay holds the only slot, the sweeper claims
 // nothing (a claim it could not start would let the lease run out while it
 // waited), so the intent does not reach the channel, not even to ask it for
-// the verdict; once the place is free it is taken over and finished, with
+// the verdict; once the slot is free it is taken over and finished, with
 // one charge.
-func TestTheSweeperWaitsForAPlaceAtTheChannel(t *testing.T) {
+func TestTheSweeperWaitsForASlotAtTheChannel(t *testing.T) {
 	a := newAcquirer()
 	s := withChannelBound(useCases(t, a.channel(), 3*time.Second), 1)
 	holding, release := make(chan struct{}), make(chan struct{})
 	var calls atomic.Int32
 	s.Hooks.AfterPhase1 = crashOnce(false)
-	s.Hooks.AfterChannelCall = func() error { // the second pay's call holds its place here
+	s.Hooks.AfterChannelCall = func() error { // the second pay's call holds its slot here
 		if calls.Add(1) == 1 {
 			close(holding)
 			<-release
@@ -397,24 +397,24 @@ func TestTheSweeperWaitsForAPlaceAtTheChannel(t *testing.T) {
 	wantCounted(t, a, ledger{charges: 1, requests: 1})
 
 	leaseRunsOut(t, s, order.OpPay, orphanKey)
-	// A sweep now claims nothing: the only place is held. One that ignored
+	// A sweep now claims nothing: the only slot is held. One that ignored
 	// the bound would take the orphan.
 	if n, err := s.Sweep(t.Context(), 100); err != nil || n != 0 {
-		t.Fatalf("a sweep while the place is held took %d intents (%v), want 0", n, err)
+		t.Fatalf("a sweep while the slot is held took %d intents (%v), want 0", n, err)
 	}
 	wantCounted(t, a, ledger{charges: 1, requests: 1})
 	if rec := recordOf(t, s, order.OpPay, orphanKey); rec.State != idempotency.Processing || rec.LeaseToken != 1 {
-		t.Errorf("the orphan while the place is held = %s token %d, want PROCESSING token 1", rec.State, rec.LeaseToken)
+		t.Errorf("the orphan while the slot is held = %s token %d, want PROCESSING token 1", rec.State, rec.LeaseToken)
 	}
 
 	close(release)
 	got := <-held
-	wantOutcome(t, "the pay that held the place", got.res, got.err, idempotency.OutcomeDone)
+	wantOutcome(t, "the pay that held the slot", got.res, got.err, idempotency.OutcomeDone)
 	if st := shownBy(t, got.res).Status; st != "PAID" {
-		t.Fatalf("the pay that held the place shows %s, want PAID", st)
+		t.Fatalf("the pay that held the slot shows %s, want PAID", st)
 	}
 	if n, err := s.Sweep(t.Context(), 100); err != nil || n != 1 {
-		t.Fatalf("a sweep once the place is free took %d intents (%v), want the orphan", n, err)
+		t.Fatalf("a sweep once the slot is free took %d intents (%v), want the orphan", n, err)
 	}
 	if rec, o := recordOf(t, s, order.OpPay, orphanKey), orderNow(t, s, orphan); rec.State != idempotency.Succeeded || o.Status != "PAID" {
 		t.Errorf("the orphan after the sweep: record %s, order %s; want SUCCEEDED and PAID", rec.State, o.Status)
@@ -458,7 +458,7 @@ func orphanPays(t *testing.T, s *order.Service, n int) (orders, keys []string) {
 // one intent after another left the last ones waiting past their leases,
 // and a second instance's sweeper took them over: both then asked the
 // channel for the same intent, and one of them was fenced. The sweeper
-// finishes its batch side by side (as many as it has places at the channel
+// finishes its batch side by side (as many as it has slots at the channel
 // for), so each intent of the batch reaches the channel once, within its
 // lease, even with two sweepers running.
 func TestTwoSweepersAskTheChannelOncePerIntentOfASlowBatch(t *testing.T) {

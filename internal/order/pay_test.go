@@ -624,11 +624,11 @@ func TestAPayTheChannelHasNoRoomForIsRefusedBeforeAnythingIsRecorded(t *testing.
 		<-arrived
 	}
 
-	// Two intents hold the channel's two places: the third is shed in
+	// Two intents hold the channel's two slots: the third is shed in
 	// phase 1, which rolls back its claim, its payment and its transition.
 	id, key := placeOrder(t, s), newKey("pay-shed")
 	_, err := s.Pay(t.Context(), acme(key), id, payWith(payment.MethodOK))
-	wantError(t, "a pay while the channel's places are taken", err, problem.ServiceUnavailable)
+	wantError(t, "a pay while the channel's slots are taken", err, problem.ServiceUnavailable)
 	wantRetryAfter(t, "the shed pay", err)
 	if _, err := s.Records.Get(s.DB, idempotency.Scope{TenantID: "acme", Operation: order.OpPay, Key: key}); !errors.Is(err, gorm.ErrRecordNotFound) {
 		t.Errorf("the shed pay's record: %v, want none", err)
@@ -648,7 +648,7 @@ func TestAPayTheChannelHasNoRoomForIsRefusedBeforeAnythingIsRecorded(t *testing.
 			t.Errorf("pay %d shows %s, want PAID", i, st)
 		}
 	}
-	// Their places are free again: the same key is a fresh first attempt.
+	// Their slots are free again: the same key is a fresh first attempt.
 	res, err := s.Pay(t.Context(), acme(key), id, payWith(payment.MethodOK))
 	wantOutcome(t, "the shed pay sent again", res, err, idempotency.OutcomeDone)
 	if got := shownBy(t, res).Status; got != "PAID" {

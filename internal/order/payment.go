@@ -86,7 +86,7 @@ type MoneyConfig struct {
 	PendingCheckEvery time.Duration
 	// MaxChannelCalls bounds the intents at the channel at once (0: no
 	// bound). One beyond it is shed in phase 1 with 503 and Retry-After,
-	// before anything is recorded; see channelPlace. NewService reads it
+	// before anything is recorded; see channelSlot. NewService reads it
 	// once.
 	MaxChannelCalls int
 }

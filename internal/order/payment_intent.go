@@ -1,20 +1,10 @@
 package order
 
-// How a payment intent runs. Pay and Cancel move money through the payment
-// channel in three phases, so that no database connection is held while the
-// channel works and every retry, crash and takeover of the intent converges
-// on one movement of money:
-//
-//	phase 1, one transaction (open):        claim or replay the intent, lock
-//	         the order, apply its rule; either the intent ends here or a
-//	         pending payment with its stable downstream key is written;
-//	phase 2, no transaction  (askChannel):  ask the channel, under that key;
-//	phase 3, one transaction (storeReply):  store the reply, fenced by the
-//	         lease token; an unknown reply postpones the intent instead.
-//
-// A retry of an unfinished intent (failed retryably, or its owner's lease
-// expired) skips the rule and resumes the payment phase 1 wrote; the
-// sweeper (Sweep) does the same for intents nobody retries.
+// What a payment intent decides, and how it asks the channel. Pay and
+// Cancel give their rule (a plan); applyRule applies it in phase 1 and
+// writes the payment under its stable channel key (channelKey);
+// askChannel is phase 2; moveOnReply and intentResult are what phase 3
+// stores. How the phases run, and resume, is once.go.
 
 import (
 	"context"
@@ -26,7 +16,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"go.opentelemetry.io/otel/attribute"
 	"gorm.io/gorm"
 
 	"github.com/orderservice/orderservice/internal/database"
@@ -80,145 +69,6 @@ type plan struct {
 
 func viaChannel(ev Event, p Payment) plan { return plan{event: ev, viaChannel: true, payment: p} }
 func withoutChannel(ev Event) plan        { return plan{event: ev} }
-
-// runPaymentIntent runs c's payment intent op (paymentIntent), letting a
-// duplicate of one still in flight wait for its outcome when c asked to
-// (awaitFirst).
-func (s *Service) runPaymentIntent(ctx context.Context, c Caller, op, orderID string, fields any, rule func(*Order) (plan, error)) (idempotency.Result, error) {
-	return s.awaitFirst(ctx, c, c.scope(op), func() (idempotency.Result, error) {
-		return s.paymentIntent(ctx, c, op, orderID, fields, rule)
-	})
-}
-
-// paymentIntent runs the three phases of the intent op on the order
-// orderID, with rule deciding what the order does.
-func (s *Service) paymentIntent(ctx context.Context, c Caller, op, orderID string, fields any, rule func(*Order) (plan, error)) (res idempotency.Result, err error) {
-	id, in, err := c.intentOn(op, orderID, fields)
-	if err != nil {
-		return idempotency.Result{}, err
-	}
-	ctx, end := traced(ctx, in)
-	defer func() { end(res, err) }()
-	place := s.channelPlace()
-	defer place.release()
-	claimed := time.Now() // the lease the claim takes runs from no earlier than this
-	opened, err := s.open(ctx, c, id, in, rule, place)
-	if err != nil || !opened.awaitsChannel {
-		return opened.result, err
-	}
-	if err := s.Hooks.run(s.Hooks.AfterPhase1); err != nil {
-		return idempotency.Result{}, err
-	}
-	if opened.claim.Resumes() {
-		s.observe().Takeover(op, "retry")
-	}
-	// From here the intent waits for the channel, holding no connection:
-	// the door may admit a request with work to do meanwhile (c.Yield).
-	// The client may hang up; the money phases still run to the end (or to
-	// the shutdown deadline), so the result is recorded and its retry gets
-	// the replay. Its place at the channel, held until its reply is
-	// stored, bounds what it does from now on.
-	c.yield()
-	work, cancel := s.detach(ctx)
-	defer cancel()
-	return s.finishPayment(work, opened.claim.Record, opened.payment, s.howToAsk(opened.claim), claimed)
-}
-
-// leaseLapsed reports whether the lease of a claim made at claimed (or
-// after) has run out: the process stalled between its claim and its call
-// to the channel. The intent may have been taken over meanwhile, and a
-// call that late may reach a channel that has forgotten the key (a stall
-// as long as the key window is what the model assumes away); so a lapsed
-// owner does not call, and gives the intent back (postpone, fenced) for
-// its current owner, which asks the channel first when it must.
-func (s *Service) leaseLapsed(claimed time.Time) bool {
-	return s.Records.Lease > 0 && time.Since(claimed) >= s.Records.Lease
-}
-
-// finishPayment finishes the intent of a pending payment: phase 2, then
-// phase 3. It is used by the request that started the payment, by a client
-// retry, and by the sweeper after a takeover.
-func (s *Service) finishPayment(ctx context.Context, rec idempotency.Record, p Payment, how asking, claimed time.Time) (idempotency.Result, error) {
-	if s.leaseLapsed(claimed) {
-		return idempotency.Result{}, s.postpone(ctx, rec, s.Money.RetryAfter)
-	}
-	reply, err := s.askChannel(payment.Resending(ctx, rec.Attempts-1), p, how)
-	if err == nil {
-		err = s.Hooks.run(s.Hooks.AfterChannelCall)
-	}
-	if err != nil {
-		return idempotency.Result{}, err
-	}
-	if reply.verdict == unknown {
-		return idempotency.Result{}, s.postpone(ctx, rec, s.askAgainAfter(rec, reply))
-	}
-	res, err := s.storeReplyPatiently(ctx, rec, p, reply)
-	switch {
-	case errors.Is(err, idempotency.ErrFenced):
-		return idempotency.Result{}, errSuperseded()
-	case transientStore(err):
-		// The channel answered but the reply could not be stored: the
-		// intent is resumable at once, and its retry sends the same key
-		// again, which the channel answers from its own record.
-		return idempotency.Result{}, s.postpone(ctx, rec, s.Money.RetryAfter)
-	}
-	return res, err
-}
-
-// Phase 1, open: claim or replay the intent and apply the order's rule, in
-// one transaction.
-
-// opening is how phase 1 ended: either the intent is answered (result:
-// replayed, a final error, or done without the channel), or a pending
-// payment awaits the channel and the record stays PROCESSING meanwhile.
-type opening struct {
-	claim         idempotency.Claim
-	awaitsChannel bool
-	payment       Payment
-	result        idempotency.Result
-}
-
-// open is phase 1, in one transaction. An intent that goes on to the
-// channel leaves it holding place.
-func (s *Service) open(ctx context.Context, c Caller, id uuid.UUID, in idempotency.Intent, rule func(*Order) (plan, error), place *channelPlace) (opened opening, err error) {
-	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
-		opened = opening{}
-		claim, err := s.Records.ClaimOrReplay(tx, in)
-		if err != nil {
-			return err
-		}
-		opened.claim = claim
-		switch {
-		case claim.Replay != nil:
-			mark(ctx, "replayed")
-			opened.result = *claim.Replay
-			return nil
-		case claim.Resumes():
-			mark(ctx, "taken_over", attribute.String("idempotency.record.resumed_from", string(claim.ResumedFrom)),
-				attribute.Int("idempotency.record.attempts", claim.Record.Attempts))
-		default:
-			mark(ctx, "claimed")
-		}
-		if claim.Resumes() { // an earlier attempt recorded its payment: resume it
-			p, found, err := pendingPayment(tx, in.Scope)
-			if err != nil {
-				return err
-			}
-			if found {
-				opened.awaitsChannel, opened.payment = true, p
-				return place.take()
-			}
-		}
-		res, pending, err := s.applyRule(tx, c, in.Operation, id, rule)
-		if err == nil && pending != nil {
-			opened.awaitsChannel, opened.payment = true, *pending
-			return place.take()
-		}
-		opened.result, err = s.finish(tx, in, claim.Token(), res, err)
-		return err
-	})
-	return opened, err
-}
 
 // applyRule locks the order and applies the intent's rule to it, writing
 // the transition and, when money must move, the pending payment with its
@@ -278,34 +128,6 @@ func channelKey(tenantID, op string, orderID uuid.UUID, key string) string {
 
 // Phase 2, ask: the channel, under the payment's key, holding no
 // transaction.
-
-// asking is how phase 2 asks the channel about a payment.
-type asking int
-
-const (
-	// send sends the request under the payment's key.
-	send asking = iota
-	// lookUpThenSend first asks what the channel holds under the key, and
-	// sends the request (same key) only when it holds nothing: a takeover
-	// from an owner that died, or a key the channel may have forgotten.
-	lookUpThenSend
-	// lookUpOnly asks what the channel holds under the key and never sends
-	// anything: a late verdict (payment_later.go).
-	lookUpOnly
-)
-
-// howToAsk is how phase 2 asks the channel about the payment of a claimed
-// intent. An owner that died mid-flight left no word of the channel's
-// answer, so its successor asks the channel first; an intent that failed
-// retryably sends the same request under the same key again, which the
-// channel absorbs for as long as it remembers the key (checked at the
-// call: atTheCall, keywindow.go).
-func (s *Service) howToAsk(claim idempotency.Claim) asking {
-	if claim.ResumedFrom == idempotency.Processing {
-		return lookUpThenSend
-	}
-	return send
-}
 
 // askChannel is phase 2: it asks the channel about p as how says. An error
 // is one the channel's reply cannot be classified past (a hook's); the
@@ -372,62 +194,10 @@ func lookupOrSend[T any](how asking, lookup func() (T, error), post func() (paym
 	return r.Value, r.Replayed, err
 }
 
-// Phase 3, store: the channel's reply, fenced by the lease token, in one
-// transaction; or, when the reply is unknown, postpone the intent.
-
-// storeReplyPatiently is phase 3, tried again for up to a channel timeout while
-// the database is briefly unavailable (a failover, a dropped connection):
-// the channel's reply is known and worth storing now rather than after a
-// retry or a lease. A commit whose acknowledgement was lost but that
-// landed is fenced on the next try (the record is no longer PROCESSING),
-// and the client's retry gets it replayed.
-func (s *Service) storeReplyPatiently(ctx context.Context, rec idempotency.Record, p Payment, reply channelReply) (idempotency.Result, error) {
-	deadline := time.Now().Add(s.Money.ChannelTimeout)
-	for pause := 50 * time.Millisecond; ; pause = min(2*pause, time.Second) {
-		res, err := s.storeReply(ctx, rec, p, reply)
-		if !transientStore(err) || time.Now().Add(pause).After(deadline) {
-			return res, err
-		}
-		s.logger().WarnContext(ctx, "storing the channel's reply failed; trying again", "channel_key", p.ChannelKey, "err", err)
-		select {
-		case <-ctx.Done():
-			return res, err
-		case <-time.After(pause):
-		}
-	}
-}
-
 // transientStore reports a database failure worth trying again: the
 // server is unreachable, failing over, or a lock is held too long.
 func transientStore(err error) bool {
 	return database.IsUnavailable(err) || database.IsLockTimeout(err)
-}
-
-// storeReply is phase 3: one transaction that stores the channel's reply
-// on the payment, moves the order and completes the intent, fenced by the
-// lease token. A decline or refusal is the intent's failed result; a charge
-// the channel took on to finish later is its accepted result (202), the
-// order waiting in PAYMENT_PENDING.
-func (s *Service) storeReply(ctx context.Context, rec idempotency.Record, p Payment, reply channelReply) (result idempotency.Result, err error) {
-	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
-		// The fence first: a superseded owner must not even try the
-		// transition, which its successor may already have made.
-		if err := s.Records.Hold(tx, rec.Scope(), rec.LeaseToken); err != nil {
-			return err
-		}
-		o, stored, err := moveOnReply(tx, p, reply)
-		if err != nil {
-			return err
-		}
-		if result, err = intentResult(o, p, reply, stored); err != nil {
-			return err
-		}
-		if err := s.Hooks.run(s.Hooks.BeforeReplyCommit); err != nil {
-			return err
-		}
-		return s.Records.Complete(tx, rec.Scope(), rec.LeaseToken, result)
-	})
-	return result, err
 }
 
 // moveOnReply stores reply on the pending payment p and makes the order's
@@ -469,23 +239,6 @@ func intentResult(o *Order, p Payment, reply channelReply, stored bool) (idempot
 		return accepted(o)
 	}
 	return done(o)
-}
-
-// postpone records that the verdict is unknown: FAILED_RETRYABLE with the
-// lease released until after, when the sweeper resumes the intent if no
-// client has. The error it returns tells the client to send the same key
-// again (at once, or after after).
-func (s *Service) postpone(ctx context.Context, rec idempotency.Record, after time.Duration) error {
-	err := database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
-		return s.Records.Fail(tx, rec.Scope(), rec.LeaseToken, after)
-	})
-	switch {
-	case errors.Is(err, idempotency.ErrFenced):
-		return errSuperseded()
-	case err != nil:
-		return err
-	}
-	return errPostponed(after)
 }
 
 // askAgainAfter is how long an intent whose verdict is unknown is left

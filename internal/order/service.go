@@ -8,68 +8,12 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"go.opentelemetry.io/otel/attribute"
 	"golang.org/x/sync/semaphore"
 	"gorm.io/gorm"
 
 	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
 )
-
-// Caller is who asks, as the API key proved it, and the Idempotency-Key
-// that names this intent.
-type Caller struct {
-	TenantID string
-	Key      string
-	// Yield, when set, gives back what the door holds for the caller only
-	// while the service works for it (the HTTP door's admission slot). A
-	// use case calls it when it goes on to wait on something other than
-	// the service, holding no database connection: a pay or cancel for the
-	// payment channel, or a duplicate for its first attempt's outcome. It
-	// may be called more than once; the first counts.
-	Yield func()
-	// Wait is how long a duplicate of an intent whose first attempt is
-	// still in flight waits for that attempt's outcome (HTTP's Prefer:
-	// wait), capped by Deps.MaxWait. Zero: it is answered 409 at once.
-	Wait time.Duration
-	// Waited, when set, is told how long the caller was let wait when its
-	// answer came after such a wait (HTTP's Preference-Applied).
-	Waited func(time.Duration)
-}
-
-// scope names the intent op of c's key.
-func (c Caller) scope(op string) idempotency.Scope {
-	return idempotency.Scope{TenantID: c.TenantID, Operation: op, Key: c.Key}
-}
-
-// yield calls c.Yield, if any.
-func (c Caller) yield() {
-	if c.Yield != nil {
-		c.Yield()
-	}
-}
-
-func (c Caller) intent(op, resource string, fields any) (idempotency.Intent, error) {
-	fp, err := idempotency.Fingerprint(op, resource, fields)
-	return idempotency.Intent{
-		Scope:       c.scope(op),
-		Fingerprint: fp,
-		ResourceID:  resource,
-	}, err
-}
-
-// intentOn is the intent of an operation on the order named in the path.
-// A malformed id names no order, as an unknown one does, and gets the same
-// definitive answer the same way: the intent is on the nil id, which no
-// order has, so it is recorded as order_not_found and replayed.
-func (c Caller) intentOn(op, orderID string, fields any) (uuid.UUID, idempotency.Intent, error) {
-	id, err := parseID(orderID)
-	if err != nil {
-		id = uuid.Nil
-	}
-	in, err := c.intent(op, id.String(), fields)
-	return id, in, err
-}
 
 // Deps are what the order use cases run on.
 type Deps struct {
@@ -83,7 +27,7 @@ type Deps struct {
 	Observe Observer
 	Logger  *slog.Logger
 	// Waiter lets a duplicate wait for its intent's first outcome
-	// (Caller.Wait), up to MaxWait; nil: it is answered 409 at once.
+	// (Door.Wait), up to MaxWait; nil: it is answered 409 at once.
 	Waiter  Waiter
 	MaxWait time.Duration
 	// Stopping is closed when the service begins to shut down: waiting
@@ -110,7 +54,7 @@ type Service struct {
 	Hooks Hooks
 
 	// calls bounds how many intents are at the channel at once
-	// (Money.MaxChannelCalls; nil: no bound). See channelPlace.
+	// (Money.MaxChannelCalls; nil: no bound). See channelSlot.
 	calls *semaphore.Weighted
 }
 
@@ -187,113 +131,6 @@ func (s *Service) logger() *slog.Logger {
 		return slog.New(slog.DiscardHandler)
 	}
 	return s.Logger
-}
-
-// once runs c's single-transaction intent in (runOnce), letting a duplicate
-// of one still in flight wait for its outcome when c asked to (awaitFirst).
-func (s *Service) once(ctx context.Context, c Caller, in idempotency.Intent, exec func(tx *gorm.DB) (idempotency.Result, error)) (idempotency.Result, error) {
-	return s.awaitFirst(ctx, c, in.Scope, func() (idempotency.Result, error) { return s.runOnce(ctx, in, exec) })
-}
-
-// runOnce runs a single-transaction operation exactly once per intent:
-//
-//  1. answer with the stored result, found by one plain read, if there is one;
-//  2. otherwise run exec, which executes the business write and records its
-//     result (insertRecordFirst, insertRecordLast), in ONE transaction, so a crash
-//     leaves both or neither;
-//  3. if a concurrent duplicate recorded the intent first, roll ours back
-//     and go to 1, which now finds the duplicate's result.
-//
-// The record is written once, SUCCEEDED or FAILED_FINAL
-// (idempotency.Store.Insert): PROCESSING would be seen by nobody. Any error
-// but a final one rolls everything back and records nothing, so the same
-// key may simply be sent again.
-func (s *Service) runOnce(ctx context.Context, in idempotency.Intent, exec func(tx *gorm.DB) (idempotency.Result, error)) (res idempotency.Result, err error) {
-	ctx, end := traced(ctx, in)
-	defer func() { end(res, err) }()
-	for race := 1; ; race++ {
-		replay, err := s.Records.Replay(s.DB.WithContext(ctx), in)
-		if err != nil {
-			return idempotency.Result{}, err
-		}
-		if replay != nil {
-			mark(ctx, "replayed")
-			return *replay, nil
-		}
-		err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
-			var err error
-			res, err = exec(tx)
-			return err
-		})
-		switch {
-		case !errors.Is(err, idempotency.ErrTaken):
-			if err == nil {
-				mark(ctx, "inserted", attribute.String("idempotency.record.state", string(stateAfter(res, nil))))
-			}
-			return res, err
-		case race == maxRecordRaces: // the key is held by a record the read cannot replay
-			return idempotency.Result{}, errSuperseded()
-		}
-		mark(ctx, "lost_race")
-	}
-}
-
-// insertRecordFirst is how an intent whose result is known before it writes
-// anything runs, inside once's transaction (a create: the new order's id,
-// times and representation are chosen before its first statement): its
-// record goes first, so a concurrent duplicate waits at the record's key
-// before it does any work, then write runs.
-func (s *Service) insertRecordFirst(tx *gorm.DB, in idempotency.Intent, res idempotency.Result, write func() error) (idempotency.Result, error) {
-	if err := s.Records.Insert(tx, in, res); err != nil {
-		return idempotency.Result{}, err
-	}
-	return res, write()
-}
-
-// insertRecordLast is how an intent whose result is only known once it has run
-// runs (a transition, which reads the order it changes under its row lock):
-// exec runs, then its record stores what it ended with, success or final
-// error (see resultOf). A final error must be returned before exec writes
-// anything.
-func (s *Service) insertRecordLast(in idempotency.Intent, exec func(tx *gorm.DB) (idempotency.Result, error)) func(tx *gorm.DB) (idempotency.Result, error) {
-	return func(tx *gorm.DB) (idempotency.Result, error) {
-		executed, err := exec(tx)
-		res, err := resultOf(in, executed, err)
-		if err != nil {
-			return idempotency.Result{}, err
-		}
-		return res, s.Records.Insert(tx, in, res)
-	}
-}
-
-// maxRecordRaces bounds how often once goes back to the read after losing
-// the record's insert: once is enough, for the winner's result is committed.
-// Only a key held by a record the read cannot replay (removed in between,
-// or not definitive: never written by a one-transaction intent) loses every
-// round; that ends in 409.
-const maxRecordRaces = 3
-
-// resultOf is the result an intent's execution ended with: its success, or
-// the final error it ended with, as a failed result to store and replay.
-// Any other error is returned for a rollback.
-func resultOf(in idempotency.Intent, res idempotency.Result, err error) (idempotency.Result, error) {
-	if err == nil {
-		return res, nil
-	}
-	failure, ok := asFinal(err)
-	if !ok {
-		return idempotency.Result{}, err
-	}
-	return idempotency.Failed(in.ResourceID, failure), nil
-}
-
-// finish stores the result of a claimed intent on its record, in the
-// caller's transaction (see resultOf).
-func (s *Service) finish(tx *gorm.DB, in idempotency.Intent, token int64, res idempotency.Result, err error) (idempotency.Result, error) {
-	if res, err = resultOf(in, res, err); err != nil {
-		return idempotency.Result{}, err
-	}
-	return res, s.Records.Complete(tx, in.Scope, token, res)
 }
 
 // IntentState is the state of the intent (c, op)'s record, "" when it

@@ -60,26 +60,26 @@ func (s *Service) Sweep(ctx context.Context, batch int) (int, error) {
 	if err != nil || due == 0 {
 		return 0, err
 	}
-	places := s.freePlaces(due)
+	slots := s.freeSlots(due)
 	defer func() {
-		for _, p := range places {
+		for _, p := range slots {
 			p.release()
 		}
 	}()
-	if len(places) == 0 {
-		return 0, nil // every place at the channel is taken: the next sweep
+	if len(slots) == 0 {
+		return 0, nil // every slot at the channel is taken: the next sweep
 	}
 	var claimed []idempotency.Record
 	claimedAt := time.Now() // their leases run from no earlier than this
 	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
 		var err error
-		claimed, err = s.Records.ClaimDue(tx, MoneyOperations, len(places))
+		claimed, err = s.Records.ClaimDue(tx, MoneyOperations, len(slots))
 		return err
 	})
 	if err != nil {
 		return 0, err
 	}
-	for _, p := range places[len(claimed):] { // another sweeper was quicker: free them now
+	for _, p := range slots[len(claimed):] { // another sweeper was quicker: free them now
 		p.release()
 	}
 	// The intents taken over are finished even if ctx ends meanwhile (the
@@ -95,7 +95,7 @@ func (s *Service) Sweep(ctx context.Context, batch int) (int, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer places[i].release() // its place is free once its reply is stored
+			defer slots[i].release() // its slot is free once its reply is stored
 			s.resume(work, rec, claimedAt)
 		}()
 	}
@@ -104,7 +104,7 @@ func (s *Service) Sweep(ctx context.Context, batch int) (int, error) {
 }
 
 // resume finishes one intent the sweeper took over, holding one of the
-// places Sweep took for its batch. A postponed or superseded attempt is
+// slots Sweep took for its batch. A postponed or superseded attempt is
 // normal here: the intent stays resumable and a later sweep or retry
 // finishes it. A panic is contained to this intent, as a request's would
 // be, so one bad record cannot stop the process.
@@ -116,13 +116,18 @@ func (s *Service) resume(ctx context.Context, rec idempotency.Record, claimedAt 
 			s.logger().ErrorContext(ctx, "sweeper recovered from a panic", "operation", rec.Operation, "key", rec.IdempotencyKey, "panic", r)
 		}
 	}()
-	p, found, err := pendingPayment(s.DB.WithContext(ctx), rec.Scope())
-	if err != nil {
-		s.logger().WarnContext(ctx, "sweeper could not read an intent's payment; the next sweep tries again", "operation", rec.Operation, "key", rec.IdempotencyKey, "err", err)
+	switch rec.RecoveryPoint {
+	case paymentCreated: // phase 1 committed: finish its payment
+	case idempotency.Started: // phase 1 never committed: only a retry, which brings the request, can run it
+		s.logger().ErrorContext(ctx, "sweeper cannot resume a money intent whose phase 1 never committed", "operation", rec.Operation, "key", rec.IdempotencyKey)
+		return
+	default:
+		s.logger().ErrorContext(ctx, "sweeper cannot resume an unfinished money intent", "operation", rec.Operation, "key", rec.IdempotencyKey, "err", unknownPoint(rec))
 		return
 	}
-	if !found { // phase 1 writes the payment with the claim, so this is a bug
-		s.logger().ErrorContext(ctx, "unfinished money intent has no payment", "operation", rec.Operation, "key", rec.IdempotencyKey)
+	p, err := paymentOf(s.DB.WithContext(ctx), rec)
+	if err != nil {
+		s.logger().WarnContext(ctx, "sweeper could not read an intent's payment; the next sweep tries again", "operation", rec.Operation, "key", rec.IdempotencyKey, "err", err)
 		return
 	}
 	if _, err := s.finishPayment(ctx, rec, p, lookUpThenSend, claimedAt); err != nil {

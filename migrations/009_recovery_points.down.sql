@@ -1,0 +1,1 @@
+ALTER TABLE idempotency_records DROP COLUMN recovery_point;
