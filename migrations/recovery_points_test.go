@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/orderservice/orderservice/internal/database"
-	"github.com/orderservice/orderservice/internal/testdb"
 	"github.com/orderservice/orderservice/migrations"
+	"github.com/orderservice/orderservice/tests/testdb"
 )
 
 // upTo is the service's migrations numbered last or lower: a database as
