@@ -5,11 +5,15 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/orderservice/orderservice/internal/order"
 )
 
 // messageOps are the op labels of the message metrics, exported at zero
-// from the start so a rate() has a series before the first command.
-var messageOps = []string{"create", "pay", "cancel", "ship", "deliver", "unknown"}
+// from the start so a rate() has a series before the first command: the
+// verb a command's subject names its operation by, or "unknown" for a
+// subject that named none.
+var messageOps = append(order.Verbs(), "unknown")
 
 // messages are the collectors of the message transport and the outbox.
 type messages struct {
