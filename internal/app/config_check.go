@@ -133,13 +133,8 @@ func (c Config) checkPayment() error {
 	if err := atLeastOne("PAYMENT_CHANNEL_MAX_IN_FLIGHT", p.ChannelMaxInFlight); err != nil {
 		return err
 	}
-	if len(p.WebhookSecrets) == 0 {
-		return fmt.Errorf("PAYMENT_WEBHOOK_SECRET must name at least one secret")
-	}
-	for _, secret := range p.WebhookSecrets {
-		if _, err := webhook.ParseSecret(secret); err != nil {
-			return fmt.Errorf("PAYMENT_WEBHOOK_SECRET: %w", err)
-		}
+	if err := webhook.CheckSecrets(p.WebhookSecrets); err != nil {
+		return fmt.Errorf("PAYMENT_WEBHOOK_SECRET: %w", err)
 	}
 	return nil
 }
