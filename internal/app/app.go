@@ -220,12 +220,13 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Main, error) 
 	return m, nil
 }
 
-// start starts what the service is made of, in order. Each part says how
-// it stops (Close), so a start that fails half way stops what it started.
+// start starts what the service is made of, in order. Each part adds how
+// it stops to m.stops, the one way Close stops them, so a start that
+// fails half way stops what it started.
 func (m *Main) start(ctx context.Context) error {
 	m.lifetime, m.kill = context.WithCancel(context.WithoutCancel(ctx))
 	m.stops.at(endRequests, m.endRequests)
-	gate, err := m.listenAPI()
+	gate, err := m.listenAPI() // first: /healthz answers while the rest starts
 	if err != nil {
 		return err
 	}
@@ -240,21 +241,21 @@ func (m *Main) start(ctx context.Context) error {
 			return err
 		}
 	}
-	b, err := m.connectBroker(ctx)
+	broker, err := m.connectBroker(ctx)
 	if err != nil {
 		return err
 	}
-	records, inbox := m.startOrders(ctx, channelURL, b)
-	m.startWorkers(ctx, records, inbox, b.policy)
-	if err := m.openDoor(ctx, b); err != nil {
+	records, inbox := m.startOrders(ctx, channelURL, broker)
+	m.startWorkers(ctx, records, inbox, broker.policy)
+	if err := m.openDoor(ctx, broker); err != nil {
 		return err
 	}
-	m.openAPI(gate)
+	m.openAPI(gate) // last: the gate hands every request to the API
 
-	cfg := m.Config
+	cfg, policy := m.Config, broker.policy
 	m.Logger.Info("orderservice ready on "+m.publicURL(), "addr", m.Addr, "schema_version", version,
-		"payment_channel", channelURL, "nats", redactURL(m.NATSURL), "lease", cfg.Recovery.Lease.String(), "retention", b.policy.Describe(cfg.Recovery.Lease),
-		"message_redelivery_source", b.sources["message_redelivery"], "outbox_retention", outboxRetention(b.policy).String())
+		"payment_channel", channelURL, "nats", redactURL(m.NATSURL), "lease", cfg.Recovery.Lease.String(), "retention", policy.Describe(cfg.Recovery.Lease),
+		"message_redelivery_source", broker.sources["message_redelivery"], "outbox_retention", outboxRetention(policy).String())
 	return nil
 }
 
@@ -299,9 +300,9 @@ func (m *Main) startChannel(ctx context.Context, deadline time.Time) (string, er
 	return "http://" + m.ChannelAddr, nil
 }
 
-// broker is the connection to NATS as start made it, and the retention
-// policy the streams it holds imply.
-type broker struct {
+// connectedBroker is the connection to NATS as start made it, and the
+// retention policy the streams it holds imply.
+type connectedBroker struct {
 	dial    func() (*nats.Conn, error)
 	conn    *nats.Conn
 	policy  idempotency.Policy
@@ -310,10 +311,10 @@ type broker struct {
 
 // connectBroker starts the embedded NATS server (unless NATS_URL names
 // one), connects to it, and reads the streams the commands replay from.
-func (m *Main) connectBroker(ctx context.Context) (broker, error) {
+func (m *Main) connectBroker(ctx context.Context) (connectedBroker, error) {
 	embedded, dial, natsURL, err := natsDialer(m.Config, true)
 	if err != nil {
-		return broker{}, err
+		return connectedBroker{}, err
 	}
 	m.Embedded, m.NATSURL = embedded, natsURL
 	if embedded != nil {
@@ -321,25 +322,25 @@ func (m *Main) connectBroker(ctx context.Context) (broker, error) {
 	}
 	nc, err := dial()
 	if err != nil {
-		return broker{}, err
+		return connectedBroker{}, err
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		nc.Close()
-		return broker{}, err
+		return connectedBroker{}, err
 	}
 	policy, sources, err := brokerPolicy(ctx, m.Config, js, m.Logger)
 	if err != nil {
 		nc.Close()
-		return broker{}, err
+		return connectedBroker{}, err
 	}
-	return broker{dial: dial, conn: nc, policy: policy, sources: sources}, nil
+	return connectedBroker{dial: dial, conn: nc, policy: policy, sources: sources}, nil
 }
 
 // startOrders makes the order use cases, their metrics and the waiter that
 // wakes the duplicates of an intent in flight, and returns the records and
 // the inbox they keep.
-func (m *Main) startOrders(ctx context.Context, channelURL string, b broker) (*idempotency.Store, *idempotency.Inbox) {
+func (m *Main) startOrders(ctx context.Context, channelURL string, b connectedBroker) (*idempotency.Store, *idempotency.Inbox) {
 	cfg, db := m.Config, m.DB
 	records := &idempotency.Store{Lease: cfg.Recovery.Lease, PhaseTimeout: cfg.Payment.ChannelTimeout, Policy: b.policy}
 	inbox := &idempotency.Inbox{Retention: b.policy.InboxRetention()}
@@ -395,7 +396,7 @@ func (m *Main) startWorkers(ctx context.Context, records *idempotency.Store, inb
 // openDoor opens the broker door on the connection connectBroker made:
 // the command consumer and the outbox relay, and a new connection when the
 // broker closes one for good.
-func (m *Main) openDoor(ctx context.Context, b broker) error {
+func (m *Main) openDoor(ctx context.Context, b connectedBroker) error {
 	cfg := m.Config
 	outbox := &order.Outbox{DB: m.DB}
 	m.Metrics.WatchOutbox(outbox.Lag)
