@@ -113,6 +113,30 @@ type CallOption func(*callConfig)
 
 type callConfig struct{ key string }
 
+// encode is a call's body as JSON; nil when it has none.
+func encode(body any) ([]byte, error) {
+	if body == nil {
+		return nil, nil
+	}
+	return json.Marshal(body)
+}
+
+// keyFor is the Idempotency-Key of a call: the one WithKey names, else a
+// new one; none for a read.
+func keyFor(method string, opts []CallOption) string {
+	if method == http.MethodGet {
+		return ""
+	}
+	var cfg callConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if cfg.key == "" {
+		return NewKey()
+	}
+	return cfg.key
+}
+
 // WithKey makes the call use key as its Idempotency-Key instead of a new
 // one. Pass the same key again to resume an intent whose earlier call
 // failed or whose outcome is unknown; never pass it for another intent.
@@ -122,25 +146,13 @@ func WithKey(key string) CallOption { return func(c *callConfig) { c.key = key }
 // success, the context's end or the last attempt, all under one key.
 func call[T any](ctx context.Context, c *Client, method, path string, body any, opts []CallOption) (Result[T], error) {
 	var res Result[T]
-	var payload []byte
-	if body != nil {
-		var err error
-		if payload, err = json.Marshal(body); err != nil {
-			return res, fmt.Errorf("%s %s: encoding the body: %w", method, path, err)
-		}
+	payload, err := encode(body)
+	if err != nil {
+		return res, fmt.Errorf("%s %s: encoding the body: %w", method, path, err)
 	}
-	if method != http.MethodGet {
-		var cfg callConfig
-		for _, o := range opts {
-			o(&cfg)
-		}
-		// The key names the intent, so it is made here, once, before the
-		// first attempt: every retry below resends it unchanged.
-		res.Key = cfg.key
-		if res.Key == "" {
-			res.Key = NewKey()
-		}
-	}
+	// The key names the intent, so it is made here, once, before the
+	// first attempt: every retry below resends it unchanged.
+	res.Key = keyFor(method, opts)
 
 	var lastErr error
 	for {

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"gorm.io/gorm"
 
@@ -199,12 +200,12 @@ type Main struct {
 	// Waiter wakes the duplicates that wait for a first attempt's outcome.
 	Waiter *idempotency.Waiter
 
-	servers  []*http.Server
-	requests requests           // those the servers are serving
-	stopping context.CancelFunc // waiting duplicates stop waiting: the shutdown began
-	stop     context.CancelFunc // background loops take no new work
-	kill     context.CancelFunc // work in flight stops: the shutdown deadline passed
-	workers  sync.WaitGroup
+	// lifetime is what kill ends: the requests being served, the detached
+	// work of a pay. kill is called when the shutdown deadline passes.
+	lifetime context.Context
+	kill     context.CancelFunc
+	requests requests // those the servers are serving
+	stops    shutdown // how to stop what start started
 }
 
 // Start opens the database (creating it if missing), applies migrations,
@@ -219,119 +220,214 @@ func Start(ctx context.Context, cfg Config, logger *slog.Logger) (*Main, error) 
 	return m, nil
 }
 
+// start starts what the service is made of, in order. Each part adds how
+// it stops to m.stops, the one way Close stops them, so a start that
+// fails half way stops what it started.
 func (m *Main) start(ctx context.Context) error {
-	cfg := m.Config
-	// What kill ends: the requests being served, the detached work of a pay.
-	lifetime, kill := context.WithCancel(context.WithoutCancel(ctx))
-	m.kill = kill
-	var err error
-	// The API listens before the database is there: /healthz and /readyz
-	// answer (200, 503) while a failover or a booting database is awaited,
-	// and nothing touches a database that is not a writable primary.
-	ln, err := listen("HTTP_ADDR", cfg.HTTP.Addr, "")
+	m.lifetime, m.kill = context.WithCancel(context.WithoutCancel(ctx))
+	m.stops.at(endRequests, m.endRequests)
+	gate, err := m.listenAPI() // first: /healthz answers while the rest starts
 	if err != nil {
 		return err
 	}
-	m.Addr = ln.Addr().String()
-	// Served first, so that it is the first to stop (Close): the channel
-	// outlives the requests that call it.
-	gate := &startingGate{}
-	m.serve(ln, gate, lifetime)
-
-	deadline := time.Now().Add(cfg.Database.StartTimeout)
+	deadline := time.Now().Add(m.Config.Database.StartTimeout)
 	version, err := m.openDatabase(ctx, deadline)
 	if err != nil {
 		return err
 	}
-	db := m.DB
-
-	channelURL := cfg.Payment.ChannelURL
+	channelURL := m.Config.Payment.ChannelURL
 	if channelURL == "" {
-		if channelURL, err = m.startChannel(ctx, deadline, lifetime); err != nil {
+		if channelURL, err = m.startChannel(ctx, deadline); err != nil {
 			return err
 		}
 	}
-
-	embedded, dial, natsURL, err := natsDialer(cfg, true)
+	broker, err := m.connectBroker(ctx)
 	if err != nil {
 		return err
 	}
+	records, inbox := m.startOrders(ctx, channelURL, broker)
+	m.startWorkers(ctx, records, inbox, broker.policy)
+	if err := m.openDoor(ctx, broker); err != nil {
+		return err
+	}
+	m.openAPI(gate) // last: the gate hands every request to the API
+
+	cfg, policy := m.Config, broker.policy
+	m.Logger.Info("orderservice ready on "+m.publicURL(), "addr", m.Addr, "schema_version", version,
+		"payment_channel", channelURL, "nats", redactURL(m.NATSURL), "lease", cfg.Recovery.Lease.String(), "retention", policy.Describe(cfg.Recovery.Lease),
+		"message_redelivery_source", broker.sources["message_redelivery"], "outbox_retention", outboxRetention(policy).String())
+	return nil
+}
+
+// listenAPI binds the order API's address and serves the starting gate on
+// it. The API listens before the database is there: /healthz and /readyz
+// answer (200, 503) while a failover or a booting database is awaited, and
+// nothing touches a database that is not a writable primary.
+func (m *Main) listenAPI() (*startingGate, error) {
+	ln, err := listen("HTTP_ADDR", m.Config.HTTP.Addr, "")
+	if err != nil {
+		return nil, err
+	}
+	m.Addr = ln.Addr().String()
+	gate := &startingGate{}
+	m.serve(ln, gate, stopDoors)
+	return gate, nil
+}
+
+// startChannel starts the embedded mock channel, once the service's
+// database is there (its own is on the same server by default), and
+// returns its URL. The channel's ledger is its own database, so a restart
+// of the service forgets no charge, as a real acquirer would not. It
+// delivers its webhooks to this service (the gate answers 503 until the
+// service is ready, and the channel delivers again).
+func (m *Main) startChannel(ctx context.Context, deadline time.Time) (string, error) {
+	cfg := m.Config
+	err := m.awaitDatabase(ctx, deadline, "CHANNEL_DATABASE_URL", cfg.Channel.DatabaseURL, func() (err error) {
+		m.Channel, err = mockchannel.Open(ctx, cfg.Channel.DatabaseURL, cfg.Channel.Options(cfg.Payment,
+			m.URL()+"/webhooks/payment-channel", m.Logger.With("component", "paymentchannel")))
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	m.stops.at(closeChannel, func(context.Context) error { return m.Channel.Close() })
+	ln, err := listen("CHANNEL_ADDR", cfg.Channel.Addr, " (or PAYMENT_CHANNEL_URL to a channel running elsewhere)")
+	if err != nil {
+		return "", err
+	}
+	m.ChannelAddr = ln.Addr().String()
+	m.serve(ln, m.Channel.Handler(), stopChannel)
+	return "http://" + m.ChannelAddr, nil
+}
+
+// connectedBroker is the connection to NATS as start made it, and the
+// retention policy the streams it holds imply.
+type connectedBroker struct {
+	dial    func() (*nats.Conn, error)
+	conn    *nats.Conn
+	policy  idempotency.Policy
+	sources map[string]string // each replay window's source, for the start line
+}
+
+// connectBroker starts the embedded NATS server (unless NATS_URL names
+// one), connects to it, and reads the streams the commands replay from.
+func (m *Main) connectBroker(ctx context.Context) (connectedBroker, error) {
+	embedded, dial, natsURL, err := natsDialer(m.Config, true)
+	if err != nil {
+		return connectedBroker{}, err
+	}
 	m.Embedded, m.NATSURL = embedded, natsURL
+	if embedded != nil {
+		m.stops.at(release, func(context.Context) error { embedded.Close(); return nil })
+	}
 	nc, err := dial()
 	if err != nil {
-		return err
+		return connectedBroker{}, err
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		nc.Close()
-		return err
+		return connectedBroker{}, err
 	}
-	policy, sources, err := brokerPolicy(ctx, cfg, js, m.Logger)
+	policy, sources, err := brokerPolicy(ctx, m.Config, js, m.Logger)
 	if err != nil {
 		nc.Close()
-		return err
+		return connectedBroker{}, err
 	}
+	return connectedBroker{dial: dial, conn: nc, policy: policy, sources: sources}, nil
+}
 
-	records := &idempotency.Store{Lease: cfg.Recovery.Lease, PhaseTimeout: cfg.Payment.ChannelTimeout, Policy: policy}
-	inbox := &idempotency.Inbox{Retention: policy.InboxRetention()}
+// startOrders makes the order use cases, their metrics and the waiter that
+// wakes the duplicates of an intent in flight, and returns the records and
+// the inbox they keep.
+func (m *Main) startOrders(ctx context.Context, channelURL string, b connectedBroker) (*idempotency.Store, *idempotency.Inbox) {
+	cfg, db := m.Config, m.DB
+	records := &idempotency.Store{Lease: cfg.Recovery.Lease, PhaseTimeout: cfg.Payment.ChannelTimeout, Policy: b.policy}
+	inbox := &idempotency.Inbox{Retention: b.policy.InboxRetention()}
 	m.Metrics = metrics.New(func(ctx context.Context) (idempotency.Gauges, error) { return records.Gauges(db.WithContext(ctx)) },
 		m.Logger, order.Operations, order.MoneyOperations)
-	waiter := &idempotency.Waiter{URL: cfg.Database.URL, Poll: time.Second, Logger: m.Logger, Observe: m.Metrics.Waited}
-	m.Waiter = waiter
-	stopping, stopWaiting := context.WithCancel(context.WithoutCancel(ctx))
-	m.stopping = stopWaiting
+	if pool, err := db.DB(); err == nil {
+		m.Metrics.WatchDB(pool)
+	}
+	m.Waiter = &idempotency.Waiter{URL: cfg.Database.URL, Poll: time.Second, Logger: m.Logger, Observe: m.Metrics.Waited}
+	stopping, cancelWaits := context.WithCancel(context.WithoutCancel(ctx))
+	m.stops.at(stopWaiting, func(context.Context) error { cancelWaits(); return nil })
 	m.Orders = order.NewService(order.Deps{
-		DB: db, Records: records, Inbox: inbox, Logger: m.Logger, Observe: m.Metrics, Done: lifetime.Done(),
-		Waiter: waiter, MaxWait: cfg.HTTP.MaxWait, Stopping: stopping.Done(),
-		WindowSources: sources, OutboxRetention: outboxRetention(policy),
+		DB: db, Records: records, Inbox: inbox, Logger: m.Logger, Observe: m.Metrics, Done: m.lifetime.Done(),
+		Waiter: m.Waiter, MaxWait: cfg.HTTP.MaxWait, Stopping: stopping.Done(),
+		WindowSources: b.sources, OutboxRetention: outboxRetention(b.policy),
 		Channel: payment.NewClient(channelURL, &http.Client{Transport: &http.Transport{
 			MaxIdleConnsPerHost: cfg.Payment.ChannelMaxInFlight, IdleConnTimeout: 90 * time.Second}}),
 		Money: cfg.Payment.Money(),
 	})
-	workCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	m.stop = stop
-	cleaner := &idempotency.Cleaner{DB: db, Store: records, Inbox: inbox, Batch: cfg.Cleanup.Batch, Pause: cfg.Cleanup.Pause,
+	return records, inbox
+}
+
+// startWorkers starts the background loops: the waiter, the sweeper that
+// finishes intents whose owner stopped, and the cleanups of expired
+// records and published events.
+func (m *Main) startWorkers(ctx context.Context, records *idempotency.Store, inbox *idempotency.Inbox, policy idempotency.Policy) {
+	cfg := m.Config
+	cleaner := &idempotency.Cleaner{DB: m.DB, Store: records, Inbox: inbox, Batch: cfg.Cleanup.Batch, Pause: cfg.Cleanup.Pause,
 		Logger: m.Logger, Observe: func(r idempotency.CleanupResult) { m.Metrics.Cleaned(r.Deleted, r.Archived) }}
-	outbox := &order.Outbox{DB: db}
-	m.Metrics.WatchOutbox(outbox.Lag)
-	if pool, err := db.DB(); err == nil {
-		m.Metrics.WatchDB(pool)
-	}
-	relay := &messaging.Relay{Outbox: outbox, Batch: cfg.Outbox.Batch, Interval: cfg.Outbox.Interval,
-		Observe: m.Metrics, Logger: m.Logger}
-	outboxCleaner := &messaging.OutboxCleaner{Outbox: outbox, Retention: outboxRetention(policy), Batch: cfg.Cleanup.Batch, Logger: m.Logger}
+	outboxCleaner := &messaging.OutboxCleaner{Outbox: &order.Outbox{DB: m.DB}, Retention: outboxRetention(policy),
+		Batch: cfg.Cleanup.Batch, Logger: m.Logger}
+	workCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	var workers sync.WaitGroup
+	m.stops.at(stopWorkers, func(ctx context.Context) error {
+		stop()
+		if !waitFor(ctx, &workers) {
+			m.Logger.Warn("background work did not stop by the shutdown deadline; its intents are left to leases and the sweeper")
+		}
+		return nil
+	})
 	for _, run := range []func(context.Context){
-		waiter.Run,
+		m.Waiter.Run,
 		func(ctx context.Context) {
 			m.Orders.RunSweeper(ctx, cfg.Recovery.SweepInterval, cfg.Recovery.SweepBatch)
 		},
 		func(ctx context.Context) { cleaner.Run(ctx, cfg.Cleanup.Interval) },
 		func(ctx context.Context) { outboxCleaner.Run(ctx, cfg.Cleanup.Interval) },
 	} {
-		m.workers.Add(1)
-		go func() {
-			defer m.workers.Done()
-			run(workCtx)
-		}()
+		workers.Go(func() { run(workCtx) })
 	}
+}
+
+// openDoor opens the broker door on the connection connectBroker made:
+// the command consumer and the outbox relay, and a new connection when the
+// broker closes one for good.
+func (m *Main) openDoor(ctx context.Context, b connectedBroker) error {
+	cfg := m.Config
+	outbox := &order.Outbox{DB: m.DB}
+	m.Metrics.WatchOutbox(outbox.Lag)
+	relay := &messaging.Relay{Outbox: outbox, Batch: cfg.Outbox.Batch, Interval: cfg.Outbox.Interval,
+		Observe: m.Metrics, Logger: m.Logger}
 	consumer := &messaging.Consumer{Orders: m.Orders, Tenants: cfg.APIKeys,
 		MaxDeliver: cfg.Commands.MaxDeliver, AckWait: cfg.Commands.AckWait, Workers: cfg.Commands.Workers,
 		Backoff: messaging.Backoff{Base: cfg.Commands.Backoff, Max: cfg.Commands.BackoffMax},
-		Horizon: messaging.Horizon(policy), Observe: m.Metrics, Logger: m.Logger,
-		MaxAge: policy.Window("message_redelivery")} // ORDER_COMMANDS's max_age (brokerPolicy)
-	m.Door = &messaging.Door{Dial: dial, Consumer: consumer, Relay: relay, Logger: m.Logger,
+		Horizon: messaging.Horizon(b.policy), Observe: m.Metrics, Logger: m.Logger,
+		MaxAge: b.policy.Window("message_redelivery")} // ORDER_COMMANDS's max_age (brokerPolicy)
+	m.Door = &messaging.Door{Dial: b.dial, Consumer: consumer, Relay: relay, Logger: m.Logger,
 		Prepare: func(ctx context.Context, js jetstream.JetStream) error {
 			_, _, err := brokerPolicy(ctx, cfg, js, m.Logger)
 			return err
 		},
 		Retry: messaging.Backoff{Base: 500 * time.Millisecond, Max: 10 * time.Second}, Reopened: m.Metrics.BrokerDoorReopened}
-	if err := m.Door.Open(ctx, nc); err != nil {
+	m.stops.at(stopDoors, m.Door.StopCommands)
+	m.stops.at(release, m.Door.Close)
+	if err := m.Door.Open(ctx, b.conn); err != nil {
 		return err
 	}
 	m.Metrics.WatchBroker(m.Door.Ready)
 	m.Metrics.WatchDLQ(func(ctx context.Context) (uint64, error) { return (&messaging.DLQ{JS: m.Door.JS()}).Depth(ctx) })
+	return nil
+}
 
-	api := &httpapi.Server{Orders: m.Orders, Ready: ready(db, m.Door.Ready), Logger: m.Logger,
+// openAPI hands the starting gate the order API: from now on it serves
+// every request, and /readyz answers for the database and the broker door.
+func (m *Main) openAPI(gate *startingGate) {
+	cfg := m.Config
+	api := &httpapi.Server{Orders: m.Orders, Ready: ready(m.DB, m.Door.Ready), Logger: m.Logger,
 		Tenants: httpapi.NewTenants(cfg.APIKeys), Metrics: m.Metrics,
 		Admission: cfg.Admission(), Quotas: httpapi.NewQuotas(cfg.Limits()), BodyTimeout: cfg.HTTP.BodyTimeout,
 		CORSOrigins: cfg.HTTP.CORSAllowedOrigins, WebhookSecrets: cfg.Payment.WebhookSecrets}
@@ -343,51 +439,40 @@ func (m *Main) start(ctx context.Context) error {
 	}
 	m.Metrics.WatchTenants(cfg.tenantNames(), refusalReasons())
 	gate.open(api.HTTPHandler())
-
-	m.Logger.Info("orderservice ready on "+m.publicURL(), "addr", m.Addr, "schema_version", version,
-		"payment_channel", channelURL, "nats", redactURL(m.NATSURL), "lease", cfg.Recovery.Lease.String(), "retention", policy.Describe(cfg.Recovery.Lease),
-		"message_redelivery_source", sources["message_redelivery"], "outbox_retention", outboxRetention(policy).String())
-	return nil
 }
 
-// startChannel starts the embedded mock channel, once the service's
-// database is there (its own is on the same server by default), and
-// returns its URL. The channel's ledger is its own database, so a restart
-// of the service forgets no charge, as a real acquirer would not. It
-// delivers its webhooks to this service (the gate answers 503 until the
-// service is ready, and the channel delivers again).
-func (m *Main) startChannel(ctx context.Context, deadline time.Time, lifetime context.Context) (string, error) {
-	cfg := m.Config
-	err := m.awaitDatabase(ctx, deadline, "CHANNEL_DATABASE_URL", cfg.Channel.DatabaseURL, func() (err error) {
-		m.Channel, err = mockchannel.Open(ctx, cfg.Channel.DatabaseURL, cfg.Channel.Options(cfg.Payment,
-			m.URL()+"/webhooks/payment-channel", m.Logger.With("component", "paymentchannel")))
-		return err
-	})
-	if err != nil {
-		return "", err
-	}
-	ln, err := listen("CHANNEL_ADDR", cfg.Channel.Addr, " (or PAYMENT_CHANNEL_URL to a channel running elsewhere)")
-	if err != nil {
-		return "", err
-	}
-	m.ChannelAddr = ln.Addr().String()
-	m.serve(ln, m.Channel.Handler(), lifetime)
-	return "http://" + m.ChannelAddr, nil
-}
-
-// serve serves h on ln, each request's context a child of lifetime.
-func (m *Main) serve(ln net.Listener, h http.Handler, lifetime context.Context) {
+// serve serves h on ln, each request's context a child of the lifetime;
+// the server shuts down at stage s.
+func (m *Main) serve(ln net.Listener, h http.Handler, s stage) {
 	cfg := m.Config.HTTP
 	srv := &http.Server{Handler: m.requests.track(h), ReadHeaderTimeout: cfg.ReadHeaderTimeout, WriteTimeout: cfg.WriteTimeout,
 		IdleTimeout: cfg.IdleTimeout,
 		ErrorLog:    slog.NewLogLogger(m.Logger.Handler(), slog.LevelWarn),
-		BaseContext: func(net.Listener) context.Context { return lifetime }}
-	m.servers = append(m.servers, srv)
+		BaseContext: func(net.Listener) context.Context { return m.lifetime }}
+	m.stops.at(s, func(ctx context.Context) error {
+		if err := srv.Shutdown(ctx); err != nil {
+			_ = srv.Close()
+			return fmt.Errorf("shutdown within SHUTDOWN_TIMEOUT %s: %w", m.Config.ShutdownTimeout, err)
+		}
+		return nil
+	})
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			m.Logger.Error("server stopped", "addr", ln.Addr().String(), "err", err)
 		}
 	}()
+}
+
+// endRequests cancels the work still in flight and lets the handlers still
+// running return: a server closed at the deadline leaves its handlers
+// running, and they must return before what they use (the channel's
+// ledger, the pool) is closed.
+func (m *Main) endRequests(ctx context.Context) error {
+	m.kill()
+	if !waitFor(ctx, m.requests.close()) {
+		m.Logger.Warn("requests still being served after the shutdown deadline")
+	}
+	return nil
 }
 
 // URL is the base URL of the order API.
@@ -405,13 +490,13 @@ func (m *Main) publicURL() string {
 
 // Close stops accepting requests and commands, lets in-flight ones finish,
 // stops the background workers and closes the NATS connection, the embedded
-// NATS server and the pool, all within SHUTDOWN_TIMEOUT. When the deadline
-// passes, work still in flight (a request, a channel call, a reply being
-// stored, a sweep) is cancelled: its intent stays unfinished and a lease
-// and the sweeper of a running instance take it over. Nothing is closed under a
-// request still being served. The order API and the command consumer stop
-// first, the embedded channel last, so a payment in flight can still reach
-// it.
+// NATS server and the pool, all within SHUTDOWN_TIMEOUT, in the stages of
+// a shutdown (shutdown.go). When the deadline passes, work still in flight
+// (a request, a channel call, a reply being stored, a sweep) is cancelled:
+// its intent stays unfinished and a lease and the sweeper of a running
+// instance take it over. Nothing is closed under a request still being
+// served. The order API and the command consumer stop first, the embedded
+// channel last, so a payment in flight can still reach it.
 func (m *Main) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), m.Config.ShutdownTimeout)
 	defer cancel()
@@ -419,104 +504,5 @@ func (m *Main) Close() error {
 		stop := context.AfterFunc(ctx, m.kill)
 		defer stop()
 	}
-	if m.stopping != nil {
-		m.stopping()
-	}
-	var errs []error
-	if m.Door != nil {
-		errs = append(errs, m.Door.StopCommands(ctx))
-	}
-	for i, srv := range m.servers { // the API first, the embedded channel last
-		if err := srv.Shutdown(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("shutdown within SHUTDOWN_TIMEOUT %s: %w", m.Config.ShutdownTimeout, err))
-			_ = srv.Close()
-		}
-		if i == 0 && m.stop != nil { // the API is drained: stop the sweeper next
-			m.stop()
-			m.waitWorkers(ctx)
-		}
-	}
-	if m.kill != nil {
-		m.kill()
-	}
-	// A server closed at the deadline leaves its handlers running: let
-	// them return (their contexts are cancelled) before closing what they
-	// use, the channel's ledger and the pool.
-	if !waitFor(ctx, m.requests.close()) {
-		m.Logger.Warn("requests still being served after the shutdown deadline")
-	}
-	if m.Channel != nil {
-		errs = append(errs, m.Channel.Close())
-	}
-	if m.Door != nil {
-		errs = append(errs, m.Door.Close(ctx))
-	}
-	if m.Embedded != nil {
-		m.Embedded.Close()
-	}
-	if m.DB != nil {
-		errs = append(errs, database.Close(m.DB))
-	}
-	return errors.Join(errs...)
-}
-
-// waitWorkers waits for the background workers to return, or for ctx's
-// deadline plus a moment for cancelled work to notice it.
-func (m *Main) waitWorkers(ctx context.Context) {
-	if !waitFor(ctx, &m.workers) {
-		m.Logger.Warn("background work did not stop by the shutdown deadline; its intents are left to leases and the sweeper")
-	}
-}
-
-// waitFor waits for wg, or for ctx's deadline plus a moment for cancelled
-// work to notice it; false when that moment passed first.
-func waitFor(ctx context.Context, wg *sync.WaitGroup) bool {
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	select {
-	case <-done:
-		return true
-	case <-ctx.Done():
-		select {
-		case <-done:
-			return true
-		case <-time.After(time.Second):
-			return false
-		}
-	}
-}
-
-// requests counts the requests being served, so that Close can let them
-// return before it closes what they use.
-type requests struct {
-	mu     sync.Mutex
-	wg     sync.WaitGroup
-	closed bool
-}
-
-// track serves h counted. A request that arrives after close (on a
-// connection accepted just before its server closed) is refused 503, as
-// while the service starts.
-func (rs *requests) track(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rs.mu.Lock()
-		if rs.closed {
-			rs.mu.Unlock()
-			unavailable(w, "The service is stopping and did not start this request; nothing was recorded. Retry with the same Idempotency-Key.")
-			return
-		}
-		rs.wg.Add(1)
-		rs.mu.Unlock()
-		defer rs.wg.Done()
-		h.ServeHTTP(w, r)
-	})
-}
-
-// close refuses the requests still to come and returns what to wait on for
-// those being served.
-func (rs *requests) close() *sync.WaitGroup {
-	rs.mu.Lock()
-	defer rs.mu.Unlock()
-	rs.closed = true
-	return &rs.wg
+	return m.stops.run(ctx)
 }

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,7 +20,6 @@ import (
 	"github.com/orderservice/orderservice/internal/messaging"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/payment/mockchannel"
-	"github.com/orderservice/orderservice/internal/webhook"
 )
 
 // Config is every setting of the service, read once from the environment
@@ -416,125 +414,6 @@ func withDatabase(dbURL, name string) string {
 		}
 	}
 	return scheme + "://" + authority + "/" + name + query
-}
-
-func (c Config) validate() error {
-	// pgx's parser, not url.Parse: it knows libpq's multi-host form
-	// (postgres://u@h1:5432,h2:5432/db?target_session_attrs=read-write).
-	if !strings.HasPrefix(c.Database.URL, "postgres://") && !strings.HasPrefix(c.Database.URL, "postgresql://") {
-		return fmt.Errorf("DATABASE_URL must be a postgres:// URL")
-	}
-	if err := database.CheckURL(c.Database.URL); err != nil {
-		return fmt.Errorf("DATABASE_URL is not a valid postgres:// URL (one or more host:port, comma separated): %s", oneLine(err))
-	}
-	if err := database.CheckURL(c.Channel.DatabaseURL); err != nil || !strings.HasPrefix(c.Channel.DatabaseURL, "postgres") {
-		return fmt.Errorf("CHANNEL_DATABASE_URL must be a postgres:// URL")
-	}
-	if len(c.APIKeys) == 0 {
-		return fmt.Errorf("API_KEYS must name at least one tenant=key pair")
-	}
-	seen := map[string]string{}
-	for tenant, key := range c.APIKeys {
-		if tenant == "" || len(key) < 8 {
-			return fmt.Errorf("API_KEYS: tenant %q needs a name and a key of at least 8 characters", tenant)
-		}
-		if other, dup := seen[key]; dup {
-			return fmt.Errorf("API_KEYS: tenants %q and %q share a key", other, tenant)
-		}
-		seen[key] = tenant
-	}
-	if c.Payment.ChannelURL != "" {
-		if u, err := url.Parse(c.Payment.ChannelURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("PAYMENT_CHANNEL_URL must be an http(s) URL")
-		}
-	}
-	if _, err := c.slogLevel(); err != nil {
-		return err
-	}
-	for name, d := range map[string]time.Duration{
-		"DB_STATEMENT_TIMEOUT": c.Database.StatementTimeout, "DB_LOCK_TIMEOUT": c.Database.LockTimeout,
-		"DB_CONN_MAX_LIFETIME": c.Database.ConnMaxLifetime, "DB_START_TIMEOUT": c.Database.StartTimeout,
-		"IDEMPOTENCY_LEASE": c.Recovery.Lease, "PAYMENT_CHANNEL_TIMEOUT": c.Payment.ChannelTimeout, "PAYMENT_RETRY_AFTER": c.Payment.RetryAfter,
-		"PAYMENT_CHANNEL_KEY_WINDOW": c.Payment.ChannelKeyWindow, "PAYMENT_PENDING_CHECK_EVERY": c.Payment.PendingCheckEvery,
-		"PAYMENT_ASYNC_DELAY": c.Channel.AsyncDelay, "CHANNEL_WEBHOOK_RETRY_WINDOW": c.Channel.WebhookRetryWindow,
-		"SWEEP_INTERVAL": c.Recovery.SweepInterval, "SHUTDOWN_TIMEOUT": c.ShutdownTimeout, "CLEANUP_INTERVAL": c.Cleanup.Interval,
-		"COMMAND_ACK_WAIT": c.Commands.AckWait, "COMMAND_BACKOFF": c.Commands.Backoff, "COMMAND_BACKOFF_MAX": c.Commands.BackoffMax,
-		"OUTBOX_INTERVAL": c.Outbox.Interval,
-	} {
-		if d <= 0 {
-			return fmt.Errorf("%s must be a positive duration", name)
-		}
-	}
-	if c.Database.MaxConns < 1 || c.Payment.ChannelMaxInFlight < 1 || c.Recovery.SweepBatch < 1 || c.Cleanup.Batch < 1 {
-		return fmt.Errorf("DB_MAX_CONNS, PAYMENT_CHANNEL_MAX_IN_FLIGHT, SWEEP_BATCH and CLEANUP_BATCH must be at least 1")
-	}
-	if c.HTTP.MaxWait < 0 || c.HTTP.MaxWait >= c.ShutdownTimeout+time.Minute {
-		return fmt.Errorf("MAX_WAIT must be between 0 and a minute beyond SHUTDOWN_TIMEOUT, not %s", c.HTTP.MaxWait)
-	}
-	if c.Commands.MaxDeliver < 1 || c.Commands.Workers < 1 || c.Outbox.Batch < 1 {
-		return fmt.Errorf("COMMAND_MAX_DELIVER, COMMAND_WORKERS and OUTBOX_BATCH must be at least 1")
-	}
-	if c.Commands.BackoffMax < c.Commands.Backoff {
-		return fmt.Errorf("COMMAND_BACKOFF_MAX (%s) must not be shorter than COMMAND_BACKOFF (%s)", c.Commands.BackoffMax, c.Commands.Backoff)
-	}
-	if c.Commands.AckWait < time.Second {
-		return fmt.Errorf("COMMAND_ACK_WAIT must be at least 1s")
-	}
-	for _, server := range strings.Split(c.NATS.URL, ",") {
-		if u, err := url.Parse(server); c.NATS.URL != "" && (err != nil || (u.Scheme != "nats" && u.Scheme != "tls") || u.Host == "") {
-			return fmt.Errorf("NATS_URL must be nats:// or tls:// URLs, comma-separated (or empty for the embedded server)")
-		}
-	}
-	if err := c.streamWindows().Check(); err != nil {
-		return err
-	}
-	for tenant := range c.APIKeys {
-		if err := messaging.CheckTenant(tenant); err != nil {
-			return fmt.Errorf("API_KEYS: %w", err)
-		}
-	}
-	for _, o := range c.HTTP.CORSAllowedOrigins {
-		if err := httpapi.CheckOrigin(o); err != nil {
-			return fmt.Errorf("CORS_ALLOWED_ORIGINS: %w", err)
-		}
-	}
-	if c.Cleanup.Pause < 0 {
-		return fmt.Errorf("CLEANUP_PAUSE must not be negative")
-	}
-	if c.HTTP.MaxInFlight < 0 || c.HTTP.MaxQueue < 0 || c.HTTP.QueueTimeout <= 0 {
-		return fmt.Errorf("HTTP_MAX_IN_FLIGHT and HTTP_MAX_QUEUE must not be negative, HTTP_QUEUE_TIMEOUT must be positive")
-	}
-	if err := c.checkServerTimeouts(); err != nil {
-		return err
-	}
-	if err := c.checkTenantLimits(); err != nil {
-		return err
-	}
-	// A duplicate waiting on the first request's lock must give up (409)
-	// before its statement is cancelled (which would read as an outage, 503).
-	if c.Database.LockTimeout >= c.Database.StatementTimeout {
-		return fmt.Errorf("DB_LOCK_TIMEOUT (%s) must be shorter than DB_STATEMENT_TIMEOUT (%s)", c.Database.LockTimeout, c.Database.StatementTimeout)
-	}
-	// An owner must be able to finish a channel call within its lease, or
-	// a takeover would race a call that is still running.
-	if c.Recovery.Lease < c.Payment.ChannelTimeout+time.Second {
-		return fmt.Errorf("IDEMPOTENCY_LEASE (%s) must exceed PAYMENT_CHANNEL_TIMEOUT (%s) by at least 1s", c.Recovery.Lease, c.Payment.ChannelTimeout)
-	}
-	// The inbox must remember a delivery for as long as the channel may
-	// send it again, or a late redelivery would be applied as a first one.
-	if c.Retention.Windows.Webhook < c.Channel.WebhookRetryWindow {
-		return fmt.Errorf("REPLAY_WINDOW_WEBHOOK (%s) is unsafe: the payment channel retries a webhook for CHANNEL_WEBHOOK_RETRY_WINDOW (%s), so its deliveries must be remembered at least that long",
-			c.Retention.Windows.Webhook, c.Channel.WebhookRetryWindow)
-	}
-	if len(c.Payment.WebhookSecrets) == 0 {
-		return fmt.Errorf("PAYMENT_WEBHOOK_SECRET must name at least one secret")
-	}
-	for _, secret := range c.Payment.WebhookSecrets {
-		if _, err := webhook.ParseSecret(secret); err != nil {
-			return fmt.Errorf("PAYMENT_WEBHOOK_SECRET: %w", err)
-		}
-	}
-	return c.Policy().Check()
 }
 
 // streamWindows are the settings of the streams the service creates.

@@ -19,34 +19,10 @@ import (
 // commands unchanged to their subjects; the idempotency records absorb
 // whatever in fact already ran.
 func dlq(ctx context.Context, cfg Config, args []string, stdout io.Writer) error {
-	usage := fmt.Errorf("usage: orderservice dlq list | orderservice dlq replay SEQ... | orderservice dlq replay --all")
-	if len(args) == 0 {
-		return usage
+	list, seqs, err := dlqArgs(args)
+	if err != nil {
+		return err
 	}
-	var seqs []uint64
-	switch args[0] {
-	case "list":
-		if len(args) != 1 {
-			return usage
-		}
-	case "replay":
-		if len(args) == 2 && args[1] == "--all" {
-			break
-		}
-		if len(args) < 2 {
-			return usage
-		}
-		for _, a := range args[1:] {
-			seq, err := strconv.ParseUint(a, 10, 64)
-			if err != nil || seq == 0 {
-				return fmt.Errorf("dlq replay: %q is not a sequence number from `orderservice dlq list`", a)
-			}
-			seqs = append(seqs, seq)
-		}
-	default:
-		return usage
-	}
-
 	_, nc, _, err := connectNATS(cfg, false)
 	if err != nil {
 		return err
@@ -56,33 +32,64 @@ func dlq(ctx context.Context, cfg Config, args []string, stdout io.Writer) error
 	if err != nil {
 		return err
 	}
-	q := &messaging.DLQ{JS: js}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-
-	if args[0] == "list" {
-		letters, err := q.List(ctx)
-		if err != nil {
-			return err
-		}
-		w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "SEQ\tDEAD-LETTERED\tSUBJECT\tIDEMPOTENCY-KEY\tDELIVERIES\tREASON")
-		for _, d := range letters {
-			key := d.Key()
-			if key == "" {
-				key = "(none)"
-			}
-			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\n", d.Sequence, d.Time.UTC().Format(time.RFC3339), d.Subject,
-				key, d.Header.Get(messaging.HeaderDLDeliveries), d.Reason())
-		}
-		fmt.Fprintf(w, "%d dead-lettered commands\n", len(letters))
-		return w.Flush()
+	if list {
+		return dlqList(ctx, js, stdout)
 	}
+	return dlqReplay(ctx, cfg, js, seqs, stdout)
+}
+
+// dlqArgs reads dlq's arguments: list, or the sequence numbers to replay
+// (none for --all).
+func dlqArgs(args []string) (list bool, seqs []uint64, err error) {
+	usage := fmt.Errorf("usage: orderservice dlq list | orderservice dlq replay SEQ... | orderservice dlq replay --all")
+	switch {
+	case len(args) == 1 && args[0] == "list":
+		return true, nil, nil
+	case len(args) == 2 && args[0] == "replay" && args[1] == "--all":
+		return false, nil, nil
+	case len(args) < 2 || args[0] != "replay":
+		return false, nil, usage
+	}
+	for _, a := range args[1:] {
+		seq, err := strconv.ParseUint(a, 10, 64)
+		if err != nil || seq == 0 {
+			return false, nil, fmt.Errorf("dlq replay: %q is not a sequence number from `orderservice dlq list`", a)
+		}
+		seqs = append(seqs, seq)
+	}
+	return false, seqs, nil
+}
+
+// dlqList is `orderservice dlq list`: a line per dead letter.
+func dlqList(ctx context.Context, js jetstream.JetStream, stdout io.Writer) error {
+	letters, err := (&messaging.DLQ{JS: js}).List(ctx)
+	if err != nil {
+		return err
+	}
+	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "SEQ\tDEAD-LETTERED\tSUBJECT\tIDEMPOTENCY-KEY\tDELIVERIES\tREASON")
+	for _, d := range letters {
+		key := d.Key()
+		if key == "" {
+			key = "(none)"
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\n", d.Sequence, d.Time.UTC().Format(time.RFC3339), d.Subject,
+			key, d.Header.Get(messaging.HeaderDLDeliveries), d.Reason())
+	}
+	fmt.Fprintf(w, "%d dead-lettered commands\n", len(letters))
+	return w.Flush()
+}
+
+// dlqReplay is `orderservice dlq replay`: a line per dead letter said
+// replayed, kept (and why) or not found, then the sums.
+func dlqReplay(ctx context.Context, cfg Config, js jetstream.JetStream, seqs []uint64, stdout io.Writer) error {
 	horizon, err := replayHorizon(ctx, cfg, js)
 	if err != nil {
 		return err
 	}
-	done, err := q.Replay(ctx, horizon, seqs...)
+	done, err := (&messaging.DLQ{JS: js}).Replay(ctx, horizon, seqs...)
 	if err != nil {
 		return err
 	}

@@ -46,14 +46,19 @@ func freeAddress(setting, elsewhere string) string {
 	return "check that no other process listens there (a service already started?), or set " + setting + " to a free address" + elsewhere
 }
 
-// openDatabase opens the pool and applies the migrations (awaitDatabase).
+// openDatabase opens the pool and applies the migrations (awaitDatabase);
+// the pool is closed last.
 func (m *Main) openDatabase(ctx context.Context, deadline time.Time) (uint, error) {
 	var version uint
 	err := m.awaitDatabase(ctx, deadline, "DATABASE_URL", m.Config.Database.URL, func() (err error) {
 		version, err = m.tryOpenDatabase(ctx)
 		return err
 	})
-	return version, err
+	if err != nil {
+		return 0, err
+	}
+	m.stops.at(release, func(context.Context) error { return database.Close(m.DB) })
+	return version, nil
 }
 
 // awaitDatabase runs open, the opening of the database at url (the value

@@ -19,10 +19,14 @@ func (s *Server) routes(e *echo.Echo) {
 	v1.GET("/orders", s.listOrders)
 	v1.GET("/orders/:id", s.getOrder)
 	v1.GET("/orders/:id/events", s.orderEvents)
-	v1.POST("/orders/:id/pay", idempotentOn(s, order.OpPay, s.Orders.Pay))
-	v1.POST("/orders/:id/cancel", idempotentOn(s, order.OpCancel, s.Orders.Cancel))
-	v1.POST("/orders/:id/ship", idempotentOn(s, order.OpShip, s.Orders.Ship))
-	v1.POST("/orders/:id/deliver", idempotentOn(s, order.OpDeliver, s.Orders.Deliver))
+	v1.POST(onOrder(order.OpPay), idempotentOn(s, order.OpPay, s.Orders.Pay))             // /orders/:id/pay
+	v1.POST(onOrder(order.OpCancel), idempotentOn(s, order.OpCancel, s.Orders.Cancel))    // /orders/:id/cancel
+	v1.POST(onOrder(order.OpShip), idempotentOn(s, order.OpShip, s.Orders.Ship))          // /orders/:id/ship
+	v1.POST(onOrder(order.OpDeliver), idempotentOn(s, order.OpDeliver, s.Orders.Deliver)) // /orders/:id/deliver
 	v1.GET("/idempotency-records", s.idempotencyRecords)
 	v1.GET("/idempotency-policy", s.idempotencyPolicy)
 }
+
+// onOrder is the path of an operation on an order: the order's, then the
+// operation's verb.
+func onOrder(operation string) string { return "/orders/:id/" + order.Verb(operation) }

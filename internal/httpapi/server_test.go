@@ -201,3 +201,23 @@ func TestTheIdempotencyViews(t *testing.T) {
 		t.Errorf("policy = %d %s", r.StatusCode, body)
 	}
 }
+
+// Every order operation is posted to the path its verb names, under the
+// order it acts on: the route reaches its use case (here one the fake does
+// not expect, hence 500), where an unknown path would be 404.
+func TestEveryOperationHasItsRoute(t *testing.T) {
+	srv := serve(t, &fakeOrders{}, nil)
+	for _, op := range order.Operations {
+		path := "/v1/orders"
+		if order.OnOrder(op) {
+			path += "/0b7c4a36-0f4b-4c1e-9a55-7d2f8e0c1a2b/" + order.Verb(op)
+		}
+		r, body := call(t, srv, http.MethodPost, path, "k-"+op, nil, `{}`)
+		if r.StatusCode != http.StatusInternalServerError {
+			t.Errorf("POST %s (%s) = %d %s, want the use case's 500", path, op, r.StatusCode, body)
+		}
+	}
+	if r, _ := call(t, srv, http.MethodPost, "/v1/orders/0b7c4a36-0f4b-4c1e-9a55-7d2f8e0c1a2b/refund", "k", nil, `{}`); r.StatusCode != http.StatusNotFound {
+		t.Errorf("POST …/refund = %d, want 404: no operation has that verb", r.StatusCode)
+	}
+}

@@ -32,51 +32,44 @@ type Orders interface {
 	IntentState(ctx context.Context, c order.Caller, operation string) (idempotency.State, error)
 }
 
-// useCase runs one operation's use case on a decoded body.
-type useCase struct {
-	onOrder bool
-	run     func(ctx context.Context, s Orders, c order.Caller, orderID string, body []byte) (idempotency.Result, error)
-}
-
-// useCases maps a subject's <op> to its use case, as routes.go maps paths.
-var useCases = map[string]useCase{
-	"create": {false, decoded(func(s Orders) func(context.Context, order.Caller, string, order.CreateRequest) (idempotency.Result, error) {
-		return func(ctx context.Context, c order.Caller, _ string, r order.CreateRequest) (idempotency.Result, error) {
-			return s.Create(ctx, c, r)
-		}
-	})},
-	"pay": {true, decoded(func(s Orders) func(context.Context, order.Caller, string, order.PayRequest) (idempotency.Result, error) {
-		return s.Pay
-	})},
-	"cancel": {true, decoded(func(s Orders) func(context.Context, order.Caller, string, order.CancelRequest) (idempotency.Result, error) {
-		return s.Cancel
-	})},
-	"ship": {true, decoded(func(s Orders) func(context.Context, order.Caller, string, order.ShipRequest) (idempotency.Result, error) {
-		return s.Ship
-	})},
-	"deliver": {true, decoded(func(s Orders) func(context.Context, order.Caller, string, order.DeliverRequest) (idempotency.Result, error) {
-		return s.Deliver
-	})},
-}
-
-// decoded adapts a use case to a raw body, read with the decoder HTTP uses.
-func decoded[Req any](pick func(Orders) func(context.Context, order.Caller, string, Req) (idempotency.Result, error)) func(context.Context, Orders, order.Caller, string, []byte) (idempotency.Result, error) {
-	return func(ctx context.Context, s Orders, c order.Caller, orderID string, body []byte) (idempotency.Result, error) {
-		var req Req
-		if err := decode.JSON(body, &req); err != nil {
-			return idempotency.Result{}, err
-		}
-		return pick(s)(ctx, c, orderID, req)
+// runUseCase reads cmd's body with the decoder HTTP uses and runs its
+// operation's use case on it: to a command what routes.go is to a request.
+func runUseCase(ctx context.Context, s Orders, c order.Caller, cmd command) (idempotency.Result, error) {
+	switch cmd.operation {
+	case order.OpCreate:
+		return withBody(cmd.body, func(r order.CreateRequest) (idempotency.Result, error) { return s.Create(ctx, c, r) })
+	case order.OpPay:
+		return withBody(cmd.body, func(r order.PayRequest) (idempotency.Result, error) { return s.Pay(ctx, c, cmd.orderID, r) })
+	case order.OpCancel:
+		return withBody(cmd.body, func(r order.CancelRequest) (idempotency.Result, error) { return s.Cancel(ctx, c, cmd.orderID, r) })
+	case order.OpShip:
+		return withBody(cmd.body, func(r order.ShipRequest) (idempotency.Result, error) { return s.Ship(ctx, c, cmd.orderID, r) })
+	case order.OpDeliver:
+		return withBody(cmd.body, func(r order.DeliverRequest) (idempotency.Result, error) { return s.Deliver(ctx, c, cmd.orderID, r) })
 	}
+	// parseSubject admits only order.Operations, each of which has its case.
+	return idempotency.Result{}, fmt.Errorf("messaging: no use case runs %q", cmd.operation)
+}
+
+// withBody decodes body into a request, as HTTP decodes a request's body,
+// and runs the use case on it. A body that is not a valid request is the
+// decoder's 400, a definitive answer, as over HTTP.
+func withBody[Req any](body []byte, useCase func(Req) (idempotency.Result, error)) (idempotency.Result, error) {
+	var req Req
+	if err := decode.JSON(body, &req); err != nil {
+		return idempotency.Result{}, err
+	}
+	return useCase(req)
 }
 
 // command is a message read far enough to run: who, what, which intent.
 // tenant and op are set only once the subject named a known tenant and a
 // known operation: every subject published for the command is built from
-// them (ResultSubject, dlqSubject), never from the subject as it came.
+// them (ResultSubject, dlqSubject), never from the subject as it came. op
+// is the subject's last token, operation the order operation it names.
 type command struct {
-	tenant, op, key, orderID string
-	body                     []byte
+	tenant, op, operation, key, orderID string
+	body                                []byte
 }
 
 // opLabel is the op for metrics: one of Ops, or "unknown".
@@ -163,6 +156,7 @@ func parseCommand(subject string, header nats.Header, data []byte, tenants map[s
 	if refusal != nil {
 		return cmd, refusal
 	}
+	cmd.operation, _ = order.OperationNamed(op)
 	key, err := idempotency.ParseKeyHeader(headerValues(header, HeaderKey))
 	if err != nil {
 		return cmd, answer.Problem(err)
@@ -181,7 +175,7 @@ func parseCommand(subject string, header nats.Header, data []byte, tenants map[s
 		}
 		return cmd, answer.Problem(decode.InvalidBody("body", "is not valid JSON"))
 	}
-	if useCases[cmd.op].onOrder {
+	if order.OnOrder(cmd.operation) {
 		id, rest, err := splitOrderID(data)
 		if err != nil {
 			return cmd, answer.Problem(err)

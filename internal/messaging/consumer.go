@@ -176,7 +176,7 @@ func (c *Consumer) serve(ctx context.Context, d delivery, cmd command, received 
 		// in flight waits for its owner, or the sweeper once the lease
 		// lapses, without being run: a command that kills every instance
 		// that runs it is not run again. Any other may be such a command.
-		state, err := c.Orders.IntentState(ctx, caller, "order."+cmd.op)
+		state, err := c.Orders.IntentState(ctx, caller, cmd.operation)
 		if err != nil {
 			c.logger().Warn("messaging: could not read the record of an over-delivered command", "subject", d.subject(), "key", cmd.key, "err", err)
 			_ = d.msg.NakWithDelay(c.Backoff.Delay(d.count))
@@ -196,7 +196,7 @@ func (c *Consumer) serve(ctx context.Context, d delivery, cmd command, received 
 		}
 	}
 
-	res, err := useCases[cmd.op].run(ctx, c.Orders, caller, cmd.orderID, cmd.body)
+	res, err := runUseCase(ctx, c.Orders, caller, cmd)
 	// The answer is what HTTP sends for the same intent: the one renderer.
 	var resp answer.Response
 	if err == nil {

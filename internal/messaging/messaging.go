@@ -11,6 +11,8 @@
 // records must outlive that window, which CheckRetention enforces at start.
 package messaging
 
+import "github.com/orderservice/orderservice/internal/order"
+
 // The streams the service uses, and creates when they are missing.
 const (
 	// CommandsStream holds commands; its max_age is the message redelivery window.
@@ -75,8 +77,9 @@ const Malformed = "malformed"
 // is built from validated parts only.
 const DLQMalformed = DLQPrefix + Malformed
 
-// Ops lists the operations a command subject may name, as the last token.
-var Ops = []string{"create", "pay", "cancel", "ship", "deliver"}
+// Ops lists the operations a command subject may name, as the last token:
+// their verbs (order.Verb).
+var Ops = order.Verbs()
 
 // CommandSubject is the subject a tenant publishes op on.
 func CommandSubject(tenant, op string) string { return CommandPrefix + tenant + "." + op }

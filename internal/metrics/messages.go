@@ -5,11 +5,15 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/orderservice/orderservice/internal/order"
 )
 
 // messageOps are the op labels of the message metrics, exported at zero
-// from the start so a rate() has a series before the first command.
-var messageOps = []string{"create", "pay", "cancel", "ship", "deliver", "unknown"}
+// from the start so a rate() has a series before the first command: the
+// verb a command's subject names its operation by, or "unknown" for a
+// subject that named none.
+var messageOps = append(order.Verbs(), "unknown")
 
 // messages are the collectors of the message transport and the outbox.
 type messages struct {
@@ -125,19 +129,13 @@ func (m *Metrics) WatchOutbox(lag func(context.Context) (time.Duration, error)) 
 	if m == nil {
 		return
 	}
-	m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	m.readAtScrape(prometheus.GaugeOpts{
 		Name: "orderservice_outbox_lag_seconds",
 		Help: "Age of the oldest outbox event not yet published (0 when all are): commit-to-publish lag; a stuck relay makes it grow.",
-	}, func() float64 {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
+	}, "the outbox lag", func(ctx context.Context) (float64, error) {
 		d, err := lag(ctx)
-		if err != nil {
-			m.logger.Warn("metrics: could not read the outbox lag", "err", err)
-			return -1
-		}
-		return d.Seconds()
-	}))
+		return d.Seconds(), err
+	})
 }
 
 // WatchDLQ exports orderservice_dlq_depth, read at scrape time from depth:
@@ -148,18 +146,27 @@ func (m *Metrics) WatchDLQ(depth func(context.Context) (uint64, error)) {
 	if m == nil {
 		return
 	}
-	m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	m.readAtScrape(prometheus.GaugeOpts{
 		Name: "orderservice_dlq_depth",
 		Help: "Dead-lettered commands waiting in ORDER_COMMANDS_DLQ for an operator (read from the stream; -1 when the broker cannot be asked).",
-	}, func() float64 {
+	}, "the DLQ depth", func(ctx context.Context) (float64, error) {
+		n, err := depth(ctx)
+		return float64(n), err
+	})
+}
+
+// readAtScrape exports a gauge read by read at each scrape, within 2s:
+// -1, and a warning naming what, when it cannot be read.
+func (m *Metrics) readAtScrape(opts prometheus.GaugeOpts, what string, read func(context.Context) (float64, error)) {
+	m.registry.MustRegister(prometheus.NewGaugeFunc(opts, func() float64 {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		n, err := depth(ctx)
+		v, err := read(ctx)
 		if err != nil {
-			m.logger.Warn("metrics: could not read the DLQ depth", "err", err)
+			m.logger.Warn("metrics: could not read "+what, "err", err)
 			return -1
 		}
-		return float64(n)
+		return v
 	}))
 }
 

@@ -14,22 +14,6 @@ import (
 	"github.com/google/uuid"
 )
 
-// Operation names, the middle part of every idempotency scope.
-const (
-	OpCreate  = "order.create"
-	OpPay     = "order.pay"
-	OpCancel  = "order.cancel"
-	OpShip    = "order.ship"
-	OpDeliver = "order.deliver"
-)
-
-// Operations lists every idempotent order operation.
-var Operations = []string{OpCreate, OpPay, OpCancel, OpShip, OpDeliver}
-
-// MoneyOperations move money through the payment channel: their records are
-// archived before they are deleted. A cancel may refund.
-var MoneyOperations = []string{OpPay, OpCancel}
-
 // Order is one customer order. Amounts are integer minor units of Currency.
 type Order struct {
 	ID             uuid.UUID `gorm:"type:uuid;primaryKey"`

@@ -66,6 +66,20 @@ func ParseSecret(secret string) ([]byte, error) {
 	return key, nil
 }
 
+// CheckSecrets says why a list of secrets, as a setting holds them, cannot
+// be used: it names none, or one is not in the "whsec_" form.
+func CheckSecrets(secrets []string) error {
+	if len(secrets) == 0 {
+		return errors.New("must name at least one secret")
+	}
+	for _, secret := range secrets {
+		if _, err := ParseSecret(secret); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Sign returns the "v1,<base64>" signature of body sent as event id at
 // timestamp, whose header must read strconv.FormatInt(timestamp.Unix(), 10).
 func Sign(secret, id string, timestamp time.Time, body []byte) (string, error) {

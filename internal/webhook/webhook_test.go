@@ -241,3 +241,17 @@ func signAt(t *testing.T, unix int64) string {
 	h.Write([]byte(vectorID + "." + strconv.FormatInt(unix, 10) + "." + vectorBody))
 	return "v1," + base64.StdEncoding.EncodeToString(h.Sum(nil))
 }
+
+// A list of secrets is usable when it names at least one and each is in
+// the "whsec_" form: a rotation lists the new one beside the old.
+func TestCheckSecrets(t *testing.T) {
+	if err := webhook.CheckSecrets([]string{vectorSecret}); err != nil {
+		t.Errorf("one valid secret: %v", err)
+	}
+	if err := webhook.CheckSecrets(nil); err == nil {
+		t.Error("no secret at all was accepted")
+	}
+	if err := webhook.CheckSecrets([]string{vectorSecret, "secret"}); !errors.Is(err, webhook.ErrInvalidSecret) {
+		t.Errorf("a second secret not in the whsec_ form: %v, want ErrInvalidSecret", err)
+	}
+}

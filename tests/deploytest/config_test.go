@@ -51,12 +51,12 @@ func TestComposeEnvironmentIsWhatTheServiceReads(t *testing.T) {
 		read := envVariables(t, reflect.TypeFor[mockchannel.Config]())
 		for k := range env {
 			if !read[k] && !otelVariables[k] {
-				t.Errorf("paymentchannel sets %s, which neither channel.Config nor the OpenTelemetry SDK reads (channel.Config reads %v)", k, slices.Sorted(maps.Keys(read)))
+				t.Errorf("paymentchannel sets %s, which neither mockchannel.Config nor the OpenTelemetry SDK reads (mockchannel.Config reads %v)", k, slices.Sorted(maps.Keys(read)))
 			}
 		}
 		cfg, err := mockchannel.LoadConfig(env)
 		if err != nil {
-			t.Errorf("channel.LoadConfig rejects the compose environment: %v", err)
+			t.Errorf("mockchannel.LoadConfig rejects the compose environment: %v", err)
 		}
 		// The replicas resend a key only while the channel remembers it.
 		for _, name := range replicas {

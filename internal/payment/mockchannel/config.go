@@ -87,13 +87,8 @@ func (c Config) validate() error {
 	if c.KeyWindow <= 0 {
 		return fmt.Errorf("CHANNEL_KEY_WINDOW must be a positive duration such as 24h, not %s", c.KeyWindow)
 	}
-	if len(c.WebhookSecrets) == 0 {
-		return errors.New("PAYMENT_WEBHOOK_SECRET must name at least one secret")
-	}
-	for _, secret := range c.WebhookSecrets {
-		if _, err := webhook.ParseSecret(secret); err != nil {
-			return fmt.Errorf("PAYMENT_WEBHOOK_SECRET: %w", err)
-		}
+	if err := webhook.CheckSecrets(c.WebhookSecrets); err != nil {
+		return fmt.Errorf("PAYMENT_WEBHOOK_SECRET: %w", err)
 	}
 	return nil
 }

@@ -228,88 +228,16 @@ func (s *store) claimRefund(ctx context.Context, p *post, req payment.RefundRequ
 		}
 		return replayRefund(row, req)
 	}
-	charge, found, err := s.chargeByID(ctx, req.ChargeID)
+	charge, err := s.refundable(ctx, key, req)
 	if err != nil {
 		return none, err
 	}
-	if !found {
-		return none, fmt.Errorf("%w: no charge %q", errChargeNotFound, req.ChargeID)
-	}
-	if charge.PaymentMethod == payment.MethodUnavailableOnce {
-		if err := s.failOnce(ctx, opRefund, key); err != nil {
-			return none, err
-		}
-	}
+	status, settleIn := s.refundStatus(charge.PaymentMethod)
+	made, left, err := s.insertRefund(ctx, p, req, status, settleIn)
 	switch {
-	case charge.Status != payment.StatusSucceeded:
-		return none, fmt.Errorf("%w: charge %q was %s", errRefundInvalid, req.ChargeID, charge.Status)
-	case charge.PaymentMethod == payment.MethodRefundRefused:
-		if err := s.recordRefusal(ctx, key, req); err != nil {
-			return none, err
-		}
-		return none, fmt.Errorf("%w: charge %q was made with %s, whose refunds are always refused", errRefundRefused,
-			req.ChargeID, payment.MethodRefundRefused)
-	}
-
-	// A pending refund holds its amount until it settles; a failed one
-	// returns nothing and holds nothing.
-	status := payment.StatusSucceeded
-	var settleIn any // seconds until a pending refund settles; NULL for the others
-	switch charge.PaymentMethod {
-	case payment.MethodRefundPending:
-		status, settleIn = payment.StatusPending, s.asyncDelay.Seconds()
-	case payment.MethodRefundFailed:
-		status = payment.StatusFailed
-	}
-
-	var made []refundRow
-	var left int64
-	errExisting := errors.New("a refund under this key exists")
-	errExceeds := errors.New("the refund exceeds the charge")
-	err = database.Transact(ctx, s.db, func(tx *gorm.DB) error {
-		made, left = nil, 0
-		err := tx.Raw(`WITH r AS (
-				INSERT INTO refunds (idempotency_key, id, charge_id, status, amount, settles_at)
-				VALUES (?, ?, ?, ?, ?, now() + make_interval(secs => ?))
-				ON CONFLICT (idempotency_key) DO NOTHING RETURNING *)
-			SELECT `+refundColumns+` FROM r JOIN charges c ON c.id = r.charge_id`,
-			key, "re_"+uuid.NewString(), req.ChargeID, status, req.Amount, settleIn).Scan(&made).Error
-		if err != nil {
-			return err
-		}
-		if len(made) == 0 {
-			return errExisting
-		}
-		if status == payment.StatusFailed {
-			rf := made[0].outcome(true).value
-			if err := s.recordEvent(tx, payment.EventRefundFailed, rf.ID, rf.IdempotencyKey, rf); err != nil {
-				return err
-			}
-			return countPostIn(tx, p)
-		}
-		res := tx.Exec(`UPDATE charges SET amount_refunded = amount_refunded + ?
-			WHERE id = ? AND amount_refunded + ? <= amount`, req.Amount, req.ChargeID, req.Amount)
-		if res.Error != nil {
-			return res.Error
-		}
-		if res.RowsAffected == 0 {
-			if err := tx.Raw(`SELECT amount - amount_refunded FROM charges WHERE id = ?`, req.ChargeID).Scan(&left).Error; err != nil {
-				return err
-			}
-			return errExceeds
-		}
-		// A pending refund is told of when it settles.
-		if rf := made[0].outcome(true).value; settleIn == nil {
-			if err := s.recordEvent(tx, payment.EventRefundSucceeded, rf.ID, rf.IdempotencyKey, rf); err != nil {
-				return err
-			}
-		}
-		return countPostIn(tx, p)
-	})
-	switch {
-	case errors.Is(err, errExceeds):
+	case errors.Is(err, errRefundExceeds):
 		return none, fmt.Errorf("%w: amount %d exceeds the %d still refundable", errRefundInvalid, req.Amount, left)
-	case errors.Is(err, errExisting):
+	case errors.Is(err, errRefundExists):
 		// Another request refunded under key first: its refund is the answer.
 		row, found, err := s.refundByKey(ctx, key)
 		if err != nil {
@@ -328,7 +256,107 @@ func (s *store) claimRefund(ctx context.Context, p *post, req payment.RefundRequ
 	} else {
 		s.eventRecorded.notify()
 	}
-	return made[0].outcome(true), nil
+	return made.outcome(true), nil
+}
+
+// refundable is the charge req refunds, or why it cannot be refunded: no
+// such charge, one that did not succeed, or one made with
+// pm_refund_refused (whose refusal is recorded). pm_unavailable_once gives
+// its one 503 here.
+func (s *store) refundable(ctx context.Context, key string, req payment.RefundRequest) (chargeRow, error) {
+	charge, found, err := s.chargeByID(ctx, req.ChargeID)
+	if err != nil {
+		return charge, err
+	}
+	if !found {
+		return charge, fmt.Errorf("%w: no charge %q", errChargeNotFound, req.ChargeID)
+	}
+	if charge.PaymentMethod == payment.MethodUnavailableOnce {
+		if err := s.failOnce(ctx, opRefund, key); err != nil {
+			return charge, err
+		}
+	}
+	switch {
+	case charge.Status != payment.StatusSucceeded:
+		return charge, fmt.Errorf("%w: charge %q was %s", errRefundInvalid, req.ChargeID, charge.Status)
+	case charge.PaymentMethod == payment.MethodRefundRefused:
+		if err := s.recordRefusal(ctx, key, req); err != nil {
+			return charge, err
+		}
+		return charge, fmt.Errorf("%w: charge %q was made with %s, whose refunds are always refused", errRefundRefused,
+			req.ChargeID, payment.MethodRefundRefused)
+	}
+	return charge, nil
+}
+
+// refundStatus is the status a refund of a charge made with method starts
+// in, and the seconds until it settles when it is pending (nil, NULL, for
+// the others). A pending refund holds its amount until it settles; a
+// failed one returns nothing and holds nothing.
+func (s *store) refundStatus(method string) (status string, settleIn any) {
+	switch method {
+	case payment.MethodRefundPending:
+		return payment.StatusPending, s.asyncDelay.Seconds()
+	case payment.MethodRefundFailed:
+		return payment.StatusFailed, nil
+	}
+	return payment.StatusSucceeded, nil
+}
+
+// Why insertRefund made no refund.
+var (
+	errRefundExists  = errors.New("a refund under this key exists")
+	errRefundExceeds = errors.New("the refund exceeds the charge")
+)
+
+// insertRefund makes the refund under p's key and reserves its amount on
+// the charge, in one transaction: errRefundExists when a refund under the
+// key was made first, errRefundExceeds (with what is left to refund) when
+// the charge cannot cover it.
+func (s *store) insertRefund(ctx context.Context, p *post, req payment.RefundRequest, status string, settleIn any) (made refundRow, left int64, err error) {
+	err = database.Transact(ctx, s.db, func(tx *gorm.DB) error {
+		var rows []refundRow
+		made, left = refundRow{}, 0
+		err := tx.Raw(`WITH r AS (
+				INSERT INTO refunds (idempotency_key, id, charge_id, status, amount, settles_at)
+				VALUES (?, ?, ?, ?, ?, now() + make_interval(secs => ?))
+				ON CONFLICT (idempotency_key) DO NOTHING RETURNING *)
+			SELECT `+refundColumns+` FROM r JOIN charges c ON c.id = r.charge_id`,
+			p.key, "re_"+uuid.NewString(), req.ChargeID, status, req.Amount, settleIn).Scan(&rows).Error
+		if err != nil {
+			return err
+		}
+		if len(rows) == 0 {
+			return errRefundExists
+		}
+		made = rows[0]
+		if status == payment.StatusFailed {
+			rf := made.outcome(true).value
+			if err := s.recordEvent(tx, payment.EventRefundFailed, rf.ID, rf.IdempotencyKey, rf); err != nil {
+				return err
+			}
+			return countPostIn(tx, p)
+		}
+		res := tx.Exec(`UPDATE charges SET amount_refunded = amount_refunded + ?
+			WHERE id = ? AND amount_refunded + ? <= amount`, req.Amount, req.ChargeID, req.Amount)
+		if res.Error != nil {
+			return res.Error
+		}
+		if res.RowsAffected == 0 {
+			if err := tx.Raw(`SELECT amount - amount_refunded FROM charges WHERE id = ?`, req.ChargeID).Scan(&left).Error; err != nil {
+				return err
+			}
+			return errRefundExceeds
+		}
+		// A pending refund is told of when it settles.
+		if rf := made.outcome(true).value; settleIn == nil {
+			if err := s.recordEvent(tx, payment.EventRefundSucceeded, rf.ID, rf.IdempotencyKey, rf); err != nil {
+				return err
+			}
+		}
+		return countPostIn(tx, p)
+	})
+	return made, left, err
 }
 
 func replayRefund(row refundRow, req payment.RefundRequest) (outcome[payment.Refund], error) {
