@@ -279,3 +279,37 @@ func TestAnInstanceLeavesTheTenantsItDoesNotKnowAlone(t *testing.T) {
 		}
 	})
 }
+
+// A listening lane's pull ended by the broker because its consumer is gone
+// (an operator deleted it) does not leave the tenant deaf: the lane makes
+// the consumer again, and the tenant's next command is answered.
+func TestALaneWhoseConsumerIsDeletedMakesItAgain(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	w.consumer(messaging.ConsumerHooks{}, nil)
+	acme := w.tenantConn("acme")
+	acmeJS, _ := jetstream.New(acme)
+	results := subscribe(t, acme, messaging.ResultSubject("acme", "create"))
+	run := time.Now().UnixNano()
+	publish(t, acmeJS, messaging.CommandSubject("acme", "create"), fmt.Sprintf("gone-before-%d", run), createBody("cus_gone"))
+	next(t, results, "result before the deletion")
+
+	if err := w.js.DeleteConsumer(ctx, messaging.CommandsStream, messaging.ConsumerFor("acme")); err != nil {
+		t.Fatal(err)
+	}
+	key := fmt.Sprintf("gone-after-%d", run)
+	publish(t, acmeJS, messaging.CommandSubject("acme", "create"), key, createBody("cus_gone"))
+	for {
+		r := next(t, results, "result after the deletion")
+		if r.Header.Get(messaging.HeaderKey) != key {
+			continue // the consumer made again starts at the stream's beginning: the first command's replay
+		}
+		if r.Header.Get(messaging.HeaderStatus) != "201" || r.Header.Get(messaging.HeaderReplayed) == "true" {
+			t.Errorf("result %v %s, want its first answer, 201", r.Header, r.Data)
+		}
+		break
+	}
+	if n := w.count("SELECT count(*) FROM orders WHERE customer_id = 'cus_gone'"); n != 2 {
+		t.Errorf("orders = %d, want 2", n)
+	}
+}
