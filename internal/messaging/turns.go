@@ -76,6 +76,8 @@ type serving struct {
 	// idle holds one token per idle worker; its waiters are served in the
 	// order they came, which is what makes the lanes take turns.
 	idle *semaphore.Weighted
+	// waiters are the commands postponed for their intent in flight.
+	waiters *waiters
 }
 
 // Start creates (or updates) the durable consumers and starts a lane for
@@ -93,7 +95,7 @@ func (c *Consumer) Start(ctx context.Context) error {
 		return err
 	}
 	run, stop := context.WithCancel(context.Background())
-	s := &serving{stop: stop, stopping: run.Done(), idle: semaphore.NewWeighted(int64(c.Workers))}
+	s := &serving{stop: stop, stopping: run.Done(), idle: semaphore.NewWeighted(int64(c.Workers)), waiters: newWaiters()}
 	c.serving = s // before any lane runs: a postponed command waits on s
 	for _, l := range lanes {
 		s.lanes.Go(func() { c.serveTenant(run, s, l) })
