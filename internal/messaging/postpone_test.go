@@ -75,27 +75,10 @@ func TestAPayThatMeetsItsIntentInFlightAtItsLastDeliveryWaitsForIt(t *testing.T)
 		t.Run(name, func(t *testing.T) {
 			w := newWorld(t)
 			gate := newChannelGate(t, w.channel, tc.held)
-			// A database of its own, so that the sweeper finishes this
-			// intent alone, not another test's left retryable; a lease and
-			// a channel deadline longer than the test, so that the intent
-			// is in flight exactly as long as the gate holds it; a key
-			// window of a day, so that a first attempt sends its charge
-			// (with none, every call looks its key up first, and the gate
-			// would hold the first attempt's look-up, not the sweeper's).
-			url, drop, err := testdb.Create("messaging_inflight")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(drop)
-			db, err := database.Open(context.Background(), url, database.Options{MaxConns: 10, StatementTimeout: 5 * time.Second, LockTimeout: 3 * time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = database.Close(db) })
-			svc := order.NewService(order.Deps{DB: db, Logger: w.logger,
-				Records: &idempotency.Store{Lease: 5 * time.Minute, Policy: w.policy},
-				Channel: payment.NewClient(gate.URL, &http.Client{}),
-				Money:   order.MoneyConfig{ChannelTimeout: 4 * time.Minute, RetryAfter: time.Millisecond, ChannelKeyWindow: 24 * time.Hour}})
+			// A first attempt sends its charge (gatedService's key window):
+			// the gate holds the owner's charge, or the sweeper's look-up,
+			// not the first attempt's own look-up.
+			svc := gatedService(t, w, gate)
 			var runs atomic.Int32
 			hooks := messaging.ConsumerHooks{BeforeRun: func(string, string) error {
 				if runs.Add(1) == 1 && tc.firstDies {
@@ -167,6 +150,31 @@ func TestAPayThatMeetsItsIntentInFlightAtItsLastDeliveryWaitsForIt(t *testing.T)
 			})
 		})
 	}
+}
+
+// gatedService is the order use cases on a database of their own, whose
+// channel calls pass through gate: the sweeper finishes only the intents
+// of its test, not another test's left retryable. Its lease and channel
+// deadline are longer than any test, so an intent is in flight exactly as
+// long as the gate holds its call; its key window is a day, so a first
+// attempt sends its charge at once (with none, every call looks its key
+// up first).
+func gatedService(t *testing.T, w *world, gate *channelGate) *order.Service {
+	t.Helper()
+	url, drop, err := testdb.Create("messaging_inflight")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(drop)
+	db, err := database.Open(context.Background(), url, database.Options{MaxConns: 10, StatementTimeout: 5 * time.Second, LockTimeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = database.Close(db) })
+	return order.NewService(order.Deps{DB: db, Logger: w.logger,
+		Records: &idempotency.Store{Lease: 5 * time.Minute, Policy: w.policy},
+		Channel: payment.NewClient(gate.URL, &http.Client{}),
+		Money:   order.MoneyConfig{ChannelTimeout: 4 * time.Minute, RetryAfter: time.Millisecond, ChannelKeyWindow: 24 * time.Hour}})
 }
 
 // channelGate stands in front of the mock channel and holds every request
