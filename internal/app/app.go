@@ -316,7 +316,7 @@ func (m *Main) start(ctx context.Context) error {
 	}
 	consumer := &messaging.Consumer{Orders: m.Orders, Tenants: cfg.APIKeys,
 		MaxDeliver: cfg.Commands.MaxDeliver, AckWait: cfg.Commands.AckWait, Workers: cfg.Commands.Workers,
-		Backoff: messaging.Backoff{Base: cfg.Commands.Backoff, Max: cfg.Commands.BackoffMax},
+		Backoff: messaging.Backoff{Base: cfg.Commands.Backoff, Max: cfg.Commands.BackoffMax}, WaitersPerTenant: cfg.Commands.WaitersPerTenant,
 		Horizon: messaging.Horizon(policy), Observe: m.Metrics, Logger: m.Logger,
 		MaxAge: policy.Window("message_redelivery")} // ORDER_COMMANDS's max_age (brokerPolicy)
 	m.Door = &messaging.Door{Dial: dial, Consumer: consumer, Relay: relay, Logger: m.Logger,

@@ -351,6 +351,11 @@ type CommandsConfig struct {
 	// Workers is how many commands one instance runs (and fetches)
 	// at once.
 	Workers int `env:"WORKERS" envDefault:"16"`
+	// WaitersPerTenant is how many of one tenant's commands may wait, on
+	// one instance, for their intent in flight; past it, or for an
+	// intent that already has one waiting, a command is handed back for
+	// a later delivery, spending none.
+	WaitersPerTenant int `env:"WAITERS_PER_TENANT" envDefault:"16"`
 }
 
 // OutboxConfig is the outbox relay; every variable begins with OUTBOX_.
@@ -471,8 +476,8 @@ func (c Config) validate() error {
 	if c.HTTP.MaxWait < 0 || c.HTTP.MaxWait >= c.ShutdownTimeout+time.Minute {
 		return fmt.Errorf("MAX_WAIT must be between 0 and a minute beyond SHUTDOWN_TIMEOUT, not %s", c.HTTP.MaxWait)
 	}
-	if c.Commands.MaxDeliver < 1 || c.Commands.Workers < 1 || c.Outbox.Batch < 1 {
-		return fmt.Errorf("COMMAND_MAX_DELIVER, COMMAND_WORKERS and OUTBOX_BATCH must be at least 1")
+	if c.Commands.MaxDeliver < 1 || c.Commands.Workers < 1 || c.Commands.WaitersPerTenant < 1 || c.Outbox.Batch < 1 {
+		return fmt.Errorf("COMMAND_MAX_DELIVER, COMMAND_WORKERS, COMMAND_WAITERS_PER_TENANT and OUTBOX_BATCH must be at least 1")
 	}
 	if c.Commands.BackoffMax < c.Commands.Backoff {
 		return fmt.Errorf("COMMAND_BACKOFF_MAX (%s) must not be shorter than COMMAND_BACKOFF (%s)", c.Commands.BackoffMax, c.Commands.Backoff)
