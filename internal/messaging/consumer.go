@@ -39,6 +39,10 @@ type Consumer struct {
 	// many it fetches: never more than it can start at once (but one per
 	// quiet tenant, which waits for its turn).
 	Workers int
+	// WaitersPerTenant bounds the commands of one tenant that wait, on
+	// this instance, for their intent in flight (postpone.go); zero:
+	// DefaultWaitersPerTenant.
+	WaitersPerTenant int
 	// Horizon is how long after its first publication a command may still
 	// be run: as long as a record its intent may have written is sure to
 	// exist (see Horizon). An older one, a dead letter replayed late or a
@@ -47,13 +51,9 @@ type Consumer struct {
 	// MaxAge is ORDER_COMMANDS's max_age: a command whose intent stays in
 	// flight for half of it is dead-lettered before the stream drops it
 	// (see postpone). Zero: no bound but the horizon.
-	MaxAge time.Duration
-	// WaitersPerTenant bounds the commands of one tenant that wait, on
-	// this instance, for their intent in flight (postpone.go); zero:
-	// DefaultWaitersPerTenant.
-	WaitersPerTenant int
-	Observe          Observer
-	Logger           *slog.Logger
+	MaxAge  time.Duration
+	Observe Observer
+	Logger  *slog.Logger
 	// Hooks inject failures for tests.
 	Hooks ConsumerHooks
 
