@@ -143,11 +143,13 @@ func (c *Consumer) serveTenant(ctx context.Context, s *serving, l lane) {
 			backlog, err = c.listen(s, l.cons)
 		}
 		if consumerGone(err) && ctx.Err() == nil {
-			c.logger().Warn("messaging: a tenant's consumer is gone; made again", "consumer", l.cfg.Durable, "err", err)
+			// Made again, or found there (nothing answered the pull
+			// while its leader moved, say): either way pulled again
+			// after the pause, not at once.
 			if cons, again := ensureConsumer(ctx, c.JS, l.cfg); again == nil {
-				l.cons, err = cons, nil
+				l.cons = cons
 			} else {
-				err = again
+				err = fmt.Errorf("%w; making the consumer again: %w", err, again)
 			}
 		}
 		if err != nil && ctx.Err() == nil {
