@@ -12,12 +12,12 @@
 // Idempotency-Key: R1, and prints what arrives on orders.results.acme.create
 // under that key: its headers (Status, Idempotent-Replayed) and its body,
 // the HTTP body byte for byte. A command the service refuses for its form
-// (no key, a body that is not JSON, an unknown operation) is answered too,
-// with the problem HTTP would send: on the same subject, or on
-// orders.results.acme.malformed when the operation is none the service
-// knows. The tenant is the NATS user (its password is its API key), and it
-// may only subscribe to its own results and to its own reply inbox,
-// _INBOX_<tenant>.
+// (no key, a body that is not JSON) is answered too, with the problem HTTP
+// would send. The tenant is the NATS user (its password is its API key),
+// and it may publish only on its five operation subjects (the broker
+// refuses any other, an unknown operation included, and natscommand says
+// so at once) and subscribe only to its own results and to its own reply
+// inbox, _INBOX_<tenant>.
 package main
 
 import (
@@ -67,17 +67,29 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	op, key, body := fs.Arg(0), fs.Arg(1), fs.Arg(2)
 	tenant := *user
 
+	// The broker answers a publish it refuses only with an asynchronous
+	// error: caught here, it ends the wait for an acknowledgement that
+	// would never come.
+	refused := make(chan error, 1)
 	nc, err := nats.Connect(*server, nats.UserInfo(*user, *password),
 		// The tenant may only receive replies on its own inbox.
-		nats.CustomInboxPrefix("_INBOX_"+tenant), nats.Timeout(5*time.Second))
+		nats.CustomInboxPrefix("_INBOX_"+tenant), nats.Timeout(5*time.Second),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			if errors.Is(err, nats.ErrPermissionViolation) {
+				select {
+				case refused <- err:
+				default:
+				}
+			}
+		}))
 	if err != nil {
 		return fmt.Errorf("connect to %s as %s (is `make run` going?): %w", *server, *user, err)
 	}
 	defer nc.Close()
 
 	// Subscribe first: the result may come before the publish returns. A
-	// refusal of an operation the service does not know comes on
-	// orders.results.<tenant>.malformed.
+	// refusal of an operation the service does not know (from a broker that
+	// lets one through) comes on orders.results.<tenant>.malformed.
 	results := fmt.Sprintf("orders.results.%s.%s", tenant, op)
 	refusals := fmt.Sprintf("orders.results.%s.malformed", tenant)
 	sub, err := nc.SubscribeSync(fmt.Sprintf("orders.results.%s.>", tenant))
@@ -93,7 +105,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	m.Data = []byte(body)
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	ack, err := js.PublishMsg(ctx, m)
+	publishing, stopPublishing := context.WithCancelCause(ctx)
+	defer stopPublishing(nil)
+	go func() {
+		select {
+		case err := <-refused:
+			stopPublishing(err)
+		case <-publishing.Done():
+		}
+	}()
+	ack, err := js.PublishMsg(publishing, m)
+	if cause := context.Cause(publishing); errors.Is(cause, nats.ErrPermissionViolation) {
+		return fmt.Errorf("the broker refused the command (%s may publish only on orders.commands.%s.<op>, <op> one of create, pay, cancel, ship, deliver): %w", tenant, tenant, cause)
+	}
 	if err != nil {
 		return fmt.Errorf("publish %s: %w", m.Subject, err)
 	}

@@ -404,7 +404,7 @@ func (m *Main) openDoor(ctx context.Context, b connectedBroker) error {
 		Observe: m.Metrics, Logger: m.Logger}
 	consumer := &messaging.Consumer{Orders: m.Orders, Tenants: cfg.APIKeys,
 		MaxDeliver: cfg.Commands.MaxDeliver, AckWait: cfg.Commands.AckWait, Workers: cfg.Commands.Workers,
-		Backoff: messaging.Backoff{Base: cfg.Commands.Backoff, Max: cfg.Commands.BackoffMax},
+		Backoff: messaging.Backoff{Base: cfg.Commands.Backoff, Max: cfg.Commands.BackoffMax}, WaitersPerTenant: cfg.Commands.WaitersPerTenant,
 		Horizon: messaging.Horizon(b.policy), Observe: m.Metrics, Logger: m.Logger,
 		MaxAge: b.policy.Window("message_redelivery")} // ORDER_COMMANDS's max_age (brokerPolicy)
 	m.Door = &messaging.Door{Dial: b.dial, Consumer: consumer, Relay: relay, Logger: m.Logger,

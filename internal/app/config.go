@@ -349,6 +349,11 @@ type CommandsConfig struct {
 	// Workers is how many commands one instance runs (and fetches)
 	// at once.
 	Workers int `env:"WORKERS" envDefault:"16"`
+	// WaitersPerTenant is how many of one tenant's commands may wait, on
+	// one instance, for their intent in flight; past it, or for an
+	// intent that already has one waiting, a command is handed back for
+	// a later delivery, spending none.
+	WaitersPerTenant int `env:"WAITERS_PER_TENANT" envDefault:"16"`
 }
 
 // OutboxConfig is the outbox relay; every variable begins with OUTBOX_.

@@ -176,8 +176,8 @@ func (c Config) checkBroker() error {
 		duration{"COMMAND_BACKOFF_MAX", cmds.BackoffMax}, duration{"OUTBOX_INTERVAL", c.Outbox.Interval}); err != nil {
 		return err
 	}
-	if cmds.MaxDeliver < 1 || cmds.Workers < 1 || c.Outbox.Batch < 1 {
-		return fmt.Errorf("COMMAND_MAX_DELIVER, COMMAND_WORKERS and OUTBOX_BATCH must be at least 1")
+	if cmds.MaxDeliver < 1 || cmds.Workers < 1 || cmds.WaitersPerTenant < 1 || c.Outbox.Batch < 1 {
+		return fmt.Errorf("COMMAND_MAX_DELIVER, COMMAND_WORKERS, COMMAND_WAITERS_PER_TENANT and OUTBOX_BATCH must be at least 1")
 	}
 	if cmds.BackoffMax < cmds.Backoff {
 		return fmt.Errorf("COMMAND_BACKOFF_MAX (%s) must not be shorter than COMMAND_BACKOFF (%s)", cmds.BackoffMax, cmds.Backoff)

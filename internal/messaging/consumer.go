@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math"
 	"strconv"
 	"time"
 
@@ -40,6 +39,10 @@ type Consumer struct {
 	// many it fetches: never more than it can start at once (but one per
 	// quiet tenant, which waits for its turn).
 	Workers int
+	// WaitersPerTenant bounds the commands of one tenant that wait, on
+	// this instance, for their intent in flight (postpone.go); zero:
+	// DefaultWaitersPerTenant.
+	WaitersPerTenant int
 	// Horizon is how long after its first publication a command may still
 	// be run: as long as a record its intent may have written is sure to
 	// exist (see Horizon). An older one, a dead letter replayed late or a
@@ -97,6 +100,11 @@ type Observer interface {
 	// MessagePostponed counts a delivery that met its intent in flight
 	// and waits for it (see postpone).
 	MessagePostponed(op string)
+	// MessageHandedBack counts a delivery that met its intent in flight
+	// and was handed back for a later delivery instead of waiting: its
+	// intent already had a waiter, or its tenant its share of waiters
+	// (see postpone). It spends no delivery.
+	MessageHandedBack(op string)
 	// DeadLetterGivenUp counts a command terminated because its dead
 	// letter could not be stored: in neither stream's hands but
 	// ORDER_COMMANDS's, until its max_age.
@@ -112,6 +120,7 @@ func (noObserver) MessageReceived(string, bool)                              {}
 func (noObserver) MessageAcked(context.Context, string, bool, time.Duration) {}
 func (noObserver) MessageDeadLettered(string)                                {}
 func (noObserver) MessagePostponed(string)                                   {}
+func (noObserver) MessageHandedBack(string)                                  {}
 func (noObserver) DeadLetterGivenUp(string)                                  {}
 func (noObserver) OutboxPublished(int, int)                                  {}
 
@@ -141,9 +150,12 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
 	if md, err := msg.Metadata(); err == nil {
 		d.count, d.seq, d.stored, d.published = int(md.NumDelivered), md.Sequence.Stream, md.Timestamp, md.Timestamp
 	}
+	redelivered := d.count > 1
+	d.handedBack = c.serving.waiters.takeHandedBack(d)
+	d.count -= d.handedBack // a delivery that only handed the command back spent nothing
 	d.published = firstPublished(msg.Headers(), d.published)
 	cmd, refusal := parseCommand(msg.Subject(), msg.Headers(), msg.Data(), c.Tenants)
-	observer(c.Observe).MessageReceived(cmd.opLabel(), d.count > 1)
+	observer(c.Observe).MessageReceived(cmd.opLabel(), redelivered)
 	ctx, span := traceDelivery(ctx, d)
 	stop := c.keepInProgress(msg)
 	done := func() { stop(); span.End() }
@@ -154,8 +166,7 @@ func (c *Consumer) handle(ctx context.Context, msg jetstream.Msg) {
 		c.deadLetter(ctx, d, cmd, fmt.Sprintf("first published %s ago, past the %s its record is sure to be kept: not run, since it could be the first sight of an intent whose record is gone",
 			age.Round(time.Second), c.Horizon))
 	default:
-		if wait := c.serve(ctx, d, cmd, received); wait > 0 {
-			c.postpone(ctx, d, cmd, received, wait, done)
+		if wait := c.serve(ctx, d, cmd, received); wait > 0 && c.postpone(ctx, d, cmd, received, wait, done) {
 			return
 		}
 	}
@@ -272,64 +283,6 @@ func (c *Consumer) refuse(ctx context.Context, d delivery, cmd command, p *probl
 	c.deadLetter(ctx, d, cmd, reason)
 }
 
-// postpone keeps a delivery whose intent is in flight elsewhere and serves
-// it again after wait, and again, until it is answered: meeting its own
-// intent in flight is no failure, so a postponement spends none of the
-// command's deliveries (it is not redelivered: JetStream is told it is in
-// progress). It waits off the worker pool, so that duplicates of a slow
-// intent do not hold the workers every tenant shares.
-//
-// What bounds it: an owner's lease lapses and the intent is taken over
-// (by this command's next run, or by the sweeper), so an intent is in
-// flight only while someone works on it. Should it stay in flight for half
-// of ORDER_COMMANDS's max_age after the stream stored the command, or past
-// the horizon, the command is dead-lettered then, with the reason, while
-// there is time: the stream would drop it at its max_age, unanswered and
-// in no DLQ. When the consumer stops, the command is handed back (a nak)
-// for another instance to serve.
-func (c *Consumer) postpone(ctx context.Context, d delivery, cmd command, received time.Time, wait time.Duration, done func()) {
-	observer(c.Observe).MessagePostponed(cmd.opLabel())
-	c.logger().Info("messaging: command postponed, its intent is in flight", "subject", d.subject(), "key", cmd.key,
-		"delivery", d.count, "retry_in", wait.String())
-	s := c.serving
-	s.workers.Go(func() {
-		defer done()
-		for ; wait > 0; wait = c.serve(ctx, d, cmd, received) {
-			if left := c.postponeLeft(d); left < wait {
-				c.deadLetter(ctx, d, cmd, fmt.Sprintf("its intent was still in flight %s after the command was stored: dead-lettered before %s's max_age drops it",
-					time.Since(d.stored).Round(time.Second), CommandsStream))
-				return
-			}
-			select {
-			case <-s.stopping:
-				_ = d.msg.Nak()
-				return
-			case <-time.After(wait):
-			}
-		}
-	})
-}
-
-// postponement is how long a command waits for its intent in flight
-// before it is served again: the intent's Retry-After, within the backoff.
-func (c *Consumer) postponement(retryAfter time.Duration) time.Duration {
-	return max(min(retryAfter, c.Backoff.Max), c.Backoff.Base, time.Millisecond)
-}
-
-// postponeLeft is how much longer d may be postponed: until half of
-// ORDER_COMMANDS's max_age after the stream stored it, and never past the
-// horizon.
-func (c *Consumer) postponeLeft(d delivery) time.Duration {
-	left := time.Duration(math.MaxInt64)
-	if c.MaxAge > 0 {
-		left = c.MaxAge/2 - time.Since(d.stored)
-	}
-	if c.Horizon > 0 {
-		left = min(left, c.Horizon-time.Since(d.published))
-	}
-	return left
-}
-
 // overDelivered is what becomes of a command delivered count times, more
 // than COMMAND_MAX_DELIVER, given its intent's state: served (replayed, or
 // run again) when its intent is answered or retryable; postponed when it is
@@ -352,7 +305,11 @@ type delivery struct {
 	msg    jetstream.Msg
 	seq    uint64    // in ORDER_COMMANDS
 	stored time.Time // when ORDER_COMMANDS stored this copy
-	count  int       // how often it was delivered, this time included
+	// count is how often it was delivered, this time included, less the
+	// deliveries that only handed it back (handedBack): those a command
+	// may spend are counted against COMMAND_MAX_DELIVER.
+	count      int
+	handedBack int
 	// published is when the command was first published: by its tenant,
 	// not by a replay of its dead letter (see firstPublished).
 	published time.Time

@@ -110,6 +110,63 @@ func TestADeadLetterTheDLQRefusesAsItIsIsStoredWithoutTheTenantsOtherHeaders(t *
 	waitAckPending(t, w, 0)
 }
 
+// The other side of "too large": a DLQ that refuses a letter for another
+// reason (here it has no room: max_bytes with discard new) has said
+// nothing about the letter's size. The letter is not cut to fit: the
+// command is tried again, whole, on later deliveries, and once the DLQ has
+// room its letter is stored with its body.
+func TestADeadLetterTheDLQHasNoRoomForIsTriedAgainWhole(t *testing.T) {
+	w := newWorld(t)
+	limitStream(t, w, messaging.DLQStream, func(c *jetstream.StreamConfig) { c.MaxBytes, c.Discard = 1024, jetstream.DiscardNew })
+	errs := &errorLog{records: make(chan slog.Record, 64)}
+	w.consumer(messaging.ConsumerHooks{}, nil, func(c *messaging.Consumer) {
+		c.Logger = slog.New(errs)
+		c.MaxDeliver = 50 // room for the test to give the DLQ room before the letter is given up
+	})
+	body := strings.Repeat("b", 4096) // a letter of some 4.5 KB; without its body it would fit
+	publish(t, w.js, messaging.CommandSubject("acme", "create"), "", body)
+
+	select {
+	case r := <-errs.records:
+		attrs := map[string]string{}
+		r.Attrs(func(a slog.Attr) bool { attrs[a.Key] = a.Value.String(); return true })
+		if !strings.Contains(r.Message, "tried again") || attrs["delivery"] != "1" {
+			t.Fatalf("first error log: %q %v, want the letter to be tried again after delivery 1", r.Message, attrs)
+		}
+		t.Logf("the DLQ's refusal: %s", attrs["err"])
+	case <-time.After(60 * time.Second):
+		t.Fatal("no error log: the letter was stored, cut to fit, or not tried")
+	}
+	if n := dlqDepth(t, w); n != 0 {
+		t.Fatalf("the DLQ holds %d letters while it had no room for the whole one, want 0: none cut to fit", n)
+	}
+	limitStream(t, w, messaging.DLQStream, func(c *jetstream.StreamConfig) { c.MaxBytes = -1 })
+	waitDLQDepth(t, w, 1)
+	waitAckPending(t, w, 0)
+
+	letters, err := (&messaging.DLQ{JS: w.js}).List(context.Background())
+	if err != nil || len(letters) != 1 {
+		t.Fatalf("dlq list: %d letters, %v", len(letters), err)
+	}
+	if d := letters[0]; string(d.Data) != body || d.Header.Get(messaging.HeaderDLBodySize) != "" || strings.Contains(d.Reason(), "without") {
+		t.Errorf("the letter: body %d bytes, reason %q, want the whole command and its reason alone", len(d.Data), d.Reason())
+	}
+	c := w.counters
+	if dead, givenUp := c.get(c.dead, "create"), c.get(c.givenUp, "create"); dead != 1 || givenUp != 0 {
+		t.Errorf("dead-lettered %d, given up %d; want 1, 0", dead, givenUp)
+	}
+}
+
+// dlqDepth is how many dead letters the DLQ holds now.
+func dlqDepth(t *testing.T, w *world) uint64 {
+	t.Helper()
+	n, err := (&messaging.DLQ{JS: w.js}).Depth(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // The last resort: a dead letter that cannot be stored
 // at all (here the DLQ stream is gone) is tried again on a bounded number
 // of deliveries, and then the command is terminated with an error log

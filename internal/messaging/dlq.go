@@ -24,14 +24,18 @@ import (
 // consumer for good: a command not yet acknowledged or terminated takes
 // one of the consumer's MaxAckPending slots, and a thousand of them stop
 // every tenant's commands. So:
-//   - the DLQ refuses the letter as it is (larger than its max_msg_size or
-//     the broker's max_payload, say): a smaller letter is stored at once,
-//     with only the body, the Idempotency-Key and our headers, and if that
-//     is refused too, without the body (its size and digest kept); its
-//     reason says so. A refusal is an answer, not an outage: the same
-//     letter is never sent again as if the DLQ were down;
-//   - the DLQ cannot be reached: the command is left unacknowledged and
-//     tried again on a later delivery, up to deadLetterDeliveries;
+//   - the letter is too large (larger than the DLQ's max_msg_size or the
+//     broker's max_payload): a smaller letter is stored at once, with only
+//     the body, the Idempotency-Key and our headers, and if that is too
+//     large too, without the body (its size and digest kept); its reason
+//     says so. Too large is an answer, not an outage: the same letter is
+//     never sent again as if the DLQ were down;
+//   - any other failure, the DLQ unreachable or refusing for another
+//     reason (full, gone, no JetStream): the command is left
+//     unacknowledged and tried again, whole, on a later delivery, up to
+//     deadLetterDeliveries. A letter is never cut for a reason that is
+//     not its own size: a DLQ out of room would otherwise keep letters
+//     without their bodies for good;
 //   - past those, the command is terminated with an error log that names
 //     it: ORDER_COMMANDS keeps it, readable by its sequence, until its
 //     max_age.
@@ -40,7 +44,7 @@ func (c *Consumer) deadLetter(ctx context.Context, d delivery, cmd command, reas
 	told := reason
 	duplicate, err := c.storeLetter(ctx, letter(d, cmd, told, whole))
 	for _, smaller := range []letterForm{withoutOtherHeaders, withoutBody} {
-		if !refused(err) {
+		if !tooLarge(err) {
 			break
 		}
 		told = fmt.Sprintf("%s; %s, since %s refused the letter as it was: %v", reason, smaller.says, DLQStream, err)
@@ -158,13 +162,16 @@ func (c *Consumer) storeLetter(ctx context.Context, m *nats.Msg) (duplicate bool
 	return ack.Duplicate, nil
 }
 
-// refused reports whether err says that this letter, as it is, will not
-// be stored: the DLQ answered with an error (its max_msg_size, say), or
-// the letter is larger than the server accepts. Sending it again would
-// fail again; a smaller letter may not.
-func refused(err error) bool {
+// tooLarge reports whether err says that this letter, as it is, is too
+// large to be stored: larger than the DLQ's max_msg_size (the stream's
+// answer), or than the broker's max_payload (nats.go's, before sending).
+// Sending it again would fail again; a smaller letter may not. Any other
+// error, the DLQ's own included (out of room, gone), is no answer about
+// the letter: it is sent again, whole, later.
+func tooLarge(err error) bool {
 	var apiErr *jetstream.APIError
-	return errors.As(err, &apiErr) || errors.Is(err, nats.ErrMaxPayload)
+	return errors.Is(err, nats.ErrMaxPayload) ||
+		errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamMessageExceedsMaximum
 }
 
 // deadLetterDeliveries is how many deliveries a command gets in all

@@ -125,7 +125,6 @@ func TestMalformedCommandsAreDeadLetteredAtOnce(t *testing.T) {
 		{"an unknown operation", "orders.commands.acme.refund", "m-4", `{}`, "unknown operation", "orders.results.acme.malformed", "invalid_request"},
 		{"a command on an order without order_id", "orders.commands.acme.pay", "m-5", `{"payment_method":"pm_ok"}`, "order_id", "orders.results.acme.pay", "invalid_request"},
 		{"an order_id that is not a string", "orders.commands.acme.ship", "m-6", `{"order_id":7}`, "order_id", "orders.results.acme.ship", "invalid_request"},
-		{"an unknown tenant", "orders.commands.initech.create", "m-7", createBody("c7"), "unknown tenant", "", ""},
 		{"a subject with extra tokens", "orders.commands.acme.create.now", "m-8", createBody("c8"), "not orders.commands", "orders.results.acme.malformed", "invalid_request"},
 	}
 	for _, c := range cases {

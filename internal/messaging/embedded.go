@@ -127,7 +127,11 @@ func (fatals) Debugf(string, ...any)  {}
 func (fatals) Tracef(string, ...any)  {}
 
 // TenantPermissions are what one tenant's NATS user may do, and nothing
-// else: publish commands under orders.commands.<tenant>., and subscribe to
+// else: publish commands on its five operation subjects,
+// orders.commands.<tenant>.<op> for each of Ops (not orders.commands.<tenant>.>:
+// a subject the service could only refuse, an unknown operation, a token
+// too many, one as long as the broker's control line, is refused by the
+// broker before it takes a place in the stream), and subscribe to
 // its own results, its own events and its own reply inbox (InboxPrefix),
 // where JetStream sends the acknowledgement of each publish. Not to the
 // shared _INBOX.>: the service's pull requests, JetStream API replies and
@@ -137,8 +141,12 @@ func (fatals) Tracef(string, ...any)  {}
 // another tenant's subjects. The same list is in deploy/nats.conf for the
 // compose setup (tests/deploytest's tests hold the two together).
 func TenantPermissions(tenant string) *server.Permissions {
+	commands := make([]string, 0, len(Ops))
+	for _, op := range Ops {
+		commands = append(commands, CommandSubject(tenant, op))
+	}
 	return &server.Permissions{
-		Publish: &server.SubjectPermission{Allow: []string{CommandPrefix + tenant + ".>"}},
+		Publish: &server.SubjectPermission{Allow: commands},
 		Subscribe: &server.SubjectPermission{Allow: []string{
 			ResultPrefix + tenant + ".>", EventPrefix + tenant + ".>", InboxPrefix(tenant) + ".>"}},
 	}

@@ -221,15 +221,15 @@ func (w *world) channelStats() map[string]any {
 type counters struct {
 	mu                                                    sync.Mutex
 	received, redelivered, acked, replayed, dead, givenUp map[string]int
-	postponed                                             map[string]int
+	postponed, handedBack                                 map[string]int
 	published, duplicates                                 int
-	ackedCh, deadCh, postponedCh                          chan string
+	ackedCh, deadCh, postponedCh, handedCh                chan string
 }
 
 func newCounters() *counters {
 	return &counters{received: map[string]int{}, redelivered: map[string]int{}, acked: map[string]int{},
-		replayed: map[string]int{}, dead: map[string]int{}, givenUp: map[string]int{}, postponed: map[string]int{},
-		ackedCh: make(chan string, 1024), deadCh: make(chan string, 1024), postponedCh: make(chan string, 1024)}
+		replayed: map[string]int{}, dead: map[string]int{}, givenUp: map[string]int{}, postponed: map[string]int{}, handedBack: map[string]int{},
+		ackedCh: make(chan string, 1024), deadCh: make(chan string, 1024), postponedCh: make(chan string, 1024), handedCh: make(chan string, 1024)}
 }
 
 func (c *counters) MessageReceived(op string, redelivered bool) {
@@ -263,6 +263,16 @@ func (c *counters) MessagePostponed(op string) {
 	c.postponed[op]++
 	c.mu.Unlock()
 	c.postponedCh <- op
+}
+
+func (c *counters) MessageHandedBack(op string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.handedBack[op]++
+	select { // one a second per command handed back, for as long as a test holds its intent
+	case c.handedCh <- op:
+	default:
+	}
 }
 
 func (c *counters) DeadLetterGivenUp(op string) {

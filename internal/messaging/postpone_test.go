@@ -30,13 +30,13 @@ import (
 // dead-lettered, spends no delivery, and once the intent completes it is
 // answered with the stored result, replayed; the channel charged once.
 func TestAPayThatMeetsItsIntentInFlightAtItsLastDeliveryWaitsForIt(t *testing.T) {
-	heldByAnotherOwner := func(t *testing.T, svc *order.Service, caller order.Caller, id string) {
+	heldByAnotherOwner := func(t *testing.T, svc *order.Service, caller order.Caller, id string, _ *channelGate) {
 		go func() { _, _ = svc.Pay(context.Background(), caller, id, order.PayRequest{PaymentMethod: "pm_ok"}) }()
 	}
 	for name, tc := range map[string]struct {
 		method string // the payment method of the pay, whichever door
 		held   string // the channel call the gate holds: the owner's charge, or the sweeper's look-up
-		hold   func(t *testing.T, svc *order.Service, caller order.Caller, id string)
+		hold   func(t *testing.T, svc *order.Service, caller order.Caller, id string, gate *channelGate)
 		// firstDies: the instance handling the first delivery dies before
 		// running it, so the second is past COMMAND_MAX_DELIVER and finds
 		// the intent in flight by its record, unrun.
@@ -46,11 +46,19 @@ func TestAPayThatMeetsItsIntentInFlightAtItsLastDeliveryWaitsForIt(t *testing.T)
 		"held by another owner, met past COMMAND_MAX_DELIVER": {method: "pm_ok", held: http.MethodPost, hold: heldByAnotherOwner, firstDies: true},
 		"being finished by the sweeper": {
 			method: "pm_lost_response", held: http.MethodGet,
-			hold: func(t *testing.T, svc *order.Service, caller order.Caller, id string) {
+			hold: func(t *testing.T, svc *order.Service, caller order.Caller, id string, gate *channelGate) {
 				// The first attempt's answer is lost: the channel charged,
 				// the service does not know it, and the intent waits,
 				// retryable, for whoever comes first: here, the sweeper.
-				_, err := svc.Pay(context.Background(), caller, id, order.PayRequest{PaymentMethod: "pm_lost_response"})
+				// Its own call must pass the gate (a charge, sent at once):
+				// held, it would be the look-up the test waits for, and the
+				// sweeper's would come after the command, not before.
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				_, err := svc.Pay(ctx, caller, id, order.PayRequest{PaymentMethod: "pm_lost_response"})
+				cancel()
+				if n := len(gate.held); n != 0 {
+					t.Fatalf("the first attempt's own call was held at the gate (%d held): it must reach the channel and lose its answer", n)
+				}
 				if code := answer.Problem(err).Code; err == nil || code != problem.ServiceUnavailable {
 					t.Fatalf("first attempt: %v, want the 503 of an unknown outcome", err)
 				}
@@ -67,24 +75,10 @@ func TestAPayThatMeetsItsIntentInFlightAtItsLastDeliveryWaitsForIt(t *testing.T)
 		t.Run(name, func(t *testing.T) {
 			w := newWorld(t)
 			gate := newChannelGate(t, w.channel, tc.held)
-			// A database of its own, so that the sweeper finishes this
-			// intent alone, not another test's left retryable; a lease and
-			// a channel deadline longer than the test, so that the intent
-			// is in flight exactly as long as the gate holds it.
-			url, drop, err := testdb.Create("messaging_inflight")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(drop)
-			db, err := database.Open(context.Background(), url, database.Options{MaxConns: 10, StatementTimeout: 5 * time.Second, LockTimeout: 3 * time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = database.Close(db) })
-			svc := order.NewService(order.Deps{DB: db, Logger: w.logger,
-				Records: &idempotency.Store{Lease: 5 * time.Minute, Policy: w.policy},
-				Channel: payment.NewClient(gate.URL, &http.Client{}),
-				Money:   order.MoneyConfig{ChannelTimeout: 4 * time.Minute, RetryAfter: time.Millisecond}})
+			// A first attempt sends its charge (gatedService's key window):
+			// the gate holds the owner's charge, or the sweeper's look-up,
+			// not the first attempt's own look-up.
+			svc := gatedService(t, w, gate)
 			var runs atomic.Int32
 			hooks := messaging.ConsumerHooks{BeforeRun: func(string, string) error {
 				if runs.Add(1) == 1 && tc.firstDies {
@@ -107,7 +101,7 @@ func TestAPayThatMeetsItsIntentInFlightAtItsLastDeliveryWaitsForIt(t *testing.T)
 			id := created.Resource
 			key := fmt.Sprintf("inflight-pay-%d", run)
 			caller := order.Caller{TenantID: "acme", Key: key}
-			tc.hold(t, svc, caller, id)
+			tc.hold(t, svc, caller, id, gate)
 			gate.waitHeld(t)
 
 			publish(t, w.js, messaging.CommandSubject("acme", "pay"), key, fmt.Sprintf(`{"order_id":%q,"payment_method":%q}`, id, tc.method))
@@ -156,6 +150,31 @@ func TestAPayThatMeetsItsIntentInFlightAtItsLastDeliveryWaitsForIt(t *testing.T)
 			})
 		})
 	}
+}
+
+// gatedService is the order use cases on a database of their own, whose
+// channel calls pass through gate: the sweeper finishes only the intents
+// of its test, not another test's left retryable. Its lease and channel
+// deadline are longer than any test, so an intent is in flight exactly as
+// long as the gate holds its call; its key window is a day, so a first
+// attempt sends its charge at once (with none, every call looks its key
+// up first).
+func gatedService(t *testing.T, w *world, gate *channelGate) *order.Service {
+	t.Helper()
+	url, drop, err := testdb.Create("messaging_inflight")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(drop)
+	db, err := database.Open(context.Background(), url, database.Options{MaxConns: 10, StatementTimeout: 5 * time.Second, LockTimeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = database.Close(db) })
+	return order.NewService(order.Deps{DB: db, Logger: w.logger,
+		Records: &idempotency.Store{Lease: 5 * time.Minute, Policy: w.policy},
+		Channel: payment.NewClient(gate.URL, &http.Client{}),
+		Money:   order.MoneyConfig{ChannelTimeout: 4 * time.Minute, RetryAfter: time.Millisecond, ChannelKeyWindow: 24 * time.Hour}})
 }
 
 // channelGate stands in front of the mock channel and holds every request

@@ -14,15 +14,17 @@ import (
 	"github.com/orderservice/orderservice/internal/messaging"
 )
 
-// globex publishes one command on orders.commands.globex.<4,050 × "x">:
-// inside its permissions, and inside the broker's 4,096-byte control line
-// as globex sends it. The service once dead-lettered it to a subject
-// built from that one (plus its reply inbox), a protocol line the broker
-// refused by closing the service's connection: from then on no tenant's
-// command was answered. Now the subject is parsed before any part of it is
-// used: the command is refused, its tenant told why, its dead letter kept
-// under a fixed subject, and acme is served before, and after, as if
-// nothing happened.
+// One command on orders.commands.globex.<4,050 × "x">, inside the broker's
+// 4,096-byte control line as it is sent. The service once dead-lettered it
+// to a subject built from that one (plus its reply inbox), a protocol line
+// the broker refused by closing the service's connection: from then on no
+// tenant's command was answered. globex's own user may no longer publish
+// it (TenantPermissions: the five operation subjects only), but a broker
+// of the operator's with wider permissions would pass it, so the service
+// is proven on it too, published by a user the broker lets: the subject is
+// parsed before any part of it is used, the command is refused, its tenant
+// told why, its dead letter kept under a fixed subject, and acme is served
+// before, and after, as if nothing happened.
 func TestACommandOnAnOverlongSubjectCutsNoTenantOff(t *testing.T) {
 	w := newWorld(t)
 	w.consumer(messaging.ConsumerHooks{}, nil)
@@ -51,12 +53,12 @@ func TestACommandOnAnOverlongSubjectCutsNoTenantOff(t *testing.T) {
 	m.Header.Set(messaging.HeaderKey, "attack-1")
 	m.Data = []byte(createBody("cus_attack"))
 	// A plain publish: JetStream stores it all the same, and its
-	// acknowledgement's reply subject would not fit on globex's own line.
-	if err := globex.PublishMsg(m); err != nil {
-		t.Fatalf("globex's publish: %v", err)
+	// acknowledgement's reply subject would not fit on the line.
+	if err := w.nc.PublishMsg(m); err != nil {
+		t.Fatalf("the publish: %v", err)
 	}
-	if err := globex.Flush(); err != nil || !globex.IsConnected() {
-		t.Fatalf("the broker refused globex's own line (%v): the subject must be inside its max_control_line for the test to mean anything", err)
+	if err := w.nc.Flush(); err != nil || !w.nc.IsConnected() {
+		t.Fatalf("the broker refused the publisher's own line (%v): the subject must be inside its max_control_line for the test to mean anything", err)
 	}
 	handled(t, w)
 	served("after")

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -31,17 +30,21 @@ import (
 // A lane with nothing to do listens: one pull waits at the broker for the
 // tenant's next command, holding no worker, so a quiet tenant's command is
 // fetched the moment it is stored, and waits only for its turn.
+//
+// An instance serves the tenants of its API_KEYS and leaves every other
+// alone. Instances may not agree on API_KEYS (a tenant being added or
+// removed across a rolling restart): one that dead-lettered the commands
+// of a tenant it does not know would refuse what another instance serves,
+// and a command would be both answered and dead-lettered. A tenant no
+// instance knows has no broker user either (the embedded server's users,
+// deploy/nats.conf), so its commands can only be published by the
+// service's own user; they stay in ORDER_COMMANDS until its max_age, and
+// are served if the tenant is given back its key in time (its consumer
+// keeps its place that long).
 
 // ConsumerFor is the durable pull consumer of tenant's commands that every
 // instance shares.
 func ConsumerFor(tenant string) string { return "orderservice-tenant-" + tenant }
-
-// UnknownTenantsConsumer reads every command, as every instance's last lane,
-// only to dead-letter those of a tenant no consumer serves (one missing
-// from API_KEYS, say): no command is left in the stream unanswered. It
-// acknowledges every other command at once; their tenants' consumers
-// deliver them on their own.
-const UnknownTenantsConsumer = "orderservice-unknown-tenants"
 
 // legacyConsumer is the single consumer of every command that versions
 // before turns shared; Start removes it once the tenants' ones are there.
@@ -64,9 +67,6 @@ func ConsumerConfig(ackWait time.Duration) jetstream.ConsumerConfig {
 // before it is made again.
 const listenWait = time.Second
 
-// unknownBatch is how many commands the unknown tenants' lane reads at once.
-const unknownBatch = 256
-
 // serving is one run of a Consumer, from Start to Stop.
 type serving struct {
 	stop     context.CancelFunc
@@ -76,6 +76,8 @@ type serving struct {
 	// idle holds one token per idle worker; its waiters are served in the
 	// order they came, which is what makes the lanes take turns.
 	idle *semaphore.Weighted
+	// waiters are the commands postponed for their intent in flight.
+	waiters *waiters
 }
 
 // Start creates (or updates) the durable consumers and starts a lane for
@@ -88,17 +90,16 @@ type serving struct {
 // last) while nobody had even started it. Each fetched command says "in
 // progress" while it waits for its turn and while it runs.
 func (c *Consumer) Start(ctx context.Context) error {
-	tenants, unknown, err := c.consumers(ctx)
+	lanes, err := c.consumers(ctx)
 	if err != nil {
 		return err
 	}
 	run, stop := context.WithCancel(context.Background())
-	s := &serving{stop: stop, stopping: run.Done(), idle: semaphore.NewWeighted(int64(c.Workers))}
+	s := &serving{stop: stop, stopping: run.Done(), idle: semaphore.NewWeighted(int64(c.Workers)), waiters: newWaiters()}
 	c.serving = s // before any lane runs: a postponed command waits on s
-	for _, cons := range tenants {
-		s.lanes.Go(func() { c.serveTenant(run, s, cons) })
+	for _, l := range lanes {
+		s.lanes.Go(func() { c.serveTenant(run, s, l) })
 	}
-	s.lanes.Go(func() { c.serveUnknownTenants(run, unknown) })
 	return nil
 }
 
@@ -122,30 +123,59 @@ func (c *Consumer) Stop(ctx context.Context) error {
 	}
 }
 
+// lane is one tenant's durable consumer, and what makes it again.
+type lane struct {
+	cons jetstream.Consumer
+	cfg  jetstream.ConsumerConfig
+}
+
 // serveTenant is one tenant's lane: it listens while the tenant has no
-// command waiting, and takes turns while it has.
-func (c *Consumer) serveTenant(ctx context.Context, s *serving, cons jetstream.Consumer) {
+// command waiting, and takes turns while it has. A consumer the broker
+// says is gone (deleted by an operator, or with its stream) is made again,
+// from the start of the stream: the records replay what it had delivered.
+func (c *Consumer) serveTenant(ctx context.Context, s *serving, l lane) {
 	backlog := false
 	for ctx.Err() == nil {
 		var err error
 		if backlog {
-			backlog, err = c.takeTurn(ctx, s, cons)
+			backlog, err = c.takeTurn(ctx, s, l.cons)
 		} else {
-			backlog, err = c.listen(ctx, s, cons)
+			backlog, err = c.listen(s, l.cons)
+		}
+		if consumerGone(err) && ctx.Err() == nil {
+			// Made again, or found there (nothing answered the pull
+			// while its leader moved, say): either way pulled again
+			// after the pause, not at once.
+			if cons, again := ensureConsumer(ctx, c.JS, l.cfg); again == nil {
+				l.cons = cons
+			} else {
+				err = fmt.Errorf("%w; making the consumer again: %w", err, again)
+			}
 		}
 		if err != nil && ctx.Err() == nil {
-			c.logger().Warn("messaging: fetching commands", "consumer", cons.CachedInfo().Name, "err", err)
+			c.logger().Warn("messaging: fetching commands", "consumer", l.cfg.Durable, "err", err)
 			pause(ctx, 100*time.Millisecond)
 		}
 	}
 }
 
+// consumerGone reports whether a pull's error says its consumer no longer
+// exists: the broker ended the pull for it, or nothing answers pulls on it.
+func consumerGone(err error) bool {
+	return errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) ||
+		errors.Is(err, nats.ErrNoResponders)
+}
+
 // listen waits, holding no worker, for the tenant's next command, then
 // for its turn for a worker, and runs it; it reports whether one came.
-func (c *Consumer) listen(ctx context.Context, s *serving, cons jetstream.Consumer) (bool, error) {
-	wait, cancel := context.WithTimeout(ctx, listenWait)
-	defer cancel()
-	batch, err := cons.Fetch(1, jetstream.FetchContext(wait))
+//
+// The broker ends the pull (after listenWait, or earlier with a status),
+// never the service: a command the broker handed over just as the service
+// gave up waiting would be delivered and never handled, its delivery
+// spent, until its ack wait ran out. So a Stop waits for the pull's end,
+// and what it brought is run.
+func (c *Consumer) listen(s *serving, cons jetstream.Consumer) (bool, error) {
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(listenWait))
 	if err != nil {
 		return false, err
 	}
@@ -193,52 +223,22 @@ func (c *Consumer) run(s *serving, msg jetstream.Msg) {
 	})
 }
 
-// serveUnknownTenants reads every command and dead-letters, through handle,
-// those of a tenant no lane serves; the others are acknowledged at once.
-func (c *Consumer) serveUnknownTenants(ctx context.Context, cons jetstream.Consumer) {
-	for ctx.Err() == nil {
-		wait, cancel := context.WithTimeout(ctx, listenWait)
-		batch, err := cons.Fetch(unknownBatch, jetstream.FetchContext(wait))
-		if err == nil {
-			for msg := range batch.Messages() {
-				if c.serves(msg.Subject()) {
-					_ = msg.Ack()
-					continue
-				}
-				c.handle(context.Background(), msg)
-			}
-			err = fetchErr(batch)
-		}
-		cancel()
-		if err != nil && ctx.Err() == nil {
-			c.logger().Warn("messaging: fetching commands", "consumer", UnknownTenantsConsumer, "err", err)
-			pause(ctx, 100*time.Millisecond)
-		}
-	}
-}
-
-// serves reports whether a tenant's consumer delivers subject: it is
-// orders.commands.<tenant>.<more>, for a tenant of c.Tenants.
-func (c *Consumer) serves(subject string) bool {
-	rest, ok := strings.CutPrefix(subject, CommandPrefix)
-	tenant, more, deeper := strings.Cut(rest, ".")
-	_, known := c.Tenants[tenant]
-	return ok && deeper && more != "" && known
-}
-
 // fetchErr is what went wrong with a fetch, but its end: the pull's
-// expiry, or no command waiting.
+// expiry, no command waiting, or the broker ending the pull for a reason
+// that a new pull is the answer to (its consumer's leader moved, the
+// server is shutting down and the connection will be opened elsewhere).
 func fetchErr(batch jetstream.MessageBatch) error {
 	err := batch.Error()
 	if err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
-		errors.Is(err, nats.ErrTimeout) || errors.Is(err, jetstream.ErrNoMessages) {
+		errors.Is(err, nats.ErrTimeout) || errors.Is(err, jetstream.ErrNoMessages) ||
+		errors.Is(err, jetstream.ErrConsumerLeadershipChanged) || errors.Is(err, jetstream.ErrServerShutdown) {
 		return nil
 	}
 	return err
 }
 
 // consumers creates or updates the durable consumers every instance
-// shares, one per tenant and the unknown tenants' one. Made now, a
+// shares, one per tenant of c.Tenants. Made now, a
 // consumer starts at the beginning of the stream, or, on a stream the
 // single consumer of earlier versions still reads, just past what that one
 // acknowledged in order (its ack floor), and that one is then removed: a
@@ -250,10 +250,10 @@ func fetchErr(batch jetstream.MessageBatch) error {
 // the server (a tenant taken out of API_KEYS leaves one behind): every
 // command it had delivered has expired by then, so one made again from the
 // beginning delivers exactly those it never did.
-func (c *Consumer) consumers(ctx context.Context) (tenants []jetstream.Consumer, unknown jetstream.Consumer, err error) {
+func (c *Consumer) consumers(ctx context.Context) (lanes []lane, err error) {
 	stream, err := c.JS.Stream(ctx, CommandsStream)
 	if err != nil {
-		return nil, nil, fmt.Errorf("stream %s: %w", CommandsStream, err)
+		return nil, fmt.Errorf("stream %s: %w", CommandsStream, err)
 	}
 	base := ConsumerConfig(c.AckWait)
 	base.InactiveThreshold = stream.CachedInfo().Config.MaxAge
@@ -262,7 +262,7 @@ func (c *Consumer) consumers(ctx context.Context) (tenants []jetstream.Consumer,
 	case err == nil:
 		base.DeliverPolicy, base.OptStartSeq = jetstream.DeliverByStartSequencePolicy, legacy.CachedInfo().AckFloor.Stream+1
 	case !errors.Is(err, jetstream.ErrConsumerNotFound):
-		return nil, nil, fmt.Errorf("consumer %s on %s: %w", legacyConsumer, CommandsStream, err)
+		return nil, fmt.Errorf("consumer %s on %s: %w", legacyConsumer, CommandsStream, err)
 	}
 	for _, tenant := range slices.Sorted(maps.Keys(c.Tenants)) {
 		cfg := base
@@ -270,25 +270,19 @@ func (c *Consumer) consumers(ctx context.Context) (tenants []jetstream.Consumer,
 		cfg.Description = "order commands of tenant " + tenant + ", shared by every orderservice instance"
 		cons, err := ensureConsumer(ctx, c.JS, cfg)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		tenants = append(tenants, cons)
-	}
-	cfg := base
-	cfg.Durable, cfg.FilterSubject = UnknownTenantsConsumer, CommandPrefix+">"
-	cfg.Description = "every order command, to dead-letter those of tenants the orderservice instances do not serve"
-	if unknown, err = ensureConsumer(ctx, c.JS, cfg); err != nil {
-		return nil, nil, err
+		lanes = append(lanes, lane{cons: cons, cfg: cfg})
 	}
 	if legacy != nil {
 		err := c.JS.DeleteConsumer(ctx, CommandsStream, legacyConsumer)
 		if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return nil, nil, fmt.Errorf("removing the single consumer %s of earlier versions: %w", legacyConsumer, err)
+			return nil, fmt.Errorf("removing the single consumer %s of earlier versions: %w", legacyConsumer, err)
 		}
 		c.logger().Info("messaging: one consumer per tenant now, starting after what the single consumer of earlier versions acknowledged; it is removed",
 			"consumer", legacyConsumer, "start_sequence", base.OptStartSeq)
 	}
-	return tenants, unknown, nil
+	return lanes, nil
 }
 
 // ensureConsumer creates the durable consumer cfg names, or updates the one

@@ -195,7 +195,7 @@ func TestTheSingleConsumerOfEarlierVersionsIsReplacedWhereItStopped(t *testing.T
 		}
 	})
 	t.Run("every new consumer starts there, and the old one is gone", func(t *testing.T) {
-		for _, name := range []string{messaging.ConsumerFor("acme"), messaging.ConsumerFor("globex"), messaging.UnknownTenantsConsumer} {
+		for _, name := range []string{messaging.ConsumerFor("acme"), messaging.ConsumerFor("globex")} {
 			c, err := w.js.Consumer(ctx, messaging.CommandsStream, name)
 			if err != nil {
 				t.Fatalf("%s: %v", name, err)
@@ -217,19 +217,99 @@ func TestTheSingleConsumerOfEarlierVersionsIsReplacedWhereItStopped(t *testing.T
 	})
 }
 
-// A command of a tenant no consumer serves (not in API_KEYS) is still
-// answered: dead-lettered, by the consumer that reads every command.
-func TestACommandOfAnUnknownTenantIsDeadLettered(t *testing.T) {
+// Instances need not agree on API_KEYS: across a rolling restart that
+// adds globex, an instance that does not know globex yet runs beside one
+// that does. The one that does not leaves globex's commands alone (it once
+// read every command and dead-lettered those of tenants it did not know,
+// so globex's create was both answered and dead-lettered); the one that
+// does answers it, once. A command of a tenant no instance knows stays in
+// ORDER_COMMANDS, neither run nor dead-lettered, and is served once an
+// instance is given that tenant.
+func TestAnInstanceLeavesTheTenantsItDoesNotKnowAlone(t *testing.T) {
 	w := newWorld(t)
-	w.consumer(messaging.ConsumerHooks{}, nil)
-	dead := subscribe(t, w.nc, messaging.DLQPrefix+">")
-	publish(t, w.js, "orders.commands.initech.create", "stray-1", createBody("cus_stray"))
-	d := next(t, dead, "dead letter")
-	if !strings.Contains(d.Header.Get(messaging.HeaderReason), "unknown tenant") {
-		t.Errorf("Dead-Letter-Reason = %q", d.Header.Get(messaging.HeaderReason))
+	ctx := context.Background()
+	before := newCounters()
+	w.consumer(messaging.ConsumerHooks{}, before, func(c *messaging.Consumer) { c.Tenants = map[string]string{"acme": tenants["acme"]} })
+	w.consumer(messaging.ConsumerHooks{}, nil) // acme and globex
+	globex := w.tenantConn("globex")
+	globexJS, _ := jetstream.New(globex)
+	results := subscribe(t, w.nc, messaging.ResultPrefix+">")
+	run := time.Now().UnixNano()
+
+	publish(t, globexJS, messaging.CommandSubject("globex", "create"), fmt.Sprintf("rolling-%d", run), createBody(fmt.Sprint("cus_rolling_", run)))
+	if r := next(t, results, "globex's result"); r.Subject != messaging.ResultSubject("globex", "create") || r.Header.Get(messaging.HeaderStatus) != "201" {
+		t.Fatalf("result on %s: %v %s", r.Subject, r.Header, r.Data)
 	}
-	waitAckPending(t, w, 0)
-	if n := w.counters.get(w.counters.received, "create"); n != 1 {
-		t.Errorf("deliveries handled = %d, want 1: the unknown tenants' consumer hands over only what no tenant's consumer serves", n)
+	publish(t, w.js, messaging.CommandSubject("initech", "create"), fmt.Sprintf("stray-%d", run), createBody(fmt.Sprint("cus_stray_", run)))
+	waitAckPending(t, w, 0) // every consumer there is has dealt with all it was given
+
+	t.Run("globex's create is answered once, by the instance that knows globex", func(t *testing.T) {
+		if n := w.counters.get(w.counters.received, "create"); n != 1 {
+			t.Errorf("deliveries handled by the instance that knows globex = %d, want 1", n)
+		}
+		before.mu.Lock()
+		defer before.mu.Unlock()
+		if len(before.received) != 0 || len(before.dead) != 0 {
+			t.Errorf("the instance that does not know globex handled %v and dead-lettered %v, want nothing", before.received, before.dead)
+		}
+		if n := w.count("SELECT count(*) FROM orders WHERE customer_id = ?", fmt.Sprint("cus_rolling_", run)); n != 1 {
+			t.Errorf("orders = %d, want 1", n)
+		}
+	})
+	t.Run("a tenant no instance knows is neither run nor dead-lettered: its command stays in the stream", func(t *testing.T) {
+		waitDLQDepth(t, w, 0)
+		stream, err := w.js.Stream(ctx, messaging.CommandsStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := stream.Info(ctx, jetstream.WithSubjectFilter(messaging.CommandPrefix+"initech.>"))
+		if err != nil || info.State.Subjects[messaging.CommandSubject("initech", "create")] != 1 {
+			t.Fatalf("ORDER_COMMANDS holds %v of initech (%v), want its one command", info.State.Subjects, err)
+		}
+		if n := w.count("SELECT count(*) FROM orders WHERE customer_id = ?", fmt.Sprint("cus_stray_", run)); n != 0 {
+			t.Errorf("orders = %d, want 0", n)
+		}
+	})
+	t.Run("and is served once an instance is given the tenant", func(t *testing.T) {
+		w.consumer(messaging.ConsumerHooks{}, newCounters(), func(c *messaging.Consumer) {
+			c.Tenants = map[string]string{"initech": "key-of-initech"}
+		})
+		if r := next(t, results, "initech's result"); r.Subject != messaging.ResultSubject("initech", "create") || r.Header.Get(messaging.HeaderStatus) != "201" {
+			t.Errorf("result on %s: %v %s", r.Subject, r.Header, r.Data)
+		}
+	})
+}
+
+// A listening lane's pull ended by the broker because its consumer is gone
+// (an operator deleted it) does not leave the tenant deaf: the lane makes
+// the consumer again, and the tenant's next command is answered.
+func TestALaneWhoseConsumerIsDeletedMakesItAgain(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	w.consumer(messaging.ConsumerHooks{}, nil)
+	acme := w.tenantConn("acme")
+	acmeJS, _ := jetstream.New(acme)
+	results := subscribe(t, acme, messaging.ResultSubject("acme", "create"))
+	run := time.Now().UnixNano()
+	publish(t, acmeJS, messaging.CommandSubject("acme", "create"), fmt.Sprintf("gone-before-%d", run), createBody("cus_gone"))
+	next(t, results, "result before the deletion")
+
+	if err := w.js.DeleteConsumer(ctx, messaging.CommandsStream, messaging.ConsumerFor("acme")); err != nil {
+		t.Fatal(err)
+	}
+	key := fmt.Sprintf("gone-after-%d", run)
+	publish(t, acmeJS, messaging.CommandSubject("acme", "create"), key, createBody("cus_gone"))
+	for {
+		r := next(t, results, "result after the deletion")
+		if r.Header.Get(messaging.HeaderKey) != key {
+			continue // the consumer made again starts at the stream's beginning: the first command's replay
+		}
+		if r.Header.Get(messaging.HeaderStatus) != "201" || r.Header.Get(messaging.HeaderReplayed) == "true" {
+			t.Errorf("result %v %s, want its first answer, 201", r.Header, r.Data)
+		}
+		break
+	}
+	if n := w.count("SELECT count(*) FROM orders WHERE customer_id = 'cus_gone'"); n != 2 {
+		t.Errorf("orders = %d, want 2", n)
 	}
 }

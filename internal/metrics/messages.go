@@ -19,6 +19,7 @@ var messageOps = append(order.Verbs(), "unknown")
 type messages struct {
 	received, acked, redelivered, deadLettered, givenUp, replayed *prometheus.CounterVec
 	postponed                                                     *prometheus.CounterVec
+	handedBack                                                    *prometheus.CounterVec
 	relayed                                                       *prometheus.CounterVec
 	// duration is a command's time from its delivery to its answer, by op.
 	duration *prometheus.HistogramVec
@@ -40,6 +41,8 @@ func newMessages() messages {
 		replayed: counter("orderservice_messages_replayed_total", "Commands answered with a stored outcome (Idempotent-Replayed), by op."),
 		postponed: counter("orderservice_messages_postponed_total",
 			"Command deliveries that met their intent in flight (409 request_in_progress) and wait for it, spending no delivery, by op."),
+		handedBack: counter("orderservice_messages_handed_back_total",
+			"Command deliveries that met their intent in flight and were handed back for a later delivery instead of waiting (their intent had a waiter, or their tenant its share of waiters), spending no delivery, by op."),
 		relayed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "orderservice_outbox_relay_publishes_total",
 			Help: "Outbox events the relay published; result is published, or duplicate when JetStream already had the event id."}, []string{"result"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "orderservice_command_duration_seconds",
@@ -49,7 +52,7 @@ func newMessages() messages {
 			Help: "Times the broker door was opened again on a new connection, after the broker closed one for good (a protocol error, credentials refused)."}),
 	}
 	for _, op := range messageOps {
-		for _, c := range []*prometheus.CounterVec{m.received, m.acked, m.redelivered, m.deadLettered, m.givenUp, m.replayed, m.postponed} {
+		for _, c := range []*prometheus.CounterVec{m.received, m.acked, m.redelivered, m.deadLettered, m.givenUp, m.replayed, m.postponed, m.handedBack} {
 			c.WithLabelValues(op)
 		}
 		m.duration.WithLabelValues(op)
@@ -60,7 +63,7 @@ func newMessages() messages {
 }
 
 func (m messages) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.received, m.acked, m.redelivered, m.deadLettered, m.givenUp, m.replayed, m.postponed, m.relayed, m.duration, m.reopened}
+	return []prometheus.Collector{m.received, m.acked, m.redelivered, m.deadLettered, m.givenUp, m.replayed, m.postponed, m.handedBack, m.relayed, m.duration, m.reopened}
 }
 
 // MessageReceived counts one delivery of a command.
@@ -93,6 +96,15 @@ func (m *Metrics) MessageDeadLettered(op string) {
 		return
 	}
 	m.messages.deadLettered.WithLabelValues(op).Inc()
+}
+
+// MessageHandedBack counts one command delivery that met its intent in
+// flight and was handed back instead of waiting.
+func (m *Metrics) MessageHandedBack(op string) {
+	if m == nil {
+		return
+	}
+	m.messages.handedBack.WithLabelValues(op).Inc()
 }
 
 // MessagePostponed counts one command delivery that waits for its intent

@@ -20,7 +20,7 @@ func TestEveryMessageCounterIsOnThePageFromTheStart(t *testing.T) {
 		slog.New(slog.DiscardHandler), []string{"order.pay"}, []string{"order.pay"})
 	page := httptest.NewRecorder()
 	m.Handler().ServeHTTP(page, httptest.NewRequest("GET", "/metrics", nil))
-	for _, name := range []string{"received", "acked", "redelivered", "dead_lettered", "dead_letters_given_up", "replayed", "postponed"} {
+	for _, name := range []string{"received", "acked", "redelivered", "dead_lettered", "dead_letters_given_up", "replayed", "postponed", "handed_back"} {
 		for _, op := range []string{"create", "pay", "cancel", "ship", "deliver", "unknown"} {
 			series := "orderservice_messages_" + name + `_total{op="` + op + `"} 0`
 			if !strings.Contains(page.Body.String(), series) {

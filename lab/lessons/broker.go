@@ -19,7 +19,7 @@ import (
 
 // The broker, as a client of the service sees it: the tenant's NATS user
 // (user = tenant, password = its API key, CONTRACT.md "Messages"), which
-// may publish commands under orders.commands.<tenant>. and subscribe to its
+// may publish commands on orders.commands.<tenant>.<op> and subscribe to its
 // own results and events, and nothing else; and, for what only an operator
 // does (replay the DLQ, republish an event as the relay would), the
 // service's own NATS user.

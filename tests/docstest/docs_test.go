@@ -49,7 +49,7 @@ var expect = map[string][]string{
 		"HTTP/1.1 201 Created", "HTTP/1.1 200 OK", "Idempotent-Replayed: true", "HTTP/1.1 400 Bad Request",
 		"idempotency_key_missing", `"status":"PAID"`, `"status":"DELIVERED"`, `"longest_window"`,
 	},
-	"docs/messaging.md":  {"Status: 201", "Idempotent-Replayed: true", "orders.results.acme.malformed  Status: 400", "unknown operation"},
+	"docs/messaging.md":  {"Status: 201", "Idempotent-Replayed: true", `Permissions Violation for Publish to "orders.commands.acme.refund"`},
 	"docs/lab.md":        {"\n5 orders for one intent\n"},
 	"docs/operations.md": {"still failing after 5 deliveries", "1 dead-lettered commands replayed, 0 kept", `"status":"PAID"`},
 }
