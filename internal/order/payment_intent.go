@@ -31,6 +31,7 @@ import (
 
 	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/order/steps"
 	"github.com/orderservice/orderservice/internal/payment"
 )
 
@@ -99,6 +100,7 @@ func (s *Service) paymentIntent(ctx context.Context, c Caller, op, orderID strin
 	}
 	ctx, end := traced(ctx, in)
 	defer func() { end(res, err) }()
+	defer func() { s.step(ctx, answerStep(in, res, err)) }()
 	place := s.channelPlace()
 	defer place.release()
 	claimed := time.Now() // the lease the claim takes runs from no earlier than this
@@ -139,7 +141,9 @@ func (s *Service) leaseLapsed(claimed time.Time) bool {
 // phase 3. It is used by the request that started the payment, by a client
 // retry, and by the sweeper after a takeover.
 func (s *Service) finishPayment(ctx context.Context, rec idempotency.Record, p Payment, how asking, claimed time.Time) (idempotency.Result, error) {
+	ctx = steps.Owning(ctx, rec.LeaseToken)
 	if s.leaseLapsed(claimed) {
+		s.step(ctx, steps.Lapsed{Intent: intentOf(rec), Token: rec.LeaseToken})
 		return idempotency.Result{}, s.postpone(ctx, rec, s.Money.RetryAfter)
 	}
 	reply, err := s.askChannel(payment.Resending(ctx, rec.Attempts-1), p, how)
@@ -155,6 +159,7 @@ func (s *Service) finishPayment(ctx context.Context, rec idempotency.Record, p P
 	res, err := s.storeReplyPatiently(ctx, rec, p, reply)
 	switch {
 	case errors.Is(err, idempotency.ErrFenced):
+		s.step(ctx, steps.Store{Intent: intentOf(rec), Token: rec.LeaseToken, Fenced: true})
 		return idempotency.Result{}, errSuperseded()
 	case transientStore(err):
 		// The channel answered but the reply could not be stored: the
@@ -181,7 +186,8 @@ type opening struct {
 // open is phase 1, in one transaction. An intent that goes on to the
 // channel leaves it holding place.
 func (s *Service) open(ctx context.Context, c Caller, id uuid.UUID, in idempotency.Intent, rule func(*Order) (plan, error), place *channelPlace) (opened opening, err error) {
-	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
+	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) (err error) {
+		defer func() { s.step(ctx, claimStep(in, opened, err)) }()
 		opened = opening{}
 		claim, err := s.Records.ClaimOrReplay(tx, in)
 		if err != nil {
@@ -316,6 +322,8 @@ func (s *Service) askChannel(ctx context.Context, p Payment, how asking) (res ch
 	// deadline it was judged by (keywindow.go).
 	deadline := time.Now().Add(s.Money.ChannelTimeout)
 	how = s.atTheCall(p, how, deadline)
+	s.step(ctx, steps.Decide{Intent: paymentIntentOf(p), Token: steps.OwnerOf(ctx), How: how.String(), Deadline: deadline, FirstAttempt: p.CreatedAt, KeyWindow: s.Money.ChannelKeyWindow})
+	defer func() { s.step(ctx, replyStep(ctx, p, res, err)) }()
 	if err := s.Hooks.run(s.Hooks.BeforeChannelCall); err != nil {
 		return channelReply{}, err
 	}
@@ -425,7 +433,9 @@ func (s *Service) storeReply(ctx context.Context, rec idempotency.Record, p Paym
 		if err := s.Hooks.run(s.Hooks.BeforeReplyCommit); err != nil {
 			return err
 		}
-		return s.Records.Complete(tx, rec.Scope(), rec.LeaseToken, result)
+		err = s.Records.Complete(tx, rec.Scope(), rec.LeaseToken, result)
+		s.step(ctx, storeStep(rec, p, o, result, err))
+		return err
 	})
 	return result, err
 }
@@ -477,7 +487,9 @@ func intentResult(o *Order, p Payment, reply channelReply, stored bool) (idempot
 // again (at once, or after after).
 func (s *Service) postpone(ctx context.Context, rec idempotency.Record, after time.Duration) error {
 	err := database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
-		return s.Records.Fail(tx, rec.Scope(), rec.LeaseToken, after)
+		err := s.Records.Fail(tx, rec.Scope(), rec.LeaseToken, after)
+		s.step(ctx, postponeStep(rec, err))
+		return err
 	})
 	switch {
 	case errors.Is(err, idempotency.ErrFenced):

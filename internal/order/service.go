@@ -14,6 +14,7 @@ import (
 
 	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/order/steps"
 )
 
 // Caller is who asks, as the API key proved it, and the Idempotency-Key
@@ -101,6 +102,11 @@ type Deps struct {
 	// shown with the policy (IdempotencyPolicy).
 	WindowSources   map[string]string
 	OutboxRetention time.Duration
+	// Steps, when set, is told each step of the idempotency protocol as
+	// it is taken (internal/order/steps): tests record runs with it and
+	// tools/tracecheck replays them against the model. Nil in production:
+	// a step then costs a nil check.
+	Steps steps.Recorder
 }
 
 // Service runs the order use cases on its Deps. Build it with NewService.

@@ -278,7 +278,7 @@ func useCasesOn(t *testing.T, db *gorm.DB, ch order.Channel, lease time.Duration
 			db.Exec(`DELETE FROM idempotency_records WHERE ` + unfinished)
 		}
 	})
-	return order.NewService(order.Deps{DB: db, Channel: ch,
+	return order.NewService(order.Deps{DB: db, Channel: recordedChannel(t, ch), Steps: stepsOf(t),
 		Records: &idempotency.Store{Lease: lease, PhaseTimeout: timeout, Policy: policy},
 		Inbox:   &idempotency.Inbox{Retention: time.Hour},
 		Money:   order.MoneyConfig{ChannelTimeout: timeout, RetryAfter: time.Second, ChannelKeyWindow: 24 * time.Hour}})
