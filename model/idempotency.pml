@@ -89,6 +89,59 @@
 #define FAULTS 2       /* crashes, slow owners, lost answers and failed lookups, in all */
 #endif
 
+/* Trace validation (-DTRACE, tools/tracecheck): the model replays a run the
+ * Go code recorded. The verifier is compiled once; at its start it reads
+ * the trace named by $TRACE_FILE (a line of six numbers an event, kind and
+ * arguments), its first $TRACE_LEN events if that is set, into the arrays
+ * below. Each step of the model that
+ * the code records is then executable only when it matches the next event
+ * (EV), and consumes it (NEXT); the steps the code does not record
+ * (crashes, leases running out, the channel settling or forgetting, time,
+ * the cleanup) stay free. The run is explained when some path consumes
+ * every event: the process explained, at the end, reports it as an
+ * assertion violation. Attempts are started as the trace claims (spawner),
+ * and faults are not bounded: the trace bounds them. */
+#define E_CLAIM    1   /* a: kind (K_*), b: token, c: the answer phase 1 gave (0: on to the channel) */
+#define E_CALL     2   /* a: token, b: how (1 send, 2 look up first), c: the result, d: replayed, e: past the key window */
+#define E_LAPSED   3   /* a: token: a lease ran out before the call */
+#define E_POSTPONE 4   /* a: token, b: fenced */
+#define E_STORE    5   /* a: token, b: the answer stored (0: fenced) */
+#define E_LATELOOK 6   /* a: what the late verdict's lookup found */
+#define E_LATE     7   /* a: the late verdict applied */
+#define E_CANCEL   8   /* a: 1 cancelled, 2 refund started, 3 refused */
+#define E_REFUND   9   /* a: 1 refunded (CANCELLED), 2 refused (PAID again) */
+#define K_NEW      1
+#define K_RESUME   2   /* from FAILED_RETRYABLE */
+#define K_TAKEOVER 3   /* from an expired lease */
+#define K_REPLAY   4
+#define K_SWEEP    5   /* the sweeper's claim, from either */
+#ifdef TRACE
+#undef FAULTS
+#define FAULTS 255
+#define NEVMAX 256
+hidden byte ek[NEVMAX]; hidden byte ea[NEVMAX]; hidden byte eb[NEVMAX];
+hidden byte ec[NEVMAX]; hidden byte ed[NEVMAX]; hidden byte ee[NEVMAX];
+hidden short nev = 0;  /* the events to explain: read by load_trace at the start */
+#define NEV nev
+short ti = 0;          /* the next event to explain */
+bool spawning = false; /* an attempt was started for the next claim */
+#define AT(k)           (ti < NEV && ek[ti] == (k))
+#define EV1(k,a)        (AT(k) && ea[ti] == (a))
+#define EV2(k,a,b)      (EV1(k,a) && eb[ti] == (b))
+#define EV3(k,a,b,c)    (EV2(k,a,b) && ec[ti] == (c))
+#define EV4(k,a,b,c,d)  (EV3(k,a,b,c) && ed[ti] == (d))
+#define NEXT            ti++
+#define CLAIMED         ti++; spawning = false
+#else
+#define AT(k)           true
+#define EV1(k,a)        true
+#define EV2(k,a,b)      true
+#define EV3(k,a,b,c)    true
+#define EV4(k,a,b,c,d)  true
+#define NEXT            skip
+#define CLAIMED         skip
+#endif
+
 #ifdef NEW_KEY
 #define KEYOF(m) (m)   /* a key per attempt */
 #else
@@ -195,9 +248,13 @@ inline rule(mine) {
 	fi
 }
 
+/* What the order's rule answers a new claim: 0 when it pays. */
+#define RULE_ANS ((pst == P_NONE && (ost == CREATED || ost == PFAIL)) -> 0 : A_REFUSED)
+
 /* The channel is sent a charge under key: it answers from its record of
  * the key while it remembers it, or acts: charges, declines, or takes the
  * charge on to finish later. */
+#ifndef TRACE
 inline send(key, got) {
 	if
 	:: (known & (1 << key)) != 0 -> got = ledger[key]      /* replayed */
@@ -213,6 +270,31 @@ inline send(key, got) {
 		got = ledger[key]
 	fi
 }
+#else
+/* The same, each outcome matched with the call recorded (how: 1 sent at
+ * once, 2 after a lookup that found nothing). The channel may also lose
+ * its answer once it acted, be unavailable and do nothing, or refuse the
+ * request (a 4xx): the code's trace tells which it saw, UNKNOWN for both
+ * of the first two. */
+#define HOW (lookup -> 2 : 1)
+inline send(key, got) {
+	if
+	:: (known & (1 << key)) != 0 && EV4(E_CALL, mine, HOW, ledger[key], 1) -> NEXT; got = ledger[key]
+	:: (known & (1 << key)) != 0 && EV3(E_CALL, mine, HOW, UNKNOWN) -> NEXT; got = UNKNOWN
+	:: (known & (1 << key)) == 0 && EV3(E_CALL, mine, HOW, UNKNOWN) -> NEXT; got = UNKNOWN   /* unavailable */
+	:: (known & (1 << key)) == 0 && EV4(E_CALL, mine, HOW, REFUSED, 0) -> NEXT; got = REFUSED
+	:: (known & (1 << key)) == 0 && AT(E_CALL) && ea[ti] == mine && eb[ti] == HOW && ed[ti] == 0 &&
+	   (ec[ti] == CHARGED || ec[ti] == DECLINED || ec[ti] == PEND || ec[ti] == UNKNOWN) ->
+		known = known | (1 << key);
+		if
+		:: ec[ti] == CHARGED || ec[ti] == UNKNOWN -> ledger[key] = CHARGED; charges++
+		:: ec[ti] == DECLINED || ec[ti] == UNKNOWN -> ledger[key] = DECLINED
+		:: ec[ti] == PEND || ec[ti] == UNKNOWN -> ledger[key] = PEND; pendings++
+		fi;
+		got = ec[ti]; NEXT   /* UNKNOWN: it acted, and the answer was lost */
+	fi
+}
+#endif
 
 /* The order moves on the payment's outcome (moveOnReply), once: only a
  * payment still pending takes an outcome, and only PAYMENT_PENDING may
@@ -228,10 +310,16 @@ inline settle(got) {
 /* The intent's owner lets its record go to FAILED_RETRYABLE, fenced. */
 inline postpone(mine) {
 	if
-	:: rec == PROC && token == mine -> rec = RETRY
-	:: else -> skip
+	:: rec == PROC && token == mine && EV2(E_POSTPONE, mine, 0) -> NEXT; rec = RETRY
+	:: !(rec == PROC && token == mine) && EV2(E_POSTPONE, mine, 1) -> NEXT   /* fenced */
 	fi
 }
+
+/* What phase 3 stores, as it decides it below: 0 when the transition is
+ * refused (rolled back). */
+#define STORE_ANS (pst == P_PEND && got == PEND -> A_ACCEPTED : \
+	(pst == P_PEND && ost == PPEND -> (got == CHARGED -> A_PAID : (got == DECLINED -> A_DECLINED : A_REFUSED)) : \
+	(pst == P_OK -> A_PAID : (pst == P_FAIL -> A_DECLINED : 0))))
 
 /* One attempt of the intent, from src, through the three phases. */
 inline attempt(src, mine, lookup, resumed, got, ans) {
@@ -253,12 +341,14 @@ claimed:
 	atomic {
 		arrive(src);
 		if
-		:: src != SWEEPER && rec == NONE ->                            /* first */
-			rec = PROC; token = 1; mine = 1; expired = false; rule(mine)
-		:: src != SWEEPER && rec == DONE -> tell(stored); goto gone    /* replay */
-		:: rec == RETRY || (rec == PROC && expired) ->                 /* resume */
+		:: src != SWEEPER && rec == NONE && EV3(E_CLAIM, K_NEW, 1, RULE_ANS) ->   /* first */
+			CLAIMED; rec = PROC; token = 1; mine = 1; expired = false; rule(mine)
+		:: src != SWEEPER && rec == DONE && EV3(E_CLAIM, K_REPLAY, 0, stored) ->  /* replay */
+			CLAIMED; tell(stored); goto gone
+		:: (rec == RETRY || (rec == PROC && expired)) &&
+		   EV2(E_CLAIM, (src == SWEEPER -> K_SWEEP : (rec == RETRY -> K_RESUME : K_TAKEOVER)), token + 1) ->  /* resume */
 			/* its owner died, or the intent is past the channel's key window: ask first */
-			resumed = 1; lookup = (rec == PROC || PAST_WINDOW);
+			CLAIMED; resumed = 1; lookup = (rec == PROC || PAST_WINDOW);
 			rec = PROC; token++; mine = token; expired = false; calling++;
 			LATE_CLAIM
 		:: else -> goto gone      /* 409 in flight; nothing for the sweeper */
@@ -272,6 +362,16 @@ open:
 	:: skip
 	fi;
 
+#ifdef TRACE
+	/* An owner whose lease ran out before its call does not call
+	 * (leaseLapsed): it gives the intent back, fenced. */
+	if
+	:: atomic { (expired || token != mine) && EV1(E_LAPSED, mine) -> NEXT; calling--; LATE_CALLED };
+		atomic { postpone(mine) }; goto gone
+	:: skip
+	fi;
+#endif
+
 	/* Phase 2: ask the channel under the payment's key. The sweeper, a
 	 * takeover from an owner that died, and an intent resumed past the
 	 * channel's key window (decided at the claim) ask what the channel
@@ -282,14 +382,18 @@ open:
 #else
 		lookup = false;
 #endif
+#ifdef TRACE
+		/* the key window judged at the call, from the call's deadline */
+		lookup = lookup || (resumed && AT(E_CALL) && ee[ti] == 1);
+#endif
 		if
-		:: lookup && faults < FAULTS -> faults++;     /* the lookup fails: a 4xx other than 404 */
+		:: lookup && faults < FAULTS && EV3(E_CALL, mine, 2, UNKNOWN) -> NEXT; faults++;     /* the lookup fails: a 4xx other than 404 */
 #ifdef FAILED_LOOKUP_DECLINES
 			got = REFUSED
 #else
 			got = UNKNOWN      /* says nothing of the charge */
 #endif
-		:: lookup && FINDS(KEYOF(mine)) -> got = ledger[KEYOF(mine)]
+		:: lookup && FINDS(KEYOF(mine)) && EV4(E_CALL, mine, 2, ledger[KEYOF(mine)], 0) -> NEXT; got = ledger[KEYOF(mine)]
 		:: !lookup || !FINDS(KEYOF(mine)) -> send(KEYOF(mine), got)
 		fi;
 		calling--; LATE_CALLED
@@ -302,12 +406,14 @@ open:
 	:: atomic { faults < FAULTS -> faults++;     /* crash after the call */
 		if :: rec == PROC && token == mine -> expired = true :: else -> skip fi };
 		goto gone
+#ifndef TRACE
 	:: atomic { faults < FAULTS -> faults++;     /* the answer is lost: outcome unknown */
 #ifdef TIMEOUT_DECLINES
 		got = DECLINED };                        /* ... and taken as a decline */
 #else
 		postpone(mine) };
 		goto gone
+#endif
 #endif
 	:: skip
 	fi;
@@ -321,7 +427,7 @@ open:
 #elif defined(NO_TOKEN)
 		:: rec == PROC ->        /* the state checked, the token not: this holds */
 #else
-		:: rec == PROC && token == mine ->
+		:: rec == PROC && token == mine && (STORE_ANS == 0 || EV2(E_STORE, mine, STORE_ANS)) ->
 #endif
 			if
 			:: pst == P_PEND && got == PEND -> ans = A_ACCEPTED
@@ -338,11 +444,11 @@ open:
 			fi;
 			if
 			:: ans != 0 ->
-				rec = DONE; stored = ans;
+				NEXT; rec = DONE; stored = ans;
 				if :: src != SWEEPER -> tell(ans) :: else -> skip fi
 			:: else -> expired = true                /* an error: left to the lease */
 			fi
-		:: else -> skip          /* fenced: its successor answers */
+		:: !(rec == PROC && token == mine) && EV2(E_STORE, mine, 0) -> NEXT   /* fenced: its successor answers */
 		fi
 	}
 gone:
@@ -358,29 +464,41 @@ proctype request(byte src) {
  * record is definitive, or gone), and the channel has the outcome. Asking
  * while the channel has nothing final changes nothing, and is left out:
  * so a payment nobody can finish shows at rest. */
+#ifndef TRACE
 #define LATE_DUE (pst == P_PEND && (rec == DONE || rec == NONE) && \
 	(ledger[pkey] == CHARGED || ledger[pkey] == DECLINED) && FINDS(pkey))
+#else
+#define LATE_DUE (pst == P_PEND && (rec == DONE || rec == NONE) && AT(E_LATELOOK))   /* the code asks whatever the channel holds */
+#endif
 
 /* ResolvePending, after waitingForChannel found the payment due: the
  * channel is asked by the key (lookUpOnly), then one transaction stores
  * the outcome if the payment is still pending. */
 inline lateLookup(got) {
 	if
-	:: faults < FAULTS -> faults++;     /* the lookup fails */
+	:: faults < FAULTS && EV1(E_LATELOOK, UNKNOWN) -> NEXT; faults++;     /* the lookup fails */
 #ifdef FAILED_LOOKUP_DECLINES
 		got = REFUSED
 #else
 		got = UNKNOWN                   /* errChannelUnknown: asked again later */
 #endif
-	:: got = ledger[pkey]
+	:: EV1(E_LATELOOK, ledger[pkey]) -> NEXT; got = ledger[pkey]
 	fi
 }
 inline lateStore(got) {
 	atomic {
+#ifndef TRACE
 		if
 		:: pst == P_PEND && ost == PPEND && got != 0 && got != UNKNOWN -> settle(got)
 		:: else -> skip                 /* stored already, or unknown */
 		fi;
+#else
+		if
+		:: pst == P_PEND && ost == PPEND && (got == CHARGED || got == DECLINED) && EV1(E_LATE, 1) -> NEXT; settle(got)
+		:: !(pst == P_PEND && ost == PPEND && (got == CHARGED || got == DECLINED)) && got != UNKNOWN && EV1(E_LATE, 0) -> NEXT
+		:: got == UNKNOWN -> skip       /* errChannelUnknown: no transaction */
+		fi;
+#endif
 		got = 0
 	}
 }
@@ -392,7 +510,7 @@ active proctype sweeper() {
 	byte mine, got, ans; bool lookup; byte resumed;
 end:
 	do
-#ifndef NO_SWEEPER
+#if !defined(NO_SWEEPER) && !defined(TRACE)
 	:: rec == RETRY || (rec == PROC && expired) -> attempt(SWEEPER, mine, lookup, resumed, got, ans)
 #endif
 	:: atomic { LATE_DUE -> lateLookup(got) }; lateStore(got)
@@ -406,6 +524,7 @@ active proctype webhook() {
 	byte got;
 end:
 	do
+#ifndef TRACE
 	:: atomic { hint -> hint = false;
 		if
 		:: LATE_DUE -> lateLookup(got)
@@ -413,6 +532,9 @@ end:
 		fi };
 		lateStore(got)
 	:: atomic { hint -> hint = false }  /* lost */
+#else
+	:: atomic { LATE_DUE -> lateLookup(got) }; lateStore(got)   /* the test delivers when it likes */
+#endif
 	od
 }
 
@@ -486,6 +608,26 @@ end:
  * (REFUND_PENDING); in PAYMENT_PENDING the money may be moving, and the
  * state machine refuses (409). Its own recovery is the pay's, checked
  * above, and left out here. */
+#ifdef TRACE
+proctype cancel() {
+	bool refund = false;
+	atomic {
+		if
+		:: (ost == CREATED || ost == PFAIL) && EV1(E_CANCEL, 1) -> CLAIMED; ost = CANC
+		:: ost == PAID && EV1(E_CANCEL, 2) -> CLAIMED; ost = RPEND; refund = true
+		:: !(ost == CREATED || ost == PFAIL || ost == PAID) && EV1(E_CANCEL, 3) -> CLAIMED
+		fi
+	}
+	if
+	:: refund -> atomic {
+		if
+		:: EV1(E_REFUND, 1) -> NEXT; refunds++; ost = CANC
+		:: EV1(E_REFUND, 2) -> NEXT; ost = PAID    /* the channel refused the refund */
+		fi; refund = false }
+	:: else -> skip
+	fi
+}
+#else
 proctype cancel() {
 	bool refund = false;
 	atomic {
@@ -507,9 +649,47 @@ proctype cancel() {
 	:: else -> skip
 	fi
 }
+#endif
 
 #endif
 
+#ifdef TRACE
+/* Attempts start as the trace claims: one at a time, each taking the next
+ * claim (or the cancel). */
+active proctype spawner() {
+end:
+	do
+	:: atomic { AT(E_CLAIM) && !spawning -> spawning = true;
+		if
+		:: ea[ti] == K_SWEEP -> run request(SWEEPER)
+		:: else -> run request(CLIENT)
+		fi }
+	:: atomic { AT(E_CANCEL) && !spawning -> spawning = true; run cancel() }
+	od
+}
+
+/* Every event explained: reported as a violation, with the path as its trail. */
+proctype explained() {
+	ti == NEV -> assert(ti != NEV)   /* the trace is explained */
+}
+
+c_code {
+/* Reads the trace into the hidden arrays, once. */
+void load_trace(void) {
+	static int loaded;
+	const char *path = getenv("TRACE_FILE"), *len = getenv("TRACE_LEN");
+	int k, a, b, c, d, e, max = len ? atoi(len) : NEVMAX;
+	FILE *f;
+	if (loaded) return;
+	loaded = 1;
+	if (!path || !(f = fopen(path, "r"))) { printf("tracecheck: no TRACE_FILE\n"); exit(2); }
+	while (nev < max && nev < NEVMAX && fscanf(f, "%d %d %d %d %d %d", &k, &a, &b, &c, &d, &e) == 6) {
+		ek[nev] = k; ea[nev] = a; eb[nev] = b; ec[nev] = c; ed[nev] = d; ee[nev] = e; nev++;
+	}
+	fclose(f);
+}
+}
+#else
 /* What a user cares about, checked in every state. */
 active proctype monitor() {
 end:
@@ -529,7 +709,9 @@ end:
 	}
 }
 
-#ifndef LIVENESS
+#endif
+
+#if !defined(LIVENESS) && !defined(TRACE)
 /* Once nothing can run any more, nothing is left hanging: the order is not
  * waiting for a payment or a refund that nobody will finish. */
 active proctype rest() {
@@ -538,6 +720,9 @@ active proctype rest() {
 #endif
 
 init {
+#ifdef TRACE
+	atomic { c_code { load_trace(); }; run explained() }
+#else
 	atomic {
 		run request(CLIENT);   /* the first request */
 		run request(CLIENT);   /* its retry, on another instance */
@@ -548,8 +733,11 @@ init {
 		run request(DLQ)       /* its dead letter, replayed by an operator */
 #endif
 	}
+#endif
 }
 
 /* Liveness, under weak fairness: an intent begun ends definitive, and the
  * order does not stay in PAYMENT_PENDING. */
+#ifndef TRACE
 ltl converges { [] (((rec == PROC || rec == RETRY) -> <> (rec == DONE)) && (ost == PPEND -> <> (ost != PPEND))) }
+#endif

@@ -107,8 +107,11 @@ func replyStep(ctx context.Context, p Payment, res channelReply, err error) step
 // answerStep is the answer a client of the intent was given.
 func answerStep(in idempotency.Intent, res idempotency.Result, err error) steps.Event {
 	a := answerOf(res)
-	if err != nil {
+	switch {
+	case err != nil:
 		a = "error"
+	case res.Outcome == "":
+		return nil // a panic: no answer was given
 	}
 	return steps.Answer{Intent: steps.Intent{Order: in.ResourceID, Op: in.Scope.Operation, Key: in.Scope.Key}, Answer: a}
 }

@@ -51,6 +51,7 @@ type Claim struct {
 type Decide struct {
 	Intent
 	Token        int64         `json:"token"`
+	ChannelKey   string        `json:"channel_key"`
 	How          string        `json:"how"`
 	Deadline     time.Time     `json:"deadline"`
 	FirstAttempt time.Time     `json:"first_attempt"`
