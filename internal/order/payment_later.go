@@ -80,12 +80,12 @@ func (s *Service) ReceiveChannelEvent(ctx context.Context, webhookID, eventType,
 	var receipt Receipt
 	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
 		var err error
-		receipt, err = late.store(tx)
-		s.step(ctx, lateStep(late, receipt, err))
-		if err != nil {
+		if receipt, err = late.store(tx); err != nil {
 			return err
 		}
-		return s.Inbox.Note(tx, webhookID, eventType, string(receipt))
+		err = s.Inbox.Note(tx, webhookID, eventType, string(receipt))
+		s.step(ctx, lateStep(late, receipt, err))
+		return err
 	})
 	if errors.Is(err, idempotency.ErrDelivered) {
 		return ReceiptDuplicate, nil

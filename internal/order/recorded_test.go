@@ -16,6 +16,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
 	"github.com/orderservice/orderservice/internal/order/steps"
 	"github.com/orderservice/orderservice/internal/payment"
@@ -62,6 +63,16 @@ func stepsOf(t *testing.T) steps.Recorder {
 		return l
 	}
 	return nil
+}
+
+// playedClaim records a claim the test made itself, through the store,
+// playing an owner the service does not run.
+func playedClaim(t *testing.T, orderID string, c idempotency.Claim) {
+	if l := recorded(t); l != nil {
+		kind := map[idempotency.State]string{"": "new", idempotency.Processing: "takeover", idempotency.FailedRetryable: "resume"}[c.ResumedFrom]
+		l.Record(t.Context(), steps.Claim{Intent: steps.Intent{Order: orderID, Op: c.Record.Operation, Key: c.Record.IdempotencyKey},
+			Kind: kind, By: "client", Token: c.Token()})
+	}
 }
 
 // recordedChannel is ch with each call recorded as the channel answered

@@ -107,6 +107,13 @@ func mapRun(name string, lines []steps.Line) []*trace {
 	for _, l := range lines {
 		src := l.Step + " " + string(l.Data)
 		add := func(r *orderRun, kind int, args ...int) {
+			if len(r.t.events) == 0 && kind != eClaim && kind != eCancel && r.t.beyond == "" {
+				// a pending payment swept up from before the run began
+				r.t.beyond = fmt.Sprintf("its intent ran before the run was recorded (step %d: %s)", l.Seq, l.Step)
+			}
+			if r.t.beyond != "" {
+				return
+			}
 			e := event{kind: kind, seq: l.Seq, source: src}
 			copy(e.args[:], args)
 			r.t.events = append(r.t.events, e)
@@ -234,7 +241,7 @@ func mapRun(name string, lines []steps.Line) []*trace {
 		if len(r.t.events) > 250 && r.t.beyond == "" {
 			r.t.beyond = fmt.Sprintf("%d events, more than the model's trace holds", len(r.t.events))
 		}
-		if len(r.t.events) > 0 {
+		if len(r.t.events) > 0 || r.t.beyond != "" {
 			ts = append(ts, r.t)
 		}
 	}

@@ -97,8 +97,8 @@ func (s *spin) explains(events []event) (bool, error) {
 		return v, nil
 	}
 	s.runs++
+	file := filepath.Join(s.dir, fmt.Sprintf("%s-%d.trace", id, s.runs))
 	s.mu.Unlock()
-	file := filepath.Join(s.dir, id+".trace")
 	if err := os.WriteFile(file, []byte(text), 0o644); err != nil {
 		return false, err
 	}
