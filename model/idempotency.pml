@@ -63,6 +63,7 @@
 #define A_DECLINED 2   /* 402 payment_declined */
 #define A_ACCEPTED 3   /* 202: the channel finishes the charge later */
 #define A_REFUSED  4   /* 409 / 422: refused (state machine, key ran before, channel) */
+#define A_UNAVAIL  5   /* 503: the outcome is not known; try again (never stored) */
 
 /* The order's status */
 #define CREATED 0
@@ -155,14 +156,32 @@ bool spawning = false; /* an attempt was started for the next claim */
  * not forgot) sends, its call landing past the window. */
 #ifdef AGE_ONLY
 #define PAST_WINDOW forgot
+#define AT_THE_CALL false
 #define LATE_CLAIM  if :: aged -> resumed = 2; late++ :: else -> skip fi
 #define LATE_CALLED if :: resumed == 2 -> late-- :: else -> skip fi
 #define QUIET       (calling == late)   /* the window may pass during a late claim's call */
-#else
+#elif defined(DECIDE_AT_CLAIM)
+/* The key window judged at the claim, as the code did before atTheCall: an
+ * owner may stall for any time between its claim and its call. */
 #define PAST_WINDOW aged
+#define AT_THE_CALL false
 #define LATE_CLAIM  skip
 #define LATE_CALLED skip
-#define QUIET       (calling == 0)
+#define QUIET       true
+#else
+/* The key window judged at the call (atTheCall, keywindow.go), from the
+ * call's deadline: aged then means that the window ends before the
+ * deadline (less a margin), and a call cannot outlive its deadline, so the
+ * channel forgets whenever it likes: never during a call judged in time. */
+#define PAST_WINDOW false
+#ifdef TRACE
+#define AT_THE_CALL (AT(E_CALL) && ee[ti] == 1)   /* the trace's deadline and window say */
+#else
+#define AT_THE_CALL aged
+#endif
+#define LATE_CLAIM  skip
+#define LATE_CALLED skip
+#define QUIET       true
 #endif
 
 #ifdef ORDER
@@ -200,6 +219,7 @@ bool hint = false;     /* a webhook is on its way */
 byte charges = 0;      /* money the channel took */
 byte refunds = 0;      /* money the channel gave back */
 
+byte final = 0;        /* the first final answer stored (not a 202) */
 byte told = 0;         /* the first answer a client of the intent was given */
 byte given = 0;        /* every answer given, one bit each */
 
@@ -219,6 +239,9 @@ inline tell(a) {
 	given = given | (1 << a)
 }
 
+/* A final answer is stored: the first is remembered. */
+#define FINAL(a) if :: final == 0 && (a) != A_ACCEPTED -> final = (a) :: else -> skip fi
+
 /* An attempt from src arrives: or does not, once its window has ended. */
 inline arrive(src) {
 #ifdef TRACE
@@ -235,7 +258,7 @@ inline arrive(src) {
 
 /* The intent ends in phase 1 with a refusal, stored and told. */
 inline refuse() {
-	rec = DONE; stored = A_REFUSED; tell(A_REFUSED); goto gone
+	rec = DONE; stored = A_REFUSED; FINAL(A_REFUSED); tell(A_REFUSED); goto gone
 }
 
 /* Phase 1 of a new claim: the order's rule, in the claim's transaction.
@@ -314,6 +337,10 @@ inline settle(got) {
 /* The intent's owner lets its record go to FAILED_RETRYABLE, fenced. */
 inline postpone(mine) {
 	if
+#ifdef FAIL_UNFENCED
+	:: rec != NONE -> rec = RETRY      /* Fail without its lease_token = ? AND state = 'PROCESSING' */
+	:: rec == NONE -> skip
+#endif
 	:: rec == PROC && token == mine && EV2(E_POSTPONE, mine, 0) -> NEXT; rec = RETRY
 	:: !(rec == PROC && token == mine) && EV2(E_POSTPONE, mine, 1) -> NEXT   /* fenced */
 	fi
@@ -382,13 +409,10 @@ open:
 	 * holds first. */
 	atomic {
 #ifndef NO_LOOKUP
-		lookup = lookup || src == SWEEPER;
+		/* the key window judged at the call, from the call's deadline */
+		lookup = lookup || src == SWEEPER || AT_THE_CALL;
 #else
 		lookup = false;
-#endif
-#ifdef TRACE
-		/* the key window judged at the call, from the call's deadline */
-		lookup = lookup || (resumed && AT(E_CALL) && ee[ti] == 1);
 #endif
 		if
 		:: lookup && faults < FAULTS && EV3(E_CALL, mine, 2, UNKNOWN) -> NEXT; faults++;     /* the lookup fails: a 4xx other than 404 */
@@ -403,7 +427,11 @@ open:
 		calling--; LATE_CALLED
 	}
 	if
+#ifdef TRANSIENT_FINAL
+	:: got == UNKNOWN -> atomic { rec == PROC && token == mine -> rec = DONE; stored = A_UNAVAIL; tell(A_UNAVAIL) }; goto gone   /* a 503 stored as final */
+#else
 	:: got == UNKNOWN -> atomic { postpone(mine) }; goto gone
+#endif
 	:: else -> skip
 	fi;
 	if
@@ -450,7 +478,7 @@ open:
 			fi;
 			if
 			:: ans != 0 ->
-				NEXT; rec = DONE; stored = ans;
+				NEXT; rec = DONE; stored = ans; FINAL(ans);
 				if :: src != SWEEPER -> tell(ans) :: else -> skip fi
 			:: else -> expired = true                /* an error: left to the lease */
 			fi
@@ -651,7 +679,11 @@ proctype cancel() {
 		fi
 	}
 	if
-	:: refund -> atomic { refunds++; ost = CANC; refund = false }
+	:: refund -> atomic {
+		if
+		:: refunds++; ost = CANC
+		:: ost = PAID            /* the channel refused the refund: PAID again */
+		fi; refund = false }
 	:: else -> skip
 	fi
 }
@@ -704,14 +736,18 @@ end:
 		(rec == DONE && stored == A_PAID && charges == 0) ||
 		(rec == DONE && (stored == A_DECLINED || stored == A_REFUSED) && charges > 0) ||
 		(pst == P_OK && charges == 0) || (pst == P_FAIL && charges > 0) ||
-		((ost == CANC || ost == PFAIL || ost == CREATED) && charges != refunds) ->
+		((ost == CANC || ost == PFAIL || ost == CREATED) && charges != refunds) ||
+		(final != 0 && (rec == PROC || rec == RETRY || (rec == DONE && stored != final))) ||
+		(rec == DONE && stored == A_UNAVAIL) ->
 		assert(charges <= 1);                       /* never two charges for one intent */
 		assert(!(rec == DONE && stored == A_PAID && charges == 0));    /* a stored 200 means a charge exists */
 		assert(!(rec == DONE && (stored == A_DECLINED || stored == A_REFUSED) && charges > 0));  /* a stored 402 or 409 means no charge exists */
 		assert(!(pst == P_OK && charges == 0) && !(pst == P_FAIL && charges > 0));  /* the order's payment agrees with the money */
 		assert(ost == PAID || ost == PPEND || ost == RPEND || charges == refunds);  /* an order that is not paid holds no money */
 		assert(moves <= 1);                          /* the order moves once on the payment's outcome */
-		assert((given & ~(1 << told)) == 0)          /* every answer given is the first one */
+		assert((given & ~(1 << told)) == 0);         /* every answer given is the first one */
+		assert(!(final != 0 && (rec == PROC || rec == RETRY || (rec == DONE && stored != final))));  /* a stored final answer never changes */
+		assert(!(rec == DONE && stored == A_UNAVAIL))   /* a stored 503 is never final: a retry must learn the outcome */
 	}
 }
 
