@@ -24,7 +24,8 @@
  * What is checked is what a user sees, never the guards themselves: the
  * money (one charge at most), that what the service stored agrees with the
  * money, that the order moves once on the payment's outcome, that every
- * answer given for the intent is the same one, and that nothing is left
+ * answer given for the intent is the same one, that a stored final answer
+ * never changes and is never a 503, and that nothing is left
  * hanging once everything has run (the monitor and rest processes, below).
  * model/README.md maps each part to the code. `make model` checks both
  * configurations, then each variant below (one safeguard removed), and
@@ -40,6 +41,9 @@
  *   TIMEOUT_DECLINES        an answer lost in a timeout is stored as a decline
  *   FAILED_LOOKUP_DECLINES  a failed lookup (a 4xx other than 404) is taken as a decline
  *   CANCEL_WHILE_PENDING    the state machine lets a cancel through in PAYMENT_PENDING
+ *   FAIL_UNFENCED           the postpone (Fail) without its fence
+ *   TRANSIENT_FINAL         an unknown outcome stored as the final answer, 503
+ *   DECIDE_AT_CLAIM         the key window judged at the claim, not at the call
  *   NO_SWEEPER              nothing takes over (liveness)
  * and one that must hold: NO_TOKEN, phase 3 checking the record's state
  * but not its token (the payment's own pending guard covers the rest).

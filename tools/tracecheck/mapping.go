@@ -13,7 +13,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/orderservice/orderservice/internal/order/steps"
@@ -307,5 +306,3 @@ func must(err error) {
 		panic(err)
 	}
 }
-
-var _ = strings.TrimSpace

@@ -111,12 +111,6 @@ type Answer struct {
 	Answer string `json:"answer"`
 }
 
-// Cleanup is the retention job removing a finished record.
-type Cleanup struct {
-	Intent
-	State string `json:"state"`
-}
-
 // Channel is one call as the channel answered it: Call is charge, refund,
 // lookup_charge or lookup_refund; Status what it holds under Key (empty:
 // nothing, a lookup's 404); Replayed a POST answered from the key's first
@@ -134,17 +128,6 @@ type Channel struct {
 	Failed   bool   `json:"failed,omitempty"`
 }
 
-// Settle is the channel settling a charge it took on; Forget it forgetting
-// a key for deduplication.
-type Settle struct {
-	Key    string `json:"channel_key"`
-	Status string `json:"status"`
-}
-
-type Forget struct {
-	Key string `json:"channel_key"`
-}
-
 func (Claim) Step() string    { return "claim" }
 func (Decide) Step() string   { return "decide" }
 func (Reply) Step() string    { return "reply" }
@@ -153,10 +136,7 @@ func (Postpone) Step() string { return "postpone" }
 func (Store) Step() string    { return "store" }
 func (Late) Step() string     { return "late" }
 func (Answer) Step() string   { return "answer" }
-func (Cleanup) Step() string  { return "cleanup" }
 func (Channel) Step() string  { return "channel" }
-func (Settle) Step() string   { return "settle" }
-func (Forget) Step() string   { return "forget" }
 
 type ownerKey struct{}
 
