@@ -140,7 +140,7 @@ echo "model checked in $(( $(date +%s) - start ))s"
 
 if [ "$traces" != no ]; then
 	if [ -n "${recording:-}" ]; then
-		wait "$recording" || true
+		wait "$recording" 2>/dev/null || true
 		if [ "$(cat "$work/traced-tests.rc")" != 0 ]; then
 			echo "the traced tests failed:"; cat "$work/traced-tests.out"; exit 1
 		fi
