@@ -18,17 +18,16 @@ filter="^($(grep -v '^#' "$repo/model/traced_tests" | paste -sd'|'))(__.*)?\.jso
 # seed NAME FILE: replaces, in FILE of the copy, the text between the
 # markers OLD and NEW read from stdin; fails if OLD is not there once.
 seed() {
-	python3 - "$1" "$2" <<'PY'
+	python3 -c '
 import sys
 tree, path = sys.argv[1], sys.argv[2]
-spec = sys.stdin.read()
-old, new = spec.split("\n=>\n")
+old, new = sys.stdin.read().split("\n=>\n")
 p = tree + "/" + path
 s = open(p).read()
 if s.count(old) != 1:
     sys.exit("seedbugs: the text to replace is not in %s once" % path)
 open(p, "w").write(s.replace(old, new))
-PY
+' "$1" "$2"
 }
 
 # bug NAME: seeds NAME into the tree $1.

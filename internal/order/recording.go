@@ -60,7 +60,7 @@ func claimStep(in idempotency.Intent, opened opening, err error) steps.Event {
 	return ev
 }
 
-// sweptSteps are the sweeper's claims of a batch.
+// swept records the sweeper's claims of a batch.
 func (s *Service) swept(ctx context.Context, claimed []idempotency.Record) {
 	for _, rec := range claimed {
 		s.step(ctx, steps.Claim{Intent: intentOf(rec), Kind: "sweep", By: "sweeper", Token: rec.LeaseToken})

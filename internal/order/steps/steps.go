@@ -34,15 +34,13 @@ type Intent struct {
 // FAILED_RETRYABLE), takeover (from an expired PROCESSING lease) or replay;
 // By is client or sweeper. Token is the lease token the claim took (0 for a
 // replay). Answer is set when the intent ended in phase 1 (a replay, or a
-// refusal of the order's rule); OrderBefore/After are the order's status.
+// refusal of the order's rule).
 type Claim struct {
 	Intent
 	Kind        string `json:"kind"`
 	By          string `json:"by"`
 	Token       int64  `json:"token"`
 	Answer      string `json:"answer,omitempty"`
-	OrderBefore string `json:"order_before,omitempty"`
-	OrderAfter  string `json:"order_after,omitempty"`
 }
 
 // Decide is phase 2's decision how to ask the channel, made at the call:
@@ -82,7 +80,7 @@ type Postpone struct {
 	Fenced bool  `json:"fenced,omitempty"`
 }
 
-// Store is phase 3's transaction: the payment and the order before and
+// Store is phase 3's transaction: the payment before and after, the order
 // after, and the answer stored; or fenced, when it stored nothing.
 type Store struct {
 	Intent
@@ -91,18 +89,16 @@ type Store struct {
 	Answer        string `json:"answer,omitempty"`
 	PaymentBefore string `json:"payment_before,omitempty"`
 	PaymentAfter  string `json:"payment_after,omitempty"`
-	OrderBefore   string `json:"order_before,omitempty"`
 	OrderAfter    string `json:"order_after,omitempty"`
 }
 
 // Late is a late verdict's transaction (a webhook, ResolvePending, the
-// sweeper's SweepPending): applied or not, and the payment and order after.
+// sweeper's SweepPending): the verdict the channel told, and whether it
+// was applied (the payment was still pending).
 type Late struct {
 	Intent
-	Verdict      string `json:"verdict"`
-	Applied      bool   `json:"applied"`
-	PaymentAfter string `json:"payment_after,omitempty"`
-	OrderAfter   string `json:"order_after,omitempty"`
+	Verdict string `json:"verdict"`
+	Applied bool   `json:"applied"`
 }
 
 // Answer is what a client of the intent was given.
