@@ -37,10 +37,10 @@ type Intent struct {
 // refusal of the order's rule).
 type Claim struct {
 	Intent
-	Kind        string `json:"kind"`
-	By          string `json:"by"`
-	Token       int64  `json:"token"`
-	Answer      string `json:"answer,omitempty"`
+	Kind   string `json:"kind"`
+	By     string `json:"by"`
+	Token  int64  `json:"token"`
+	Answer string `json:"answer,omitempty"`
 }
 
 // Decide is phase 2's decision how to ask the channel, made at the call:
