@@ -99,9 +99,9 @@ fi
 wait
 
 for cfg in replays order; do
-	echo "protocol ($cfg), safety (FAULTS=2): $(stat $cfg 'errors:'); $(states $cfg); $(stat $cfg 'elapsed time')"
+	echo "protocol ($cfg), safety (FAULTS=2): $(stat $cfg 'errors:'); $(states $cfg); $(stat $cfg 'elapsed time'); $(stat $cfg 'total actual memory')"
 	if ! holds $cfg; then cat $cfg/out; failed=1; fi
-	echo "protocol ($cfg), converges under weak fairness (FAULTS=1): $(stat live_$cfg 'errors:'); $(states live_$cfg); $(stat live_$cfg 'elapsed time')"
+	echo "protocol ($cfg), converges under weak fairness (FAULTS=1): $(stat live_$cfg 'errors:'); $(states live_$cfg); $(stat live_$cfg 'elapsed time'); $(stat live_$cfg 'total actual memory')"
 	if ! holds live_$cfg; then cat live_$cfg/out; failed=1; fi
 done
 for spec in $variants; do
