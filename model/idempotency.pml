@@ -107,7 +107,7 @@
  * assertion violation. Attempts are started as the trace claims (spawner),
  * and faults are not bounded: the trace bounds them. */
 #define E_CLAIM    1   /* a: kind (K_*), b: token, c: the answer phase 1 gave (0: on to the channel) */
-#define E_CALL     2   /* a: token, b: how (1 send, 2 look up first), c: the result, d: replayed, e: past the key window */
+#define E_CALL     2   /* a: token, b: how (1 sent at once, 2 a lookup found it or failed, 3 a lookup found nothing and it was sent), c: the result, d: replayed, e: past the key window */
 #define E_LAPSED   3   /* a: token: a lease ran out before the call */
 #define E_POSTPONE 4   /* a: token, b: fenced */
 #define E_STORE    5   /* a: token, b: the answer stored (0: fenced) */
@@ -303,11 +303,11 @@ inline send(key, got) {
 }
 #else
 /* The same, each outcome matched with the call recorded (how: 1 sent at
- * once, 2 after a lookup that found nothing). The channel may also lose
+ * once, 3 after a lookup that found nothing). The channel may also lose
  * its answer once it acted, be unavailable and do nothing, or refuse the
  * request (a 4xx): the code's trace tells which it saw, UNKNOWN for both
  * of the first two. */
-#define HOW (lookup -> 2 : 1)
+#define HOW (lookup -> 3 : 1)
 inline send(key, got) {
 	if
 	:: (known & (1 << key)) != 0 && EV4(E_CALL, mine, HOW, ledger[key], 1) -> NEXT; got = ledger[key]

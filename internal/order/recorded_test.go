@@ -84,15 +84,41 @@ func recordedChannel(t *testing.T, ch order.Channel) order.Channel {
 	return ch
 }
 
-// callLog records the calls to ch.
+// callLog records the calls to ch. A channel in memory records its own
+// step where it acts, under its lock (atTheChannel), so that calls under
+// one key are recorded in the order the channel took them; any other is
+// recorded as the caller received its answer.
 type callLog struct {
 	ch  order.Channel
 	log *steps.Log
 }
 
-// call is one call's step: what the channel holds under key as its answer
-// says, or how the call failed.
+// callNote is how a call tells the channel in memory where to record, and
+// learns that it did.
+type callNote struct {
+	log      *steps.Log
+	recorded bool
+}
+
+type callNoteKey struct{}
+
+// atTheChannel records, where the channel in memory acts, one call: the
+// status it holds under key after the call (empty: nothing), replayed, or
+// that it acted and its answer will be lost, or failed without acting.
+func atTheChannel(ctx context.Context, ev steps.Channel) {
+	if n, ok := ctx.Value(callNoteKey{}).(*callNote); ok {
+		ev.Owner = steps.OwnerOf(ctx)
+		n.log.Record(ctx, ev)
+		n.recorded = true
+	}
+}
+
+// call is one call's step, unless the channel recorded it: what the
+// channel holds under key as its answer says, or how the call failed.
 func (c *callLog) call(ctx context.Context, call, key, status string, replayed bool, err error) {
+	if n, ok := ctx.Value(callNoteKey{}).(*callNote); ok && n.recorded {
+		return
+	}
 	ev := steps.Channel{Call: call, Key: key, Owner: steps.OwnerOf(ctx), Status: status, Replayed: replayed}
 	switch {
 	case err == nil:
@@ -108,25 +134,34 @@ func (c *callLog) call(ctx context.Context, call, key, status string, replayed b
 	c.log.Record(ctx, ev)
 }
 
+// noting is ctx with a fresh note for the channel in memory.
+func (c *callLog) noting(ctx context.Context) context.Context {
+	return context.WithValue(ctx, callNoteKey{}, &callNote{log: c.log})
+}
+
 func (c *callLog) Charge(ctx context.Context, key string, req payment.ChargeRequest) (payment.Result[payment.Charge], error) {
+	ctx = c.noting(ctx)
 	r, err := c.ch.Charge(ctx, key, req)
 	c.call(ctx, "charge", key, r.Value.Status, r.Replayed, err)
 	return r, err
 }
 
 func (c *callLog) LookupCharge(ctx context.Context, key string) (payment.Charge, error) {
+	ctx = c.noting(ctx)
 	r, err := c.ch.LookupCharge(ctx, key)
 	c.call(ctx, "lookup_charge", key, r.Status, false, err)
 	return r, err
 }
 
 func (c *callLog) Refund(ctx context.Context, key string, req payment.RefundRequest) (payment.Result[payment.Refund], error) {
+	ctx = c.noting(ctx)
 	r, err := c.ch.Refund(ctx, key, req)
 	c.call(ctx, "refund", key, r.Value.Status, r.Replayed, err)
 	return r, err
 }
 
 func (c *callLog) LookupRefund(ctx context.Context, key string) (payment.Refund, error) {
+	ctx = c.noting(ctx)
 	r, err := c.ch.LookupRefund(ctx, key)
 	c.call(ctx, "lookup_refund", key, r.Status, false, err)
 	return r, err

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/orderservice/orderservice/internal/order/steps"
@@ -190,7 +191,11 @@ func mapRun(name string, lines []steps.Line) []*trace {
 			if ch.Replayed {
 				replayed = 1
 			}
-			add(r, eCall, int(ch.Owner), c.how, res, replayed, c.aged)
+			how := c.how
+			if c.how == 2 && !strings.HasPrefix(ch.Call, "lookup") {
+				how = 3 // the lookup found nothing, and the key was sent
+			}
+			add(r, eCall, int(ch.Owner), how, res, replayed, c.aged)
 			delete(r.calls, ch.Owner)
 		case "lapsed":
 			var e steps.Lapsed
