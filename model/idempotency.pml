@@ -130,6 +130,7 @@ hidden short nev = 0;  /* the events to explain: read by load_trace at the start
 #define NEV nev
 short ti = 0;          /* the next event to explain */
 bool spawning = false; /* an attempt was started for the next claim */
+bool everDue = false;  /* the pay's payment has been due for a late verdict */
 #define AT(k)           (ti < NEV && ek[ti] == (k))
 #define EV1(k,a)        (AT(k) && ea[ti] == (a))
 #define EV2(k,a,b)      (EV1(k,a) && eb[ti] == (b))
@@ -506,7 +507,12 @@ proctype request(byte src) {
 #define LATE_DUE (pst == P_PEND && (rec == DONE || rec == NONE) && \
 	(ledger[pkey] == CHARGED || ledger[pkey] == DECLINED) && FINDS(pkey))
 #else
-#define LATE_DUE (pst == P_PEND && (rec == DONE || rec == NONE) && AT(E_LATELOOK))   /* the code asks whatever the channel holds */
+/* The code reads that the payment is due (waitingForChannel), then asks the
+ * channel, in two steps: a lookup may come after another late verdict
+ * stored the outcome, if it read the payment due before that. So in trace
+ * mode a late lookup needs the payment to have been due at some point
+ * (everDue), and it asks whatever the channel holds. */
+#define LATE_DUE (everDue && AT(E_LATELOOK))
 #endif
 
 /* ResolvePending, after waitingForChannel found the payment due: the
@@ -712,6 +718,7 @@ end:
 		fi }
 	:: atomic { AT(E_CANCEL) && !spawning -> spawning = true; run cancel() }
 	:: atomic { AT(E_LATELOOK) && !spawning -> spawning = true; run lateVerdict() }
+	:: atomic { !everDue && pst == P_PEND && (rec == DONE || rec == NONE) -> everDue = true }
 	od
 }
 
