@@ -115,6 +115,7 @@
 #define E_LATE     7   /* a: the late verdict applied */
 #define E_CANCEL   8   /* a: 1 cancelled, 2 refund started, 3 refused */
 #define E_REFUND   9   /* a: 1 refunded (CANCELLED), 2 refused (PAID again) */
+#define E_ANSWER  10   /* a: the answer a client of the pay was given, from what was stored */
 #define K_NEW      1
 #define K_RESUME   2   /* from FAILED_RETRYABLE */
 #define K_TAKEOVER 3   /* from an expired lease */
@@ -719,6 +720,7 @@ end:
 	:: atomic { AT(E_CANCEL) && !spawning -> spawning = true; run cancel() }
 	:: atomic { AT(E_LATELOOK) && !spawning -> spawning = true; run lateVerdict() }
 	:: atomic { !everDue && pst == P_PEND && (rec == DONE || rec == NONE) -> everDue = true }
+	:: atomic { AT(E_ANSWER) && (given & (1 << ea[ti])) != 0 -> NEXT }   /* an answer the model told */
 	od
 }
 

@@ -22,17 +22,17 @@ import (
 // The model's event kinds, answers and results, as idempotency.pml
 // numbers them.
 const (
-	eClaim, eCall, eLapsed, ePostpone, eStore, eLateLook, eLate, eCancel, eRefund = 1, 2, 3, 4, 5, 6, 7, 8, 9
+	eClaim, eCall, eLapsed, ePostpone, eStore, eLateLook, eLate, eCancel, eRefund, eAnswer = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
 
 	kNew, kResume, kTakeover, kReplay, kSweep = 1, 2, 3, 4, 5
 
-	aPaid, aDeclined, aAccepted, aRefused = 1, 2, 3, 4
+	aPaid, aDeclined, aAccepted, aRefused, aUnavailable = 1, 2, 3, 4, 5
 
 	rCharged, rDeclined, rPending, rRefused, rUnknown = 1, 2, 3, 4, 5
 )
 
 var kindNames = map[int]string{eClaim: "claim", eCall: "call", eLapsed: "lapsed", ePostpone: "postpone", eStore: "store",
-	eLateLook: "late_lookup", eLate: "late_store", eCancel: "cancel", eRefund: "refund"}
+	eLateLook: "late_lookup", eLate: "late_store", eCancel: "cancel", eRefund: "refund", eAnswer: "answer"}
 
 // event is one model event: its kind and up to five arguments, and the
 // recorded step it stands for.
@@ -231,6 +231,14 @@ func mapRun(name string, lines []steps.Line) []*trace {
 			} else {
 				add(r, eStore, int(e.Token), answer(e.Answer))
 			}
+		case "answer":
+			var e steps.Answer
+			must(json.Unmarshal(l.Data, &e))
+			// an answer from what was stored; an error (409 in flight, 503
+			// postponed) is not stored and is left out
+			if r := run(e.Order); e.Op == "order.pay" && e.Answer != "error" && r.pay(e.Key) {
+				add(r, eAnswer, answer(e.Answer))
+			}
 		case "late":
 			var e steps.Late
 			must(json.Unmarshal(l.Data, &e))
@@ -278,6 +286,8 @@ func answer(a string) int {
 		return aAccepted
 	case a == "failed:payment_declined":
 		return aDeclined
+	case a == "failed:service_unavailable":
+		return aUnavailable // stored: the model never stores it
 	}
 	return aRefused
 }
