@@ -86,8 +86,12 @@ test-cluster: ## broker suite: a 3-node JetStream cluster on loopback (nats-serv
 	$(GO) test -race -tags cluster -count=1 -timeout 8m -v -run TestCommandsConvergeWhenABrokerNodeDies ./internal/messaging/
 
 .PHONY: model
-model: ## model-check the idempotency protocol with SPIN (installs spin when missing): it holds; each safeguard removed, it fails
+model: ## model-check the idempotency protocol with SPIN (installs spin when missing): it holds; each safeguard removed, it fails; then the traced order tests' runs are replayed against it (needs PostgreSQL)
 	bash model/check.sh
+
+.PHONY: seedbugs
+seedbugs: ## seed six bugs into a copy of the tree, one at a time: which the trace check rejects, which the Go tests catch (minutes a bug)
+	bash model/seedbugs.sh
 
 # The demo and the lab talk to a running service: `make run` first, or
 # `docker compose up` and then `make demo STACK=compose`. Each reads its

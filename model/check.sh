@@ -5,8 +5,18 @@
 # is reported with the harm it shows. Runs go side by side on MODEL_JOBS
 # cores (default: all). MODEL_TRAILS=dir writes the trails; MODEL_ALL=1
 # also checks NO_TOKEN, which must hold (half a minute more).
+#
+# Then the code is checked against the model (trace validation): the
+# order tests named in traced_tests run with ORDERSERVICE_TRACE_DIR set and record
+# their runs, and tools/tracecheck replays each against the model; a run no
+# path of the model explains fails the target, naming its first unexplained
+# event. The tests need the PostgreSQL make test uses. MODEL_TRACES=dir
+# checks the runs recorded in dir instead of recording them; MODEL_TRACES=no
+# skips the trace check.
 set -euo pipefail
 cd "$(dirname "$0")"
+repo=$(cd .. && pwd)
+TRACED_TESTS=${TRACED_TESTS:-"^($(grep -v '^#' traced_tests | paste -sd'|'))\$"}
 if ! command -v spin >/dev/null; then
 	echo "spin is missing: installing Debian's package"
 	apt-get update -qq && apt-get install -y -qq spin >/dev/null
@@ -47,11 +57,21 @@ harm() {
 }
 # spawn CMD...: runs CMD in the background once a core is free.
 spawn() {
-	while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n || true; done
+	while [ "$(jobs -rp | grep -vxc "${recording:-none}")" -ge "$jobs_max" ]; do wait -n || true; done
 	"$@" &
 }
 failed=0
 start=$(date +%s)
+
+# The traced tests record while the verifiers run: they mostly wait on
+# the database.
+traces=${MODEL_TRACES:-}
+if [ -z "$traces" ]; then
+	traces=$work/traces
+	mkdir -p "$traces"
+	(cd "$repo" && ORDERSERVICE_TRACE_DIR=$traces go test -count=1 -timeout 5m -run "$TRACED_TESTS" ./internal/order/ >"$work/traced-tests.out" 2>&1; echo $? >"$work/traced-tests.rc") &
+	recording=$!
+fi
 
 # The protocol holds: both configurations, safety with two faults,
 # liveness under weak fairness with one.
@@ -65,7 +85,8 @@ done
 # trail. Each runs in the configuration that has what it needs.
 variants="order:NO_FENCING order:CHECK_THEN_INSERT order:NEW_KEY replays:SHORT_RETENTION
 	order:NO_LOOKUP order:AGE_ONLY order:LOOKUP_FORGETS replays:CLEANUP_INFLIGHT
-	order:TIMEOUT_DECLINES order:FAILED_LOOKUP_DECLINES order:CANCEL_WHILE_PENDING"
+	order:TIMEOUT_DECLINES order:FAILED_LOOKUP_DECLINES order:CANCEL_WHILE_PENDING
+	order:FAIL_UNFENCED order:TRANSIENT_FINAL order:DECIDE_AT_CLAIM"
 flags() { local d="-D${1#*:}"; [ "${1%%:*}" = order ] && d="-DORDER $d"; echo "$d"; }
 for spec in $variants; do
 	spawn verify "${spec#*:}" "$(flags "$spec")" "-DSAFETY -DNOCLAIM" "-i"
@@ -78,9 +99,9 @@ fi
 wait
 
 for cfg in replays order; do
-	echo "protocol ($cfg), safety (FAULTS=2): $(stat $cfg 'errors:'); $(states $cfg); $(stat $cfg 'elapsed time')"
+	echo "protocol ($cfg), safety (FAULTS=2): $(stat $cfg 'errors:'); $(states $cfg); $(stat $cfg 'elapsed time'); $(stat $cfg 'total actual memory')"
 	if ! holds $cfg; then cat $cfg/out; failed=1; fi
-	echo "protocol ($cfg), converges under weak fairness (FAULTS=1): $(stat live_$cfg 'errors:'); $(states live_$cfg); $(stat live_$cfg 'elapsed time')"
+	echo "protocol ($cfg), converges under weak fairness (FAULTS=1): $(stat live_$cfg 'errors:'); $(states live_$cfg); $(stat live_$cfg 'elapsed time'); $(stat live_$cfg 'total actual memory')"
 	if ! holds live_$cfg; then cat live_$cfg/out; failed=1; fi
 done
 for spec in $variants; do
@@ -116,4 +137,18 @@ if [ -n "${MODEL_ALL:-}" ]; then
 	done
 fi
 echo "model checked in $(( $(date +%s) - start ))s"
+
+if [ "$traces" != no ]; then
+	if [ -n "${recording:-}" ]; then
+		wait "$recording" 2>/dev/null || true
+		if [ "$(cat "$work/traced-tests.rc")" != 0 ]; then
+			echo "the traced tests failed:"; cat "$work/traced-tests.out"; exit 1
+		fi
+	fi
+	tstart=$(date +%s)
+	if ! (cd "$repo" && go run ./tools/tracecheck -model model/idempotency.pml -jobs "$jobs_max" "$traces"); then
+		failed=1
+	fi
+	echo "traces checked in $(( $(date +%s) - tstart ))s; everything in $(( $(date +%s) - start ))s"
+fi
 exit $failed

@@ -24,7 +24,8 @@
  * What is checked is what a user sees, never the guards themselves: the
  * money (one charge at most), that what the service stored agrees with the
  * money, that the order moves once on the payment's outcome, that every
- * answer given for the intent is the same one, and that nothing is left
+ * answer given for the intent is the same one, that a stored final answer
+ * never changes and is never a 503, and that nothing is left
  * hanging once everything has run (the monitor and rest processes, below).
  * model/README.md maps each part to the code. `make model` checks both
  * configurations, then each variant below (one safeguard removed), and
@@ -40,6 +41,9 @@
  *   TIMEOUT_DECLINES        an answer lost in a timeout is stored as a decline
  *   FAILED_LOOKUP_DECLINES  a failed lookup (a 4xx other than 404) is taken as a decline
  *   CANCEL_WHILE_PENDING    the state machine lets a cancel through in PAYMENT_PENDING
+ *   FAIL_UNFENCED           the postpone (Fail) without its fence
+ *   TRANSIENT_FINAL         an unknown outcome stored as the final answer, 503
+ *   DECIDE_AT_CLAIM         the key window judged at the claim, not at the call
  *   NO_SWEEPER              nothing takes over (liveness)
  * and one that must hold: NO_TOKEN, phase 3 checking the record's state
  * but not its token (the payment's own pending guard covers the rest).
@@ -63,6 +67,7 @@
 #define A_DECLINED 2   /* 402 payment_declined */
 #define A_ACCEPTED 3   /* 202: the channel finishes the charge later */
 #define A_REFUSED  4   /* 409 / 422: refused (state machine, key ran before, channel) */
+#define A_UNAVAIL  5   /* 503: the outcome is not known; try again (never stored) */
 
 /* The order's status */
 #define CREATED 0
@@ -89,6 +94,61 @@
 #define FAULTS 2       /* crashes, slow owners, lost answers and failed lookups, in all */
 #endif
 
+/* Trace validation (-DTRACE, tools/tracecheck): the model replays a run the
+ * Go code recorded. The verifier is compiled once; at its start it reads
+ * the trace named by $TRACE_FILE (a line of six numbers an event, kind and
+ * arguments), its first $TRACE_LEN events if that is set, into the arrays
+ * below. Each step of the model that
+ * the code records is then executable only when it matches the next event
+ * (EV), and consumes it (NEXT); the steps the code does not record
+ * (crashes, leases running out, the channel settling or forgetting, time,
+ * the cleanup) stay free. The run is explained when some path consumes
+ * every event: the process explained, at the end, reports it as an
+ * assertion violation. Attempts are started as the trace claims (spawner),
+ * and faults are not bounded: the trace bounds them. */
+#define E_CLAIM    1   /* a: kind (K_*), b: token, c: the answer phase 1 gave (0: on to the channel) */
+#define E_CALL     2   /* a: token, b: how (1 sent at once, 2 a lookup found it or failed, 3 a lookup found nothing and it was sent), c: the result, d: replayed, e: past the key window */
+#define E_LAPSED   3   /* a: token: a lease ran out before the call */
+#define E_POSTPONE 4   /* a: token, b: fenced */
+#define E_STORE    5   /* a: token, b: the answer stored (0: fenced) */
+#define E_LATELOOK 6   /* a: what the late verdict's lookup found */
+#define E_LATE     7   /* a: the late verdict applied */
+#define E_CANCEL   8   /* a: 1 cancelled, 2 refund started, 3 refused */
+#define E_REFUND   9   /* a: 1 refunded (CANCELLED), 2 refused (PAID again) */
+#define E_ANSWER  10   /* a: the answer a client of the pay was given, from what was stored */
+#define K_NEW      1
+#define K_RESUME   2   /* from FAILED_RETRYABLE */
+#define K_TAKEOVER 3   /* from an expired lease */
+#define K_REPLAY   4
+#define K_SWEEP    5   /* the sweeper's claim, from either */
+#ifdef TRACE
+#undef FAULTS
+#define FAULTS 255
+#define NEVMAX 256
+hidden byte ek[NEVMAX]; hidden byte ea[NEVMAX]; hidden byte eb[NEVMAX];
+hidden byte ec[NEVMAX]; hidden byte ed[NEVMAX]; hidden byte ee[NEVMAX];
+hidden short nev = 0;  /* the events to explain: read by load_trace at the start */
+#define NEV nev
+short ti = 0;          /* the next event to explain */
+bool spawning = false; /* an attempt was started for the next claim */
+bool everDue = false;  /* the pay's payment has been due for a late verdict */
+#define AT(k)           (ti < NEV && ek[ti] == (k))
+#define EV1(k,a)        (AT(k) && ea[ti] == (a))
+#define EV2(k,a,b)      (EV1(k,a) && eb[ti] == (b))
+#define EV3(k,a,b,c)    (EV2(k,a,b) && ec[ti] == (c))
+#define EV4(k,a,b,c,d)  (EV3(k,a,b,c) && ed[ti] == (d))
+#define NEXT            ti++
+#define CLAIMED         ti++; spawning = false
+#else
+#define AT(k)           true
+#define EV1(k,a)        true
+#define EV2(k,a,b)      true
+#define EV3(k,a,b,c)    true
+#define EV4(k,a,b,c,d)  true
+#define NEXT            skip
+#define CLAIMED         skip
+#endif
+
 #ifdef NEW_KEY
 #define KEYOF(m) (m)   /* a key per attempt */
 #else
@@ -102,14 +162,32 @@
  * not forgot) sends, its call landing past the window. */
 #ifdef AGE_ONLY
 #define PAST_WINDOW forgot
+#define AT_THE_CALL false
 #define LATE_CLAIM  if :: aged -> resumed = 2; late++ :: else -> skip fi
 #define LATE_CALLED if :: resumed == 2 -> late-- :: else -> skip fi
 #define QUIET       (calling == late)   /* the window may pass during a late claim's call */
-#else
+#elif defined(DECIDE_AT_CLAIM)
+/* The key window judged at the claim, as the code did before atTheCall: an
+ * owner may stall for any time between its claim and its call. */
 #define PAST_WINDOW aged
+#define AT_THE_CALL false
 #define LATE_CLAIM  skip
 #define LATE_CALLED skip
-#define QUIET       (calling == 0)
+#define QUIET       true
+#else
+/* The key window judged at the call (atTheCall, keywindow.go), from the
+ * call's deadline: aged then means that the window ends before the
+ * deadline (less a margin), and a call cannot outlive its deadline, so the
+ * channel forgets whenever it likes: never during a call judged in time. */
+#define PAST_WINDOW false
+#ifdef TRACE
+#define AT_THE_CALL (AT(E_CALL) && ee[ti] == 1)   /* the trace's deadline and window say */
+#else
+#define AT_THE_CALL aged
+#endif
+#define LATE_CLAIM  skip
+#define LATE_CALLED skip
+#define QUIET       true
 #endif
 
 #ifdef ORDER
@@ -147,6 +225,7 @@ bool hint = false;     /* a webhook is on its way */
 byte charges = 0;      /* money the channel took */
 byte refunds = 0;      /* money the channel gave back */
 
+byte final = 0;        /* the first final answer stored (not a 202) */
 byte told = 0;         /* the first answer a client of the intent was given */
 byte given = 0;        /* every answer given, one bit each */
 
@@ -166,19 +245,26 @@ inline tell(a) {
 	given = given | (1 << a)
 }
 
+/* A final answer is stored: the first is remembered. */
+#define FINAL(a) if :: final == 0 && (a) != A_ACCEPTED -> final = (a) :: else -> skip fi
+
 /* An attempt from src arrives: or does not, once its window has ended. */
 inline arrive(src) {
+#ifdef TRACE
+	skip   /* a test's client comes when it likes */
+#else
 	if
 	:: src == CLIENT && clock >= 1 -> goto gone
 	:: src == BROKER && clock >= 2 -> goto gone
 	:: src == DLQ && clock >= 3 -> goto gone
 	:: else -> skip
 	fi
+#endif
 }
 
 /* The intent ends in phase 1 with a refusal, stored and told. */
 inline refuse() {
-	rec = DONE; stored = A_REFUSED; tell(A_REFUSED); goto gone
+	rec = DONE; stored = A_REFUSED; FINAL(A_REFUSED); tell(A_REFUSED); goto gone
 }
 
 /* Phase 1 of a new claim: the order's rule, in the claim's transaction.
@@ -195,9 +281,13 @@ inline rule(mine) {
 	fi
 }
 
+/* What the order's rule answers a new claim: 0 when it pays. */
+#define RULE_ANS ((pst == P_NONE && (ost == CREATED || ost == PFAIL)) -> 0 : A_REFUSED)
+
 /* The channel is sent a charge under key: it answers from its record of
  * the key while it remembers it, or acts: charges, declines, or takes the
  * charge on to finish later. */
+#ifndef TRACE
 inline send(key, got) {
 	if
 	:: (known & (1 << key)) != 0 -> got = ledger[key]      /* replayed */
@@ -213,6 +303,31 @@ inline send(key, got) {
 		got = ledger[key]
 	fi
 }
+#else
+/* The same, each outcome matched with the call recorded (how: 1 sent at
+ * once, 3 after a lookup that found nothing). The channel may also lose
+ * its answer once it acted, be unavailable and do nothing, or refuse the
+ * request (a 4xx): the code's trace tells which it saw, UNKNOWN for both
+ * of the first two. */
+#define HOW (lookup -> 3 : 1)
+inline send(key, got) {
+	if
+	:: (known & (1 << key)) != 0 && EV4(E_CALL, mine, HOW, ledger[key], 1) -> NEXT; got = ledger[key]
+	:: (known & (1 << key)) != 0 && EV3(E_CALL, mine, HOW, UNKNOWN) -> NEXT; got = UNKNOWN
+	:: (known & (1 << key)) == 0 && EV3(E_CALL, mine, HOW, UNKNOWN) -> NEXT; got = UNKNOWN   /* unavailable */
+	:: (known & (1 << key)) == 0 && EV4(E_CALL, mine, HOW, REFUSED, 0) -> NEXT; got = REFUSED
+	:: (known & (1 << key)) == 0 && AT(E_CALL) && ea[ti] == mine && eb[ti] == HOW && ed[ti] == 0 &&
+	   (ec[ti] == CHARGED || ec[ti] == DECLINED || ec[ti] == PEND || ec[ti] == UNKNOWN) ->
+		known = known | (1 << key);
+		if
+		:: ec[ti] == CHARGED || ec[ti] == UNKNOWN -> ledger[key] = CHARGED; charges++
+		:: ec[ti] == DECLINED || ec[ti] == UNKNOWN -> ledger[key] = DECLINED
+		:: ec[ti] == PEND || ec[ti] == UNKNOWN -> ledger[key] = PEND; pendings++
+		fi;
+		got = ec[ti]; NEXT   /* UNKNOWN: it acted, and the answer was lost */
+	fi
+}
+#endif
 
 /* The order moves on the payment's outcome (moveOnReply), once: only a
  * payment still pending takes an outcome, and only PAYMENT_PENDING may
@@ -228,10 +343,20 @@ inline settle(got) {
 /* The intent's owner lets its record go to FAILED_RETRYABLE, fenced. */
 inline postpone(mine) {
 	if
-	:: rec == PROC && token == mine -> rec = RETRY
-	:: else -> skip
+#ifdef FAIL_UNFENCED
+	:: rec != NONE -> rec = RETRY      /* Fail without its lease_token = ? AND state = 'PROCESSING' */
+	:: rec == NONE -> skip
+#endif
+	:: rec == PROC && token == mine && EV2(E_POSTPONE, mine, 0) -> NEXT; rec = RETRY
+	:: !(rec == PROC && token == mine) && EV2(E_POSTPONE, mine, 1) -> NEXT   /* fenced */
 	fi
 }
+
+/* What phase 3 stores, as it decides it below: 0 when the transition is
+ * refused (rolled back). */
+#define STORE_ANS (pst == P_PEND && got == PEND -> A_ACCEPTED : \
+	(pst == P_PEND && ost == PPEND -> (got == CHARGED -> A_PAID : (got == DECLINED -> A_DECLINED : A_REFUSED)) : \
+	(pst == P_OK -> A_PAID : (pst == P_FAIL -> A_DECLINED : 0))))
 
 /* One attempt of the intent, from src, through the three phases. */
 inline attempt(src, mine, lookup, resumed, got, ans) {
@@ -253,12 +378,14 @@ claimed:
 	atomic {
 		arrive(src);
 		if
-		:: src != SWEEPER && rec == NONE ->                            /* first */
-			rec = PROC; token = 1; mine = 1; expired = false; rule(mine)
-		:: src != SWEEPER && rec == DONE -> tell(stored); goto gone    /* replay */
-		:: rec == RETRY || (rec == PROC && expired) ->                 /* resume */
+		:: src != SWEEPER && rec == NONE && EV3(E_CLAIM, K_NEW, 1, RULE_ANS) ->   /* first */
+			CLAIMED; rec = PROC; token = 1; mine = 1; expired = false; rule(mine)
+		:: src != SWEEPER && rec == DONE && EV3(E_CLAIM, K_REPLAY, 0, stored) ->  /* replay */
+			CLAIMED; tell(stored); goto gone
+		:: (rec == RETRY || (rec == PROC && expired)) &&
+		   EV2(E_CLAIM, (src == SWEEPER -> K_SWEEP : (rec == RETRY -> K_RESUME : K_TAKEOVER)), token + 1) ->  /* resume */
 			/* its owner died, or the intent is past the channel's key window: ask first */
-			resumed = 1; lookup = (rec == PROC || PAST_WINDOW);
+			CLAIMED; resumed = 1; lookup = (rec == PROC || PAST_WINDOW);
 			rec = PROC; token++; mine = token; expired = false; calling++;
 			LATE_CLAIM
 		:: else -> goto gone      /* 409 in flight; nothing for the sweeper */
@@ -272,42 +399,61 @@ open:
 	:: skip
 	fi;
 
+#ifdef TRACE
+	/* An owner whose lease ran out before its call does not call
+	 * (leaseLapsed): it gives the intent back, fenced. */
+	if
+	:: atomic { (expired || token != mine) && EV1(E_LAPSED, mine) -> NEXT; calling--; LATE_CALLED };
+		atomic { postpone(mine) }; goto gone
+	:: skip
+	fi;
+#endif
+
 	/* Phase 2: ask the channel under the payment's key. The sweeper, a
 	 * takeover from an owner that died, and an intent resumed past the
 	 * channel's key window (decided at the claim) ask what the channel
 	 * holds first. */
 	atomic {
 #ifndef NO_LOOKUP
-		lookup = lookup || src == SWEEPER;
+		/* the key window judged at the call, from the call's deadline */
+		lookup = lookup || src == SWEEPER || AT_THE_CALL;
 #else
 		lookup = false;
 #endif
 		if
-		:: lookup && faults < FAULTS -> faults++;     /* the lookup fails: a 4xx other than 404 */
+		:: lookup && faults < FAULTS && EV3(E_CALL, mine, 2, UNKNOWN) -> NEXT; faults++;     /* the lookup fails: a 4xx other than 404 */
 #ifdef FAILED_LOOKUP_DECLINES
 			got = REFUSED
 #else
 			got = UNKNOWN      /* says nothing of the charge */
 #endif
-		:: lookup && FINDS(KEYOF(mine)) -> got = ledger[KEYOF(mine)]
+		:: lookup && FINDS(KEYOF(mine)) && EV4(E_CALL, mine, 2, ledger[KEYOF(mine)], 0) -> NEXT; got = ledger[KEYOF(mine)]
 		:: !lookup || !FINDS(KEYOF(mine)) -> send(KEYOF(mine), got)
 		fi;
 		calling--; LATE_CALLED
 	}
 	if
+#ifdef TRANSIENT_FINAL
+	:: got == UNKNOWN -> atomic { rec == PROC && token == mine -> rec = DONE; stored = A_UNAVAIL; tell(A_UNAVAIL) }; goto gone   /* a 503 stored as final */
+#else
 	:: got == UNKNOWN -> atomic { postpone(mine) }; goto gone
+#endif
 	:: else -> skip
 	fi;
 	if
 	:: atomic { faults < FAULTS -> faults++;     /* crash after the call */
 		if :: rec == PROC && token == mine -> expired = true :: else -> skip fi };
 		goto gone
+#ifndef TRACE
 	:: atomic { faults < FAULTS -> faults++;     /* the answer is lost: outcome unknown */
 #ifdef TIMEOUT_DECLINES
 		got = DECLINED };                        /* ... and taken as a decline */
 #else
 		postpone(mine) };
 		goto gone
+#endif
+#else
+	:: atomic { postpone(mine) }; goto gone   /* the answer could not be stored: given back */
 #endif
 	:: skip
 	fi;
@@ -321,7 +467,7 @@ open:
 #elif defined(NO_TOKEN)
 		:: rec == PROC ->        /* the state checked, the token not: this holds */
 #else
-		:: rec == PROC && token == mine ->
+		:: rec == PROC && token == mine && (STORE_ANS == 0 || EV2(E_STORE, mine, STORE_ANS)) ->
 #endif
 			if
 			:: pst == P_PEND && got == PEND -> ans = A_ACCEPTED
@@ -338,11 +484,11 @@ open:
 			fi;
 			if
 			:: ans != 0 ->
-				rec = DONE; stored = ans;
+				NEXT; rec = DONE; stored = ans; FINAL(ans);
 				if :: src != SWEEPER -> tell(ans) :: else -> skip fi
 			:: else -> expired = true                /* an error: left to the lease */
 			fi
-		:: else -> skip          /* fenced: its successor answers */
+		:: !(rec == PROC && token == mine) && EV2(E_STORE, mine, 0) -> NEXT   /* fenced: its successor answers */
 		fi
 	}
 gone:
@@ -358,29 +504,46 @@ proctype request(byte src) {
  * record is definitive, or gone), and the channel has the outcome. Asking
  * while the channel has nothing final changes nothing, and is left out:
  * so a payment nobody can finish shows at rest. */
+#ifndef TRACE
 #define LATE_DUE (pst == P_PEND && (rec == DONE || rec == NONE) && \
 	(ledger[pkey] == CHARGED || ledger[pkey] == DECLINED) && FINDS(pkey))
+#else
+/* The code reads that the payment is due (waitingForChannel), then asks the
+ * channel, in two steps: a lookup may come after another late verdict
+ * stored the outcome, if it read the payment due before that. So in trace
+ * mode a late lookup needs the payment to have been due at some point
+ * (everDue), and it asks whatever the channel holds. */
+#define LATE_DUE (everDue && AT(E_LATELOOK))
+#endif
 
 /* ResolvePending, after waitingForChannel found the payment due: the
  * channel is asked by the key (lookUpOnly), then one transaction stores
  * the outcome if the payment is still pending. */
 inline lateLookup(got) {
 	if
-	:: faults < FAULTS -> faults++;     /* the lookup fails */
+	:: faults < FAULTS && EV1(E_LATELOOK, UNKNOWN) -> CLAIMED; faults++;     /* the lookup fails */
 #ifdef FAILED_LOOKUP_DECLINES
 		got = REFUSED
 #else
 		got = UNKNOWN                   /* errChannelUnknown: asked again later */
 #endif
-	:: got = ledger[pkey]
+	:: EV1(E_LATELOOK, ledger[pkey]) -> CLAIMED; got = ledger[pkey]
 	fi
 }
 inline lateStore(got) {
 	atomic {
+#ifndef TRACE
 		if
 		:: pst == P_PEND && ost == PPEND && got != 0 && got != UNKNOWN -> settle(got)
 		:: else -> skip                 /* stored already, or unknown */
 		fi;
+#else
+		if
+		:: pst == P_PEND && ost == PPEND && (got == CHARGED || got == DECLINED) && EV1(E_LATE, 1) -> NEXT; settle(got)
+		:: !(pst == P_PEND && ost == PPEND && (got == CHARGED || got == DECLINED)) && got != UNKNOWN && EV1(E_LATE, 0) -> NEXT
+		:: got == UNKNOWN -> skip       /* errChannelUnknown: no transaction */
+		fi;
+#endif
 		got = 0
 	}
 }
@@ -392,10 +555,14 @@ active proctype sweeper() {
 	byte mine, got, ans; bool lookup; byte resumed;
 end:
 	do
-#ifndef NO_SWEEPER
+#if !defined(NO_SWEEPER) && !defined(TRACE)
 	:: rec == RETRY || (rec == PROC && expired) -> attempt(SWEEPER, mine, lookup, resumed, got, ans)
 #endif
+#ifndef TRACE
 	:: atomic { LATE_DUE -> lateLookup(got) }; lateStore(got)
+#else
+	:: false   /* in trace mode late verdicts start as the trace asks (lateVerdict) */
+#endif
 	od
 }
 
@@ -406,6 +573,7 @@ active proctype webhook() {
 	byte got;
 end:
 	do
+#ifndef TRACE
 	:: atomic { hint -> hint = false;
 		if
 		:: LATE_DUE -> lateLookup(got)
@@ -413,6 +581,9 @@ end:
 		fi };
 		lateStore(got)
 	:: atomic { hint -> hint = false }  /* lost */
+#else
+	:: false   /* in trace mode late verdicts start as the trace asks (lateVerdict) */
+#endif
 	od
 }
 
@@ -486,6 +657,26 @@ end:
  * (REFUND_PENDING); in PAYMENT_PENDING the money may be moving, and the
  * state machine refuses (409). Its own recovery is the pay's, checked
  * above, and left out here. */
+#ifdef TRACE
+proctype cancel() {
+	bool refund = false;
+	atomic {
+		if
+		:: (ost == CREATED || ost == PFAIL) && EV1(E_CANCEL, 1) -> CLAIMED; ost = CANC
+		:: ost == PAID && EV1(E_CANCEL, 2) -> CLAIMED; ost = RPEND; refund = true
+		:: !(ost == CREATED || ost == PFAIL || ost == PAID) && EV1(E_CANCEL, 3) -> CLAIMED
+		fi
+	}
+	if
+	:: refund -> atomic {
+		if
+		:: EV1(E_REFUND, 1) -> NEXT; refunds++; ost = CANC
+		:: EV1(E_REFUND, 2) -> NEXT; ost = PAID    /* the channel refused the refund */
+		fi; refund = false }
+	:: else -> skip
+	fi
+}
+#else
 proctype cancel() {
 	bool refund = false;
 	atomic {
@@ -503,13 +694,65 @@ proctype cancel() {
 		fi
 	}
 	if
-	:: refund -> atomic { refunds++; ost = CANC; refund = false }
+	:: refund -> atomic {
+		if
+		:: refunds++; ost = CANC
+		:: ost = PAID            /* the channel refused the refund: PAID again */
+		fi; refund = false }
 	:: else -> skip
 	fi
 }
+#endif
 
 #endif
 
+#ifdef TRACE
+/* Attempts start as the trace claims: one at a time, each taking the next
+ * claim (or the cancel). */
+active proctype spawner() {
+end:
+	do
+	:: atomic { AT(E_CLAIM) && !spawning -> spawning = true;
+		if
+		:: ea[ti] == K_SWEEP -> run request(SWEEPER)
+		:: else -> run request(CLIENT)
+		fi }
+	:: atomic { AT(E_CANCEL) && !spawning -> spawning = true; run cancel() }
+	:: atomic { AT(E_LATELOOK) && !spawning -> spawning = true; run lateVerdict() }
+	:: atomic { !everDue && pst == P_PEND && (rec == DONE || rec == NONE) -> everDue = true }
+	:: atomic { AT(E_ANSWER) && (given & (1 << ea[ti])) != 0 -> NEXT }   /* an answer the model told */
+	od
+}
+
+/* A late verdict (a webhook, ResolvePending, SweepPending): as many at once
+ * as the run had. */
+proctype lateVerdict() {
+	byte got;
+	atomic { LATE_DUE -> lateLookup(got) }; lateStore(got)
+}
+
+/* Every event explained: reported as a violation, with the path as its trail. */
+proctype explained() {
+	ti == NEV -> assert(ti != NEV)   /* the trace is explained */
+}
+
+c_code {
+/* Reads the trace into the hidden arrays, once. */
+void load_trace(void) {
+	static int loaded;
+	const char *path = getenv("TRACE_FILE"), *len = getenv("TRACE_LEN");
+	int k, a, b, c, d, e, max = len ? atoi(len) : NEVMAX;
+	FILE *f;
+	if (loaded) return;
+	loaded = 1;
+	if (!path || !(f = fopen(path, "r"))) { printf("tracecheck: no TRACE_FILE\n"); exit(2); }
+	while (nev < max && nev < NEVMAX && fscanf(f, "%d %d %d %d %d %d", &k, &a, &b, &c, &d, &e) == 6) {
+		ek[nev] = k; ea[nev] = a; eb[nev] = b; ec[nev] = c; ed[nev] = d; ee[nev] = e; nev++;
+	}
+	fclose(f);
+}
+}
+#else
 /* What a user cares about, checked in every state. */
 active proctype monitor() {
 end:
@@ -518,18 +761,24 @@ end:
 		(rec == DONE && stored == A_PAID && charges == 0) ||
 		(rec == DONE && (stored == A_DECLINED || stored == A_REFUSED) && charges > 0) ||
 		(pst == P_OK && charges == 0) || (pst == P_FAIL && charges > 0) ||
-		((ost == CANC || ost == PFAIL || ost == CREATED) && charges != refunds) ->
+		((ost == CANC || ost == PFAIL || ost == CREATED) && charges != refunds) ||
+		(final != 0 && (rec == PROC || rec == RETRY || (rec == DONE && stored != final))) ||
+		(rec == DONE && stored == A_UNAVAIL) ->
 		assert(charges <= 1);                       /* never two charges for one intent */
 		assert(!(rec == DONE && stored == A_PAID && charges == 0));    /* a stored 200 means a charge exists */
 		assert(!(rec == DONE && (stored == A_DECLINED || stored == A_REFUSED) && charges > 0));  /* a stored 402 or 409 means no charge exists */
 		assert(!(pst == P_OK && charges == 0) && !(pst == P_FAIL && charges > 0));  /* the order's payment agrees with the money */
 		assert(ost == PAID || ost == PPEND || ost == RPEND || charges == refunds);  /* an order that is not paid holds no money */
 		assert(moves <= 1);                          /* the order moves once on the payment's outcome */
-		assert((given & ~(1 << told)) == 0)          /* every answer given is the first one */
+		assert((given & ~(1 << told)) == 0);         /* every answer given is the first one */
+		assert(!(final != 0 && (rec == PROC || rec == RETRY || (rec == DONE && stored != final))));  /* a stored final answer never changes */
+		assert(!(rec == DONE && stored == A_UNAVAIL))   /* a stored 503 is never final: a retry must learn the outcome */
 	}
 }
 
-#ifndef LIVENESS
+#endif
+
+#if !defined(LIVENESS) && !defined(TRACE)
 /* Once nothing can run any more, nothing is left hanging: the order is not
  * waiting for a payment or a refund that nobody will finish. */
 active proctype rest() {
@@ -538,6 +787,9 @@ active proctype rest() {
 #endif
 
 init {
+#ifdef TRACE
+	atomic { c_code { load_trace(); }; run explained() }
+#else
 	atomic {
 		run request(CLIENT);   /* the first request */
 		run request(CLIENT);   /* its retry, on another instance */
@@ -548,8 +800,11 @@ init {
 		run request(DLQ)       /* its dead letter, replayed by an operator */
 #endif
 	}
+#endif
 }
 
 /* Liveness, under weak fairness: an intent begun ends definitive, and the
  * order does not stay in PAYMENT_PENDING. */
+#ifndef TRACE
 ltl converges { [] (((rec == PROC || rec == RETRY) -> <> (rec == DONE)) && (ost == PPEND -> <> (ost != PPEND))) }
+#endif

@@ -287,9 +287,11 @@ func TestSupersededOwnerCannotWrite(t *testing.T) {
 		leaseRunsOut(t, s, order.OpPay, key)
 		in := idempotency.Intent{Scope: idempotency.Scope{TenantID: "acme", Operation: order.OpPay, Key: key},
 			Fingerprint: recordOf(t, s, order.OpPay, key).Fingerprint}
-		if held, err := s.Records.ClaimOrReplay(s.DB, in); err != nil || held.Token() != 2 {
+		held, err := s.Records.ClaimOrReplay(s.DB, in)
+		if err != nil || held.Token() != 2 {
 			t.Fatalf("successor's takeover = %+v, %v", held, err)
 		}
+		playedClaim(t, id, held) // the test plays the successor, by the store
 		return tookOver{a, s, id, key, release, firstOwner}
 	}
 

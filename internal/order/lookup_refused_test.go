@@ -98,7 +98,9 @@ func (p *refusingLookups) settled(t *testing.T, orderID string) {
 	t.Fatalf("the channel did not settle the charge of order %s", orderID)
 }
 
-var refusedLookups = []int{http.StatusBadRequest, http.StatusForbidden, http.StatusGone, http.StatusUnprocessableEntity}
+// refusedLookups are the proxy's answers to a lookup; its 404 carries no
+// channel code (a gateway's, a wrong path): no proof that nothing is there.
+var refusedLookups = []int{http.StatusBadRequest, http.StatusForbidden, http.StatusNotFound, http.StatusGone, http.StatusUnprocessableEntity}
 
 func TestARefusedLookupIsNotADecline(t *testing.T) {
 	t.Run("a webhook's or the sweeper's lookup leaves the payment pending", func(t *testing.T) {

@@ -37,6 +37,7 @@ import (
 
 	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/order/steps"
 	"github.com/orderservice/orderservice/internal/payment"
 	"github.com/orderservice/orderservice/internal/problem"
 )
@@ -280,6 +281,7 @@ func (s *Service) paymentIntent(ctx context.Context, c Caller, op, orderID strin
 	}
 	ctx, end := traced(ctx, in)
 	defer func() { end(res, err) }()
+	defer func() { s.step(ctx, answerStep(in, res, err)) }()
 	slot := s.channelSlot()
 	defer slot.release()
 	claimed := time.Now() // the lease the claim takes runs from no earlier than this
@@ -328,7 +330,8 @@ type opening struct {
 // open is phase 1, in one transaction. An intent that goes on to the
 // channel leaves it holding slot.
 func (s *Service) open(ctx context.Context, c Caller, id uuid.UUID, in idempotency.Intent, rule func(*Order) (plan, error), slot *channelSlot) (opened opening, err error) {
-	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
+	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) (err error) {
+		defer func() { s.step(ctx, claimStep(in, opened, err)) }()
 		opened = opening{}
 		claim, err := s.Records.ClaimOrReplay(tx, in)
 		if err != nil {
@@ -426,7 +429,9 @@ func (s *Service) howToAsk(claim idempotency.Claim) asking {
 // phase 3. It is used by the request that started the payment, by a client
 // retry, and by the sweeper after a takeover.
 func (s *Service) finishPayment(ctx context.Context, rec idempotency.Record, p Payment, how asking, claimed time.Time) (idempotency.Result, error) {
+	ctx = steps.Owning(ctx, rec.LeaseToken)
 	if s.leaseLapsed(claimed) {
+		s.step(ctx, steps.Lapsed{Intent: intentOf(rec), Token: rec.LeaseToken})
 		return idempotency.Result{}, s.postpone(ctx, rec, s.Money.RetryAfter)
 	}
 	reply, err := s.askChannel(payment.Resending(ctx, rec.Attempts-1), p, how)
@@ -442,6 +447,7 @@ func (s *Service) finishPayment(ctx context.Context, rec idempotency.Record, p P
 	res, err := s.storeReplyPatiently(ctx, rec, p, reply)
 	switch {
 	case errors.Is(err, idempotency.ErrFenced):
+		s.step(ctx, steps.Store{Intent: intentOf(rec), Token: rec.LeaseToken, Fenced: true})
 		return idempotency.Result{}, errSuperseded()
 	case transientStore(err):
 		// The channel answered but the reply could not be stored: the
@@ -510,7 +516,9 @@ func (s *Service) storeReply(ctx context.Context, rec idempotency.Record, p Paym
 		if err := s.Hooks.run(s.Hooks.BeforeReplyCommit); err != nil {
 			return err
 		}
-		return s.Records.Complete(tx, rec.Scope(), rec.LeaseToken, result)
+		err = s.Records.Complete(tx, rec.Scope(), rec.LeaseToken, result)
+		s.step(ctx, storeStep(rec, p, o, result, err))
+		return err
 	})
 	return result, err
 }
@@ -521,7 +529,9 @@ func (s *Service) storeReply(ctx context.Context, rec idempotency.Record, p Paym
 // again (at once, or after after).
 func (s *Service) postpone(ctx context.Context, rec idempotency.Record, after time.Duration) error {
 	err := database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
-		return s.Records.Fail(tx, rec.Scope(), rec.LeaseToken, after)
+		err := s.Records.Fail(tx, rec.Scope(), rec.LeaseToken, after)
+		s.step(ctx, postponeStep(rec, err))
+		return err
 	})
 	switch {
 	case errors.Is(err, idempotency.ErrFenced):

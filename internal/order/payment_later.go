@@ -83,7 +83,9 @@ func (s *Service) ReceiveChannelEvent(ctx context.Context, webhookID, eventType,
 		if receipt, err = late.store(tx); err != nil {
 			return err
 		}
-		return s.Inbox.Note(tx, webhookID, eventType, string(receipt))
+		err = s.Inbox.Note(tx, webhookID, eventType, string(receipt))
+		s.step(ctx, lateStep(late, receipt, err))
+		return err
 	})
 	if errors.Is(err, idempotency.ErrDelivered) {
 		return ReceiptDuplicate, nil
@@ -110,6 +112,7 @@ func (s *Service) ResolvePending(ctx context.Context, channelKey string) (Receip
 	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
 		var err error
 		receipt, err = late.store(tx)
+		s.step(ctx, lateStep(late, receipt, err))
 		return err
 	})
 	return receipt, err

@@ -13,6 +13,7 @@ import (
 
 	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/order/steps"
 )
 
 // Deps are what the order use cases run on.
@@ -45,6 +46,11 @@ type Deps struct {
 	// shown with the policy (IdempotencyPolicy).
 	WindowSources   map[string]string
 	OutboxRetention time.Duration
+	// Steps, when set, is told each step of the idempotency protocol as
+	// it is taken (internal/order/steps): tests record runs with it and
+	// tools/tracecheck replays them against the model. Nil in production:
+	// a step then costs a nil check.
+	Steps steps.Recorder
 }
 
 // Service runs the order use cases on its Deps. Build it with NewService.

@@ -74,6 +74,9 @@ func (s *Service) Sweep(ctx context.Context, batch int) (int, error) {
 	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
 		var err error
 		claimed, err = s.Records.ClaimDue(tx, MoneyOperations, len(slots))
+		if err == nil {
+			s.swept(ctx, claimed)
+		}
 		return err
 	})
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
+	"github.com/orderservice/orderservice/internal/order/steps"
 	"github.com/orderservice/orderservice/internal/payment"
 	"github.com/orderservice/orderservice/internal/problem"
 )
@@ -111,11 +112,13 @@ func (a *acquirer) charge(ctx context.Context, key string, req payment.ChargeReq
 	a.posts[key]++
 	if c, ok := a.charges[key]; ok {
 		a.stats.duplicates++
+		atTheChannel(ctx, steps.Channel{Call: "charge", Key: key, Status: c.Status, Replayed: true})
 		return payment.Result[payment.Charge]{Value: c, Replayed: true}, nil
 	}
 	if req.PaymentMethod == payment.MethodUnavailableOnce && !a.failed[key] {
 		a.failed[key] = true
 		a.stats.unavailable++
+		atTheChannel(ctx, steps.Channel{Call: "charge", Key: key, Failed: true})
 		return payment.Result[payment.Charge]{}, fmt.Errorf("%w: 503 on the first attempt of this key", payment.ErrUnavailable)
 	}
 	c := payment.Charge{ID: "ch_" + uuid.NewString(), Status: payment.StatusSucceeded, Amount: req.Amount, Currency: req.Currency,
@@ -128,6 +131,7 @@ func (a *acquirer) charge(ctx context.Context, key string, req payment.ChargeReq
 		a.stats.charged += c.Amount
 	}
 	a.charges[key], a.methods[c.ID] = c, req.PaymentMethod
+	atTheChannel(ctx, steps.Channel{Call: "charge", Key: key, Status: c.Status, Lost: req.PaymentMethod == payment.MethodLostResponse})
 	if req.PaymentMethod == payment.MethodLostResponse {
 		return payment.Result[payment.Charge]{}, errLost
 	}
@@ -142,8 +146,10 @@ func (a *acquirer) lookupCharge(ctx context.Context, key string) (payment.Charge
 	defer a.mu.Unlock()
 	a.stats.lookups++
 	if c, ok := a.charges[key]; ok {
+		atTheChannel(ctx, steps.Channel{Call: "lookup_charge", Key: key, Status: c.Status})
 		return c, nil
 	}
+	atTheChannel(ctx, steps.Channel{Call: "lookup_charge", Key: key})
 	return payment.Charge{}, payment.ErrNotFound
 }
 
@@ -278,7 +284,7 @@ func useCasesOn(t *testing.T, db *gorm.DB, ch order.Channel, lease time.Duration
 			db.Exec(`DELETE FROM idempotency_records WHERE ` + unfinished)
 		}
 	})
-	return order.NewService(order.Deps{DB: db, Channel: ch,
+	return order.NewService(order.Deps{DB: db, Channel: recordedChannel(t, ch), Steps: stepsOf(t),
 		Records: &idempotency.Store{Lease: lease, PhaseTimeout: timeout, Policy: policy},
 		Inbox:   &idempotency.Inbox{Retention: time.Hour},
 		Money:   order.MoneyConfig{ChannelTimeout: timeout, RetryAfter: time.Second, ChannelKeyWindow: 24 * time.Hour}})

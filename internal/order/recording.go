@@ -1,0 +1,141 @@
+package order
+
+// Recording the protocol's steps (internal/order/steps), for tests that
+// replay a run against the model (tools/tracecheck). Each step is one line
+// where the code takes it, s.step(ctx, ...); in production Deps.Steps is
+// nil and a step costs one nil check. The helpers below turn what the code
+// holds at that line into the step's event, and return nil when there is
+// no step to record (the transaction failed).
+
+import (
+	"context"
+	"errors"
+
+	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/order/steps"
+)
+
+// step tells the recorder ev, when there is a recorder and an event.
+func (s *Service) step(ctx context.Context, ev steps.Event) {
+	if s.Steps != nil && ev != nil {
+		s.Steps.Record(ctx, ev)
+	}
+}
+
+func intentOf(rec idempotency.Record) steps.Intent {
+	return steps.Intent{Order: deref(rec.ResourceID), Op: rec.Operation, Key: rec.IdempotencyKey}
+}
+
+func paymentIntentOf(p Payment) steps.Intent {
+	return steps.Intent{Order: p.OrderID.String(), Op: p.Operation, Key: p.IdempotencyKey}
+}
+
+// answerOf names a result as the trace spells answers: done, accepted, or
+// failed:<code>.
+func answerOf(res idempotency.Result) string {
+	if res.Outcome == idempotency.OutcomeFailed && res.Failure != nil {
+		return "failed:" + string(res.Failure.Code)
+	}
+	return string(res.Outcome)
+}
+
+// claimStep is phase 1's claim, once its transaction is about to commit.
+func claimStep(in idempotency.Intent, opened opening, err error) steps.Event {
+	if err != nil {
+		return nil
+	}
+	ev := steps.Claim{Intent: steps.Intent{Order: in.ResourceID, Op: in.Scope.Operation, Key: in.Scope.Key},
+		Kind: "new", By: "client", Token: opened.claim.Token()}
+	switch {
+	case opened.claim.Replay != nil:
+		ev.Kind, ev.Token = "replay", 0
+	case opened.claim.ResumedFrom == idempotency.Processing:
+		ev.Kind = "takeover"
+	case opened.claim.Resumes():
+		ev.Kind = "resume"
+	}
+	if !opened.awaitsChannel {
+		ev.Answer = answerOf(opened.result)
+	}
+	return ev
+}
+
+// swept records the sweeper's claims of a batch.
+func (s *Service) swept(ctx context.Context, claimed []idempotency.Record) {
+	for _, rec := range claimed {
+		s.step(ctx, steps.Claim{Intent: intentOf(rec), Kind: "sweep", By: "sweeper", Token: rec.LeaseToken})
+	}
+}
+
+// postponeStep is the owner's postpone: done, or fenced.
+func postponeStep(rec idempotency.Record, err error) steps.Event {
+	if err != nil && !errors.Is(err, idempotency.ErrFenced) {
+		return nil
+	}
+	return steps.Postpone{Intent: intentOf(rec), Token: rec.LeaseToken, Fenced: err != nil}
+}
+
+// storeStep is phase 3's store, once its transaction is about to commit.
+func storeStep(rec idempotency.Record, p Payment, o *Order, result idempotency.Result, err error) steps.Event {
+	if err != nil || o == nil {
+		return nil
+	}
+	ev := steps.Store{Intent: intentOf(rec), Token: rec.LeaseToken, Answer: answerOf(result),
+		PaymentBefore: string(p.Status), OrderAfter: string(o.Status)}
+	if now := o.payment(p.ID); now != nil {
+		ev.PaymentAfter = string(now.Status)
+	}
+	return ev
+}
+
+// lateStep is a late verdict's transaction: nil when nothing was asked.
+func lateStep(l lateReply, receipt Receipt, err error) steps.Event {
+	if err != nil || l.payment.ChannelKey == "" {
+		return nil
+	}
+	return steps.Late{Intent: paymentIntentOf(l.payment), Verdict: l.reply.verdict.String(), Applied: receipt == ReceiptApplied}
+}
+
+// replyStep is what phase 2 made of the channel's answer.
+func replyStep(ctx context.Context, p Payment, res channelReply, err error) steps.Event {
+	if err != nil {
+		return nil
+	}
+	return steps.Reply{Intent: paymentIntentOf(p), Token: steps.OwnerOf(ctx), Verdict: res.verdict.String(), Replayed: res.replayed}
+}
+
+// answerStep is the answer a client of the intent was given.
+func answerStep(in idempotency.Intent, res idempotency.Result, err error) steps.Event {
+	a := answerOf(res)
+	switch {
+	case err != nil:
+		a = "error"
+	case res.Outcome == "":
+		return nil // a panic: no answer was given
+	}
+	return steps.Answer{Intent: steps.Intent{Order: in.ResourceID, Op: in.Scope.Operation, Key: in.Scope.Key}, Answer: a}
+}
+
+func (v verdict) String() string {
+	switch v {
+	case moved:
+		return "moved"
+	case declined:
+		return "declined"
+	case refused:
+		return "refused"
+	case pending:
+		return "pending"
+	}
+	return "unknown"
+}
+
+func (a asking) String() string {
+	switch a {
+	case lookUpThenSend:
+		return "lookup"
+	case lookUpOnly:
+		return "lookup_only"
+	}
+	return "send"
+}

@@ -1,0 +1,138 @@
+// Command tracecheck replays runs the Go code recorded (internal/order/steps,
+// written by the order tests when ORDERSERVICE_TRACE_DIR is set) against the
+// SPIN model, model/idempotency.pml. Each run is cut into one trace per
+// order (the model has one order, one pay intent and a cancel), each trace
+// is mapped onto the model's events (mapping.go), and SPIN searches the
+// model compiled with -DTRACE for a path that takes every event in turn.
+// When none does, the shortest prefix that no path explains names the
+// first event the model cannot explain (found by bisection), and tracecheck
+// fails.
+//
+//	go run ./tools/tracecheck [-model model/idempotency.pml] [-jobs N] DIR|FILE...
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+func main() {
+	modelPath := flag.String("model", "model/idempotency.pml", "the Promela model")
+	jobs := flag.Int("jobs", 2, "verifiers run side by side")
+	verbose := flag.Bool("v", false, "a line for every trace, explained or not")
+	flag.Parse()
+	model, err := os.ReadFile(*modelPath)
+	if err != nil {
+		fail(err)
+	}
+	files, err := traceFiles(flag.Args())
+	if err != nil {
+		fail(err)
+	}
+	if len(files) == 0 {
+		fail(fmt.Errorf("no recorded runs (*.jsonl) in %v", flag.Args()))
+	}
+	start := time.Now()
+	var traces []*trace
+	events, beyond := 0, 0
+	for _, f := range files {
+		lines, err := readRun(f)
+		if err != nil {
+			fail(err)
+		}
+		events += len(lines)
+		ts := mapRun(filepath.Base(f), lines)
+		for _, t := range ts {
+			if t.beyond != "" {
+				beyond++
+				if *verbose {
+					fmt.Printf("%s: beyond the model: %s\n", t.name, t.beyond)
+				}
+				continue
+			}
+			traces = append(traces, t)
+		}
+	}
+	checker, err := compile(model)
+	if err != nil {
+		fail(err)
+	}
+	defer checker.close()
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, *jobs)
+	for _, t := range traces {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			t.result = checker.check(t)
+		}()
+	}
+	wg.Wait()
+	failed := 0
+	modelEvents, longest := 0, 0
+	sort.Slice(traces, func(i, j int) bool { return traces[i].name < traces[j].name })
+	for _, t := range traces {
+		modelEvents += len(t.events)
+		longest = max(longest, len(t.events))
+		switch {
+		case t.result.err != nil:
+			failed++
+			fmt.Printf("%s: %v\n", t.name, t.result.err)
+		case !t.result.explained:
+			failed++
+			fmt.Printf("%s: NOT EXPLAINED: the model cannot explain event %d of %d: %s\n", t.name, t.result.first+1, len(t.events), t.describe(t.result.first))
+			for i := max(0, t.result.first-3); i < t.result.first; i++ {
+				fmt.Printf("    explained before it: %s\n", t.describe(i))
+			}
+		case *verbose:
+			fmt.Printf("%s: explained (%d events)\n", t.name, len(t.events))
+		}
+	}
+	fmt.Printf("tracecheck: %d recorded runs, %d steps recorded; %d traces (one per order) of %d model events (longest %d), %d explained, %d not; %d beyond the model's configuration; %d SPIN searches; %s\n",
+		len(files), events, len(traces), modelEvents, longest, len(traces)-failed, failed, beyond, checker.searches(), time.Since(start).Round(100*time.Millisecond))
+	if failed > 0 {
+		checker.close()
+		os.Exit(1)
+	}
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "tracecheck:", err)
+	os.Exit(2)
+}
+
+// traceFiles are the *.jsonl files named, or in the directories named.
+func traceFiles(args []string) ([]string, error) {
+	var files []string
+	for _, a := range args {
+		st, err := os.Stat(a)
+		if err != nil {
+			return nil, err
+		}
+		if !st.IsDir() {
+			files = append(files, a)
+			continue
+		}
+		m, err := filepath.Glob(filepath.Join(a, "*.jsonl"))
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, m...)
+	}
+	sort.Strings(files)
+	return files, nil
+}
+
+// describe names the model event i and the step it stands for.
+func (t *trace) describe(i int) string {
+	e := t.events[i]
+	return fmt.Sprintf("%s (recorded step %d: %s)", e, e.seq, strings.TrimSpace(e.source))
+}

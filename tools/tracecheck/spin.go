@@ -1,0 +1,134 @@
+package main
+
+// The search: the model compiled once with -DTRACE; each run of the
+// verifier reads one trace (TRACE_FILE), or its first events (TRACE_LEN),
+// and searches for a path that takes every event in turn.
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+type result struct {
+	explained bool
+	first     int // the first event no path explains
+	err       error
+}
+
+// spin runs the searches, remembering the verdict on each distinct trace
+// (many runs make the same trace).
+type spin struct {
+	dir   string // where pan is
+	mu    sync.Mutex
+	cache map[string]bool
+	runs  int
+}
+
+// compile builds the verifier of model in a directory of its own.
+func compile(model []byte) (*spin, error) {
+	dir, err := os.MkdirTemp("", "tracecheck-")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "idempotency.pml"), model, 0o644); err != nil {
+		return nil, err
+	}
+	for _, c := range [][]string{
+		{"spin", "-a", "-DTRACE", "-DORDER", "idempotency.pml"},
+		{"cc", "-O2", "-w", "-DSAFETY", "-DNOCLAIM", "-DMEMLIM=1024", "-o", "pan", "pan.c"},
+	} {
+		cmd := exec.Command(c[0], c[1:]...)
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("%s: %v\n%s", strings.Join(c, " "), err, out)
+		}
+	}
+	return &spin{dir: dir, cache: map[string]bool{}}, nil
+}
+
+func (s *spin) close() { os.RemoveAll(s.dir) }
+
+func (s *spin) searches() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.runs
+}
+
+// check searches t, then, if the whole trace is not explained, bisects for
+// the longest explained prefix: the event after it is the first that no
+// path explains.
+func (s *spin) check(t *trace) result {
+	ok, err := s.explains(t.events)
+	if err != nil || ok {
+		return result{explained: ok, err: err}
+	}
+	lo, hi := 0, len(t.events) // prefix lo is explained, prefix hi is not
+	for hi-lo > 1 {
+		mid := (lo + hi) / 2
+		ok, err := s.explains(t.events[:mid])
+		if err != nil {
+			return result{err: err}
+		}
+		if ok {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return result{first: hi - 1}
+}
+
+// explains reports whether some path of the model takes every event in
+// turn: SPIN reports the process "explained" reaching its assertion.
+func (s *spin) explains(events []event) (bool, error) {
+	text := traceText(events)
+	sum := sha256.Sum256([]byte(text))
+	id := hex.EncodeToString(sum[:8])
+	s.mu.Lock()
+	if v, ok := s.cache[id]; ok {
+		s.mu.Unlock()
+		return v, nil
+	}
+	s.runs++
+	file := filepath.Join(s.dir, fmt.Sprintf("%s-%d.trace", id, s.runs))
+	s.mu.Unlock()
+	if err := os.WriteFile(file, []byte(text), 0o644); err != nil {
+		return false, err
+	}
+	defer os.Remove(file)
+	// -E: a path that ends blocked is only a path that explains nothing;
+	// -n: no report of unreached code. Each search has its own trail name.
+	cmd := exec.Command("./pan", "-E", "-n", "-m100000")
+	cmd.Dir = s.dir
+	cmd.Env = append(os.Environ(), "TRACE_FILE="+file, "TRACE_LEN="+strconv.Itoa(len(events)))
+	out, _ := cmd.CombinedOutput()
+	os.Remove(filepath.Join(s.dir, "idempotency.pml.trail"))
+	text = string(out)
+	if !strings.Contains(text, "errors:") {
+		return false, fmt.Errorf("pan did not finish:\n%s", text)
+	}
+	if strings.Contains(text, "max search depth too small") {
+		return false, fmt.Errorf("pan: search depth too small")
+	}
+	ok := strings.Contains(text, "assertion violated (ti!=nev)")
+	s.mu.Lock()
+	s.cache[id] = ok
+	s.mu.Unlock()
+	return ok, nil
+}
+
+// traceText is the trace as the verifier reads it: six numbers an event.
+func traceText(events []event) string {
+	var b strings.Builder
+	for _, e := range events {
+		fmt.Fprintf(&b, "%d %d %d %d %d %d\n", e.kind, e.args[0], e.args[1], e.args[2], e.args[3], e.args[4])
+	}
+	return b.String()
+}
