@@ -161,8 +161,12 @@ func TestRestartFinishesAPaymentTheChannelMadeBeforeIt(t *testing.T) {
 	if status != "PAID" {
 		t.Fatalf("order after the restart = %s, want PAID by the sweeper", status)
 	}
-	if s := second.Channel.Stats(); s.Charges != 1 || s.AmountCharged != 900 || s.Requests != 1 || s.Lookups != 1 {
-		t.Errorf("channel stats = %+v, want the one charge made before the restart, found by one lookup", s)
+	// One charge, one POST (the first instance's), and at least one
+	// lookup: the sweeper's. On a loaded machine a sweeper's round can
+	// outlast its 3s lease and the next round looks the key up again;
+	// lookups change nothing, so how many there were is no harm.
+	if s := second.Channel.Stats(); s.Charges != 1 || s.AmountCharged != 900 || s.Requests != 1 || s.Lookups < 1 {
+		t.Errorf("channel stats = %+v, want the one charge made before the restart, found by a lookup and never sent again", s)
 	}
 	if after := second.Channel.Charges(); len(after) != 1 || after[0].ID != before[0].ID {
 		t.Errorf("charges after the restart = %+v, want only %s, made before it", after, before[0].ID)
