@@ -217,6 +217,8 @@ func published(t *testing.T, b *testBroker, id string) {
 func waitDoor(t *testing.T, m *app.Main, status int) {
 	t.Helper()
 	up := map[int]float64{http.StatusOK: 1, http.StatusServiceUnavailable: 0}[status]
+	start := time.Now()
+	defer func() { t.Logf("/readyz %d after %s", status, time.Since(start).Round(time.Millisecond)) }()
 	apptest.Eventually(t, time.Minute, fmt.Sprintf("/readyz %d", status), func() (bool, string) {
 		r, err := http.Get(m.URL() + "/readyz")
 		if err != nil {
