@@ -107,7 +107,7 @@ type goBuild struct {
 	pkg   string   // the ./cmd/X package, or a module's main package (natsServerModule)
 }
 
-var goBuildRE = regexp.MustCompile(`go build ((?:[^&;]*?\s)?)-o\s+(\S+)\s+(\./cmd/[\w./-]+|` + regexp.QuoteMeta(natsServerModule) + `)\b`)
+var goBuildRE = regexp.MustCompile(`go build ((?:[^&;]*?\s)?)-o\s+(\S+)\s+(\./(?:lab/)?cmd/[\w./-]+|` + regexp.QuoteMeta(natsServerModule) + `)\b`)
 
 // natsServerModule is the NATS server's main package, which the image
 // builds at go.mod's version for compose's broker.
