@@ -29,11 +29,7 @@ func TestCommandsWithBrokerHeadersAreDeadLetteredWithoutHoldingUpOtherTenants(t 
 	if err != nil {
 		t.Fatal(err)
 	}
-	globex := w.tenantConn("globex")
-	globexJS, err := jetstream.New(globex)
-	if err != nil {
-		t.Fatal(err)
-	}
+	globex, globexJS := w.tenantJS("globex")
 	results := subscribe(t, globex, messaging.ResultSubject("globex", "create"))
 
 	poison := messaging.ConsumerConfig(time.Second).MaxAckPending

@@ -144,6 +144,17 @@ func (w *world) tenantConn(tenant string, opts ...nats.Option) *nats.Conn {
 	return nc
 }
 
+// tenantJS connects as tenant, as tenantConn does, with its JetStream.
+func (w *world) tenantJS(tenant string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
+	w.t.Helper()
+	nc := w.tenantConn(tenant, opts...)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		w.t.Fatalf("JetStream as %s: %v", tenant, err)
+	}
+	return nc, js
+}
+
 // subscribe collects every message on subject.
 func subscribe(t *testing.T, nc *nats.Conn, subject string) chan *nats.Msg {
 	t.Helper()

@@ -27,11 +27,7 @@ import (
 func TestARefusedCommandIsAnsweredWithTheProblemHTTPSends(t *testing.T) {
 	w := newWorld(t)
 	w.consumer(messaging.ConsumerHooks{}, nil)
-	acme := w.tenantConn("acme")
-	acmeJS, err := jetstream.New(acme)
-	if err != nil {
-		t.Fatal(err)
-	}
+	acme, acmeJS := w.tenantJS("acme")
 	results := subscribe(t, acme, messaging.ResultSubject("acme", "create"))
 	run := time.Now().UnixNano()
 

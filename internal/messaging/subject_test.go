@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/orderservice/orderservice/internal/messaging"
 )
@@ -28,11 +27,7 @@ import (
 func TestACommandOnAnOverlongSubjectCutsNoTenantOff(t *testing.T) {
 	w := newWorld(t)
 	w.consumer(messaging.ConsumerHooks{}, nil)
-	acme := w.tenantConn("acme")
-	acmeJS, err := jetstream.New(acme)
-	if err != nil {
-		t.Fatal(err)
-	}
+	acme, acmeJS := w.tenantJS("acme")
 	acmeResults := subscribe(t, acme, messaging.ResultSubject("acme", "create"))
 	globex := w.tenantConn("globex")
 	globexResults := subscribe(t, globex, messaging.ResultPrefix+"globex.>")
