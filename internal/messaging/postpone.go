@@ -129,6 +129,10 @@ type waiters struct {
 	// handedBack counts, by command, the deliveries that handed it back
 	// and are still to be taken off its delivery count.
 	handedBack map[commandCopy]handBacks
+	// pruned is when handBack last forgot the stale hand-backs: at most
+	// once a minute, so that a flood of hand-backs does not scan the map
+	// at each one.
+	pruned time.Time
 }
 
 // intent names an intent as its record does, by tenant, operation and key.
@@ -184,16 +188,20 @@ func (w *waiters) waiting(tenant string) int {
 
 // handBack records that d handed its command back, with the hand-backs
 // its earlier deliveries made, for the delivery that brings it again. It
-// forgets those older than keep: their command went to another instance.
+// forgets those older than keep (looking at most once a minute): their
+// command went to another instance.
 func (w *waiters) handBack(d delivery, now time.Time, keep time.Duration) {
 	if d.seq == 0 {
 		return
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for k, h := range w.handedBack {
-		if now.Sub(h.last) > keep {
-			delete(w.handedBack, k)
+	if now.Sub(w.pruned) >= time.Minute {
+		w.pruned = now
+		for k, h := range w.handedBack {
+			if now.Sub(h.last) > keep {
+				delete(w.handedBack, k)
+			}
 		}
 	}
 	w.handedBack[commandCopy{d.seq, d.stored.UnixNano()}] = handBacks{n: d.handedBack + 1, last: now}
