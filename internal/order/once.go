@@ -281,7 +281,7 @@ func (s *Service) paymentIntent(ctx context.Context, c Caller, op, orderID strin
 	}
 	ctx, end := traced(ctx, in)
 	defer func() { end(res, err) }()
-	defer func() { s.step(ctx, answerStep(in, res, err)) }()
+	defer func() { s.step(ctx, func() steps.Event { return answerStep(in, res, err) }) }()
 	slot := s.channelSlot()
 	defer slot.release()
 	claimed := time.Now() // the lease the claim takes runs from no earlier than this
@@ -331,7 +331,7 @@ type opening struct {
 // channel leaves it holding slot.
 func (s *Service) open(ctx context.Context, c Caller, id uuid.UUID, in idempotency.Intent, rule func(*Order) (plan, error), slot *channelSlot) (opened opening, err error) {
 	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) (err error) {
-		defer func() { s.step(ctx, claimStep(in, opened, err)) }()
+		defer func() { s.step(ctx, func() steps.Event { return claimStep(in, opened, err) }) }()
 		opened = opening{}
 		claim, err := s.Records.ClaimOrReplay(tx, in)
 		if err != nil {
@@ -431,7 +431,7 @@ func (s *Service) howToAsk(claim idempotency.Claim) asking {
 func (s *Service) finishPayment(ctx context.Context, rec idempotency.Record, p Payment, how asking, claimed time.Time) (idempotency.Result, error) {
 	ctx = steps.Owning(ctx, rec.LeaseToken)
 	if s.leaseLapsed(claimed) {
-		s.step(ctx, steps.Lapsed{Intent: intentOf(rec), Token: rec.LeaseToken})
+		s.step(ctx, func() steps.Event { return steps.Lapsed{Intent: intentOf(rec), Token: rec.LeaseToken} })
 		return idempotency.Result{}, s.postpone(ctx, rec, s.Money.RetryAfter)
 	}
 	reply, err := s.askChannel(payment.Resending(ctx, rec.Attempts-1), p, how)
@@ -447,7 +447,7 @@ func (s *Service) finishPayment(ctx context.Context, rec idempotency.Record, p P
 	res, err := s.storeReplyPatiently(ctx, rec, p, reply)
 	switch {
 	case errors.Is(err, idempotency.ErrFenced):
-		s.step(ctx, steps.Store{Intent: intentOf(rec), Token: rec.LeaseToken, Fenced: true})
+		s.step(ctx, func() steps.Event { return steps.Store{Intent: intentOf(rec), Token: rec.LeaseToken, Fenced: true} })
 		return idempotency.Result{}, errSuperseded()
 	case transientStore(err):
 		// The channel answered but the reply could not be stored: the
@@ -517,7 +517,7 @@ func (s *Service) storeReply(ctx context.Context, rec idempotency.Record, p Paym
 			return err
 		}
 		err = s.Records.Complete(tx, rec.Scope(), rec.LeaseToken, result)
-		s.step(ctx, storeStep(rec, p, o, result, err))
+		s.step(ctx, func() steps.Event { return storeStep(rec, p, o, result, err) })
 		return err
 	})
 	return result, err
@@ -530,7 +530,7 @@ func (s *Service) storeReply(ctx context.Context, rec idempotency.Record, p Paym
 func (s *Service) postpone(ctx context.Context, rec idempotency.Record, after time.Duration) error {
 	err := database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
 		err := s.Records.Fail(tx, rec.Scope(), rec.LeaseToken, after)
-		s.step(ctx, postponeStep(rec, err))
+		s.step(ctx, func() steps.Event { return postponeStep(rec, err) })
 		return err
 	})
 	switch {

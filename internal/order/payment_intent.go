@@ -139,8 +139,10 @@ func (s *Service) askChannel(ctx context.Context, p Payment, how asking) (res ch
 	// deadline it was judged by (keywindow.go).
 	deadline := time.Now().Add(s.Money.ChannelTimeout)
 	how = s.atTheCall(p, how, deadline)
-	s.step(ctx, steps.Decide{Intent: paymentIntentOf(p), Token: steps.OwnerOf(ctx), ChannelKey: p.ChannelKey, How: how.String(), Deadline: deadline, FirstAttempt: p.CreatedAt, KeyWindow: s.Money.ChannelKeyWindow})
-	defer func() { s.step(ctx, replyStep(ctx, p, res, err)) }()
+	s.step(ctx, func() steps.Event {
+		return steps.Decide{Intent: paymentIntentOf(p), Token: steps.OwnerOf(ctx), ChannelKey: p.ChannelKey, How: how.String(), Deadline: deadline, FirstAttempt: p.CreatedAt, KeyWindow: s.Money.ChannelKeyWindow}
+	})
+	defer func() { s.step(ctx, func() steps.Event { return replyStep(ctx, p, res, err) }) }()
 	if err := s.Hooks.run(s.Hooks.BeforeChannelCall); err != nil {
 		return channelReply{}, err
 	}

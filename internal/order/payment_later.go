@@ -23,6 +23,7 @@ import (
 
 	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
+	"github.com/orderservice/orderservice/internal/order/steps"
 	"github.com/orderservice/orderservice/internal/payment"
 	"github.com/orderservice/orderservice/internal/problem"
 )
@@ -84,7 +85,7 @@ func (s *Service) ReceiveChannelEvent(ctx context.Context, webhookID, eventType,
 			return err
 		}
 		err = s.Inbox.Note(tx, webhookID, eventType, string(receipt))
-		s.step(ctx, lateStep(late, receipt, err))
+		s.step(ctx, func() steps.Event { return lateStep(late, receipt, err) })
 		return err
 	})
 	if errors.Is(err, idempotency.ErrDelivered) {
@@ -112,7 +113,7 @@ func (s *Service) ResolvePending(ctx context.Context, channelKey string) (Receip
 	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
 		var err error
 		receipt, err = late.store(tx)
-		s.step(ctx, lateStep(late, receipt, err))
+		s.step(ctx, func() steps.Event { return lateStep(late, receipt, err) })
 		return err
 	})
 	return receipt, err

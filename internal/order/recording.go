@@ -2,10 +2,11 @@ package order
 
 // Recording the protocol's steps (internal/order/steps), for tests that
 // replay a run against the model (tools/tracecheck). Each step is one line
-// where the code takes it, s.step(ctx, ...); in production Deps.Steps is
-// nil and a step costs one nil check. The helpers below turn what the code
-// holds at that line into the step's event, and return nil when there is
-// no step to record (the transaction failed).
+// where the code takes it, s.step(ctx, func() steps.Event { … }); in
+// production Deps.Steps is nil, a step costs one nil check and its event
+// is never built. The helpers below turn what the code holds at that line
+// into the step's event, and return nil when there is no step to record
+// (the transaction failed).
 
 import (
 	"context"
@@ -15,10 +16,15 @@ import (
 	"github.com/orderservice/orderservice/internal/order/steps"
 )
 
-// step tells the recorder ev, when there is a recorder and an event.
-func (s *Service) step(ctx context.Context, ev steps.Event) {
-	if s.Steps != nil && ev != nil {
-		s.Steps.Record(ctx, ev)
+// step tells the recorder the event ev makes, when there is a recorder
+// and an event: without one (production), ev is never called, so nothing
+// of the event is built.
+func (s *Service) step(ctx context.Context, ev func() steps.Event) {
+	if s.Steps == nil {
+		return
+	}
+	if e := ev(); e != nil {
+		s.Steps.Record(ctx, e)
 	}
 }
 
@@ -63,7 +69,9 @@ func claimStep(in idempotency.Intent, opened opening, err error) steps.Event {
 // swept records the sweeper's claims of a batch.
 func (s *Service) swept(ctx context.Context, claimed []idempotency.Record) {
 	for _, rec := range claimed {
-		s.step(ctx, steps.Claim{Intent: intentOf(rec), Kind: "sweep", By: "sweeper", Token: rec.LeaseToken})
+		s.step(ctx, func() steps.Event {
+			return steps.Claim{Intent: intentOf(rec), Kind: "sweep", By: "sweeper", Token: rec.LeaseToken}
+		})
 	}
 }
 

@@ -49,7 +49,7 @@ type Deps struct {
 	// Steps, when set, is told each step of the idempotency protocol as
 	// it is taken (internal/order/steps): tests record runs with it and
 	// tools/tracecheck replays them against the model. Nil in production:
-	// a step then costs a nil check.
+	// a step then costs a nil check, and its event is never built.
 	Steps steps.Recorder
 }
 
