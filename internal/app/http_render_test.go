@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net/http"
+	"net/url"
 	"testing"
 
 	"github.com/google/uuid"
@@ -64,4 +65,33 @@ func TestAUseCaseRenderedOutsideHTTPIsTheHTTPAnswer(t *testing.T) {
 		}
 		same(t, "refused ship", replay, first)
 	})
+}
+
+// A body is JSON for a program, not markup: `<`, `>` and `&` a client
+// sent come back as they are in every answer (the create, its replay, the
+// reads) and in the event the outbox publishes, never as `\u003c`.
+func TestBodiesCarryWhatTheClientSentUnescaped(t *testing.T) {
+	m := apptest.Start(t, dbURL, nil)
+	acme := apptest.NewClient(m, apptest.KeyAcme)
+	const customer, note = "Smith & Sons <wholesale>", "<b>fragile</b> & heavy"
+	create := order.CreateRequest{CustomerID: customer, Currency: "EUR", Metadata: map[string]string{"note": note},
+		Items: []order.ItemRequest{{SKU: "sku-1", Quantity: 1, UnitPrice: 1250}}}
+	key := "plain-" + uuid.NewString()
+	first := acme.Do(t, http.MethodPost, "/v1/orders", key, create)
+	apptest.WantAnswer(t, "the create", first, http.StatusCreated, "")
+	id := first.JSON(t)["id"].(string)
+	bodies := map[string][]byte{"the create": first.Body}
+	bodies["its replay"] = acme.Do(t, http.MethodPost, "/v1/orders", key, create).Body
+	bodies["GET the order"] = acme.Do(t, http.MethodGet, "/v1/orders/"+id, "", nil).Body
+	bodies["the list"] = acme.Do(t, http.MethodGet, "/v1/orders?customer_id="+url.QueryEscape(customer), "", nil).Body
+	var payload []byte
+	if err := m.DB.Raw(`SELECT payload FROM order_outbox WHERE order_id = ?`, id).Row().Scan(&payload); err != nil {
+		t.Fatal(err)
+	}
+	bodies["the outbox event"] = payload
+	for what, body := range bodies {
+		if !bytes.Contains(body, []byte(customer)) || !bytes.Contains(body, []byte(note)) || bytes.Contains(body, []byte(`\u00`)) {
+			t.Errorf("%s: %s\nwant %q and %q as sent", what, body, customer, note)
+		}
+	}
 }

@@ -7,6 +7,7 @@ package httpapi
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -87,12 +88,25 @@ func (s *Server) Handler() *echo.Echo {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.handleError
+	e.JSONSerializer = plainJSON{}
 	e.Use(s.traceRequests, s.logRequests, s.measure, s.answerErrors)
 	// A panic in a handler rolls its transaction back (GORM re-panics after
 	// ROLLBACK) and becomes a 500 here instead of a dropped connection.
 	e.Use(middleware.RecoverWithConfig(middleware.RecoverConfig{DisableStackAll: true, DisablePrintStack: true}))
 	s.routes(e)
 	return e
+}
+
+// plainJSON is echo's JSON serializer but for HTML escaping: the reads
+// (an order, a page of orders, its events) write `<`, `>` and `&` as they
+// are, as the stored answers do (order.Wire).
+type plainJSON struct{ echo.DefaultJSONSerializer }
+
+func (plainJSON) Serialize(c echo.Context, v any, indent string) error {
+	enc := json.NewEncoder(c.Response())
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", indent)
+	return enc.Encode(v)
 }
 
 // handleError is the one place where an error becomes a response. Only

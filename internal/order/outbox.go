@@ -92,12 +92,12 @@ func writeOutbox(tx *gorm.DB, o *Order, from Status, ev Event, op, key string, a
 	if err != nil {
 		return err
 	}
-	snapshot, err := json.Marshal(o)
+	snapshot, err := Wire(o)
 	if err != nil {
 		return err
 	}
 	name := PublishedName(ev)
-	payload, err := json.Marshal(EventMessage{EventID: id.String(), Event: name, OrderID: o.ID.String(),
+	payload, err := Wire(EventMessage{EventID: id.String(), Event: name, OrderID: o.ID.String(),
 		FromStatus: from, ToStatus: o.Status, Operation: op, IdempotencyKey: key, OccurredAt: at, Order: snapshot})
 	if err != nil {
 		return err

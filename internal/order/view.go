@@ -1,6 +1,7 @@
 package order
 
 import (
+	"bytes"
 	"encoding/json"
 	"time"
 
@@ -72,7 +73,7 @@ func (o *Order) MarshalJSON() ([]byte, error) {
 		v.Shipment = &shipmentJSON{Carrier: *o.Carrier, TrackingNumber: deref(o.TrackingNumber)}
 	}
 	v.Payment = paymentSummary(o.payments)
-	return json.Marshal(v)
+	return Wire(v)
 }
 
 // paymentSummary condenses an order's money movements: the last charge, and
@@ -98,27 +99,42 @@ func paymentSummary(payments []Payment) *paymentJSON {
 
 // MarshalJSON writes the wire form of a history entry.
 func (h HistoryEntry) MarshalJSON() ([]byte, error) {
-	return json.Marshal(historyJSON{ID: h.ID, OrderID: h.OrderID.String(), Event: h.Event, Operation: h.Operation,
+	return Wire(historyJSON{ID: h.ID, OrderID: h.OrderID.String(), Event: h.Event, Operation: h.Operation,
 		IdempotencyKey: h.IdempotencyKey, FromStatus: h.FromStatus, ToStatus: h.ToStatus, CreatedAt: h.CreatedAt})
 }
 
 // created is the result of the intent that made o: its representation,
 // stored so that every replay shows the order as it was then.
 func created(o *Order) (idempotency.Result, error) {
-	body, err := json.Marshal(o)
+	body, err := Wire(o)
 	return idempotency.Created(o.ID.String(), body), err
 }
 
 // done is the result of an intent that acted on o.
 func done(o *Order) (idempotency.Result, error) {
-	body, err := json.Marshal(o)
+	body, err := Wire(o)
 	return idempotency.Done(o.ID.String(), body), err
 }
 
 // accepted is the result of an intent that took o on and finishes later.
 func accepted(o *Order) (idempotency.Result, error) {
-	body, err := json.Marshal(o)
+	body, err := Wire(o)
 	return idempotency.Accepted(o.ID.String(), body), err
+}
+
+// Wire writes v as the JSON a client reads: `<`, `>` and `&` as they are
+// (`"customer_id":"A&B"`), not HTML-escaped (`A\u0026B`) as json.Marshal
+// writes them; a body is JSON for a program, never markup in a page. The
+// bodies of answers and events are written this way, so the bytes a
+// replay sends again are these.
+func Wire(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
 func deref(s *string) string {
