@@ -70,8 +70,9 @@ func (s *Store) CleanupBatch(tx *gorm.DB, limit int) (CleanupResult, error) {
 			limit, money).Find(&res).Error
 		return res, err
 	}
-	// The data-modifying CTEs run to completion whatever the SELECT reads,
-	// so an empty batch archives nothing either.
+	// PostgreSQL runs a data-modifying CTE to completion whatever the main
+	// query reads of it: reading gone's rows instead of counting them
+	// deletes and archives the same records.
 	var rows []struct {
 		TenantID       string
 		Operation      string
