@@ -90,7 +90,7 @@ model: ## model-check the idempotency protocol with SPIN (installs spin when mis
 	bash model/check.sh
 
 .PHONY: seedbugs
-seedbugs: ## seed six bugs into a copy of the tree, one at a time: which the trace check rejects, which the Go tests catch (minutes a bug)
+seedbugs: ## seed seven bugs into a copy of the tree, one at a time: which the trace check rejects, which the Go tests catch (minutes a bug)
 	bash model/seedbugs.sh
 
 # The demo and the lab talk to a running service: `make run` first, or

@@ -101,12 +101,12 @@
  * below. Each step of the model that
  * the code records is then executable only when it matches the next event
  * (EV), and consumes it (NEXT); the steps the code does not record
- * (crashes, leases running out, the channel settling or forgetting, time,
- * the cleanup) stay free. The run is explained when some path consumes
+ * (crashes, leases running out, the channel settling or forgetting, time)
+ * stay free. The run is explained when some path consumes
  * every event: the process explained, at the end, reports it as an
  * assertion violation. Attempts are started as the trace claims (spawner),
  * and faults are not bounded: the trace bounds them. */
-#define E_CLAIM    1   /* a: kind (K_*), b: token, c: the answer phase 1 gave (0: on to the channel) */
+#define E_CLAIM    1   /* a: kind (K_*), b: token, c: the answer phase 1 gave (0: on to the channel), d: the recovery point read (PT_*) */
 #define E_CALL     2   /* a: token, b: how (1 sent at once, 2 a lookup found it or failed, 3 a lookup found nothing and it was sent), c: the result, d: replayed, e: past the key window */
 #define E_LAPSED   3   /* a: token: a lease ran out before the call */
 #define E_POSTPONE 4   /* a: token, b: fenced */
@@ -116,11 +116,20 @@
 #define E_CANCEL   8   /* a: 1 cancelled, 2 refund started, 3 refused */
 #define E_REFUND   9   /* a: 1 refunded (CANCELLED), 2 refused (PAID again) */
 #define E_ANSWER  10   /* a: the answer a client of the pay was given, from what was stored */
+#define E_CLEANUP 11   /* a: the state of the record the cleanup removed (PROC, DONE, RETRY) */
 #define K_NEW      1
 #define K_RESUME   2   /* from FAILED_RETRYABLE */
 #define K_TAKEOVER 3   /* from an expired lease */
 #define K_REPLAY   4
 #define K_SWEEP    5   /* the sweeper's claim, from either */
+/* The recovery point a claim reads on the record (recovery_point,
+ * migration 009), which the code switches on: a new claim's record is
+ * started; a resumed one is at payment_created exactly when phase 1 wrote
+ * the payment (the model's payment row, pst), started otherwise; a
+ * finished record is only ever replayed. */
+#define PT_STARTED  1
+#define PT_PAYMENT  2   /* payment_created */
+#define PT_FINISHED 3
 #ifdef TRACE
 #undef FAULTS
 #define FAULTS 255
@@ -137,6 +146,7 @@ bool everDue = false;  /* the pay's payment has been due for a late verdict */
 #define EV2(k,a,b)      (EV1(k,a) && eb[ti] == (b))
 #define EV3(k,a,b,c)    (EV2(k,a,b) && ec[ti] == (c))
 #define EV4(k,a,b,c,d)  (EV3(k,a,b,c) && ed[ti] == (d))
+#define POINT(p)        (ed[ti] == (p))   /* the claim read recovery point p */
 #define NEXT            ti++
 #define CLAIMED         ti++; spawning = false
 #else
@@ -145,6 +155,7 @@ bool everDue = false;  /* the pay's payment has been due for a late verdict */
 #define EV2(k,a,b)      true
 #define EV3(k,a,b,c)    true
 #define EV4(k,a,b,c,d)  true
+#define POINT(p)        true
 #define NEXT            skip
 #define CLAIMED         skip
 #endif
@@ -378,12 +389,13 @@ claimed:
 	atomic {
 		arrive(src);
 		if
-		:: src != SWEEPER && rec == NONE && EV3(E_CLAIM, K_NEW, 1, RULE_ANS) ->   /* first */
+		:: src != SWEEPER && rec == NONE && EV4(E_CLAIM, K_NEW, 1, RULE_ANS, PT_STARTED) ->   /* first */
 			CLAIMED; rec = PROC; token = 1; mine = 1; expired = false; rule(mine)
-		:: src != SWEEPER && rec == DONE && EV3(E_CLAIM, K_REPLAY, 0, stored) ->  /* replay */
+		:: src != SWEEPER && rec == DONE && EV4(E_CLAIM, K_REPLAY, 0, stored, PT_FINISHED) ->  /* replay */
 			CLAIMED; tell(stored); goto gone
 		:: (rec == RETRY || (rec == PROC && expired)) &&
-		   EV2(E_CLAIM, (src == SWEEPER -> K_SWEEP : (rec == RETRY -> K_RESUME : K_TAKEOVER)), token + 1) ->  /* resume */
+		   EV2(E_CLAIM, (src == SWEEPER -> K_SWEEP : (rec == RETRY -> K_RESUME : K_TAKEOVER)), token + 1) &&
+		   POINT(pst != P_NONE -> PT_PAYMENT : PT_STARTED) ->  /* resume, where the payment row says */
 			/* its owner died, or the intent is past the channel's key window: ask first */
 			CLAIMED; resumed = 1; lookup = (rec == PROC || PAST_WINDOW);
 			rec = PROC; token++; mine = token; expired = false; calling++;
@@ -633,7 +645,24 @@ active proctype time() {
 	od
 }
 
-/* The cleanup removes a finished record once its retention has passed. */
+/* The cleanup removes a finished record once its retention has passed.
+ * In trace mode each removal is a recorded step (idempotency.Store.Removed),
+ * naming the state the record had: it is taken as often as the code took
+ * it, and only under the same guard, so a removal the guard forbids (a
+ * record in flight) is an event no path explains. */
+#ifdef CLEANUP_INFLIGHT
+#define CLEANABLE (rec != NONE)   /* whatever its state */
+#else
+#define CLEANABLE (rec == DONE)
+#endif
+#ifdef TRACE
+active proctype cleanup() {
+end:
+	do
+	:: atomic { clock >= 4 && CLEANABLE && EV1(E_CLEANUP, rec) -> NEXT; rec = NONE }
+	od
+}
+#else
 active proctype cleanup() {
 end:
 	atomic {
@@ -642,14 +671,10 @@ end:
 #else
 		clock >= 4 &&
 #endif
-#ifdef CLEANUP_INFLIGHT
-		rec != NONE            /* whatever its state */
-#else
-		rec == DONE
-#endif
-		-> rec = NONE
+		CLEANABLE -> rec = NONE
 	}
 }
+#endif
 
 #ifdef ORDER
 /* A second intent on the same order: a cancel, while its client is there.

@@ -17,6 +17,14 @@ type CleanupResult struct {
 	Forgot   int // webhook deliveries removed from the inbox
 }
 
+// Removed is one record the cleanup removed: its scope, the resource it
+// named and the state it was in. Store.Removed is told each one.
+type Removed struct {
+	Scope
+	ResourceID string
+	State      State
+}
+
 // CleanupBatch removes up to limit finished records whose retention has
 // run out, in one statement: the records of money operations are copied to
 // the archive in the same transaction as their delete, so none is lost
@@ -28,10 +36,14 @@ type CleanupResult struct {
 // locking read returned: a row locked FOR UPDATE keeps its ctid until we
 // commit, so the delete needs no second lookup through the primary key
 // (expired rows are scattered over the table, one page read each).
+//
+// When s.Removed is set, the statement also returns each removed record,
+// and s.Removed is told of it before the transaction commits (the removed
+// rows stay locked until then, so no claim of their scope comes between).
+// Unset (production), the statement returns the counts alone.
 func (s *Store) CleanupBatch(tx *gorm.DB, limit int) (CleanupResult, error) {
-	var res CleanupResult
 	money := s.Policy.MoneyOperations
-	err := tx.Raw(`
+	const remove = `
 		WITH gone AS (
 			DELETE FROM idempotency_records
 			WHERE ctid = ANY (ARRAY(
@@ -50,10 +62,41 @@ func (s *Store) CleanupBatch(tx *gorm.DB, limit int) (CleanupResult, error) {
 			FROM gone
 			WHERE operation IN ?
 			RETURNING 1
-		)
+		)`
+	if s.Removed == nil {
+		var res CleanupResult
+		err := tx.Raw(remove+`
 		SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM archived) AS archived`,
-		limit, money).Find(&res).Error
-	return res, err
+			limit, money).Find(&res).Error
+		return res, err
+	}
+	// PostgreSQL runs a data-modifying CTE to completion whatever the main
+	// query reads of it: reading gone's rows instead of counting them
+	// deletes and archives the same records.
+	var rows []struct {
+		TenantID       string
+		Operation      string
+		IdempotencyKey string
+		ResourceID     *string
+		State          State
+		Archived       int
+	}
+	if err := tx.Raw(remove+`
+		SELECT tenant_id, operation, idempotency_key, resource_id, state,
+		       (SELECT count(*) FROM archived) AS archived
+		FROM gone`, limit, money).Scan(&rows).Error; err != nil {
+		return CleanupResult{}, err
+	}
+	res := CleanupResult{Deleted: len(rows)}
+	for _, r := range rows {
+		res.Archived = r.Archived
+		gone := Removed{Scope: Scope{TenantID: r.TenantID, Operation: r.Operation, Key: r.IdempotencyKey}, State: r.State}
+		if r.ResourceID != nil {
+			gone.ResourceID = *r.ResourceID
+		}
+		s.Removed(tx.Statement.Context, gone)
+	}
+	return res, nil
 }
 
 // Cleaner runs the cleanup job: expired records go in bounded batches with

@@ -61,9 +61,20 @@ func TestCleanupNeverRemovesAnIntentInFlightWhateverItsExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Each removal is told to Store.Removed (the order tests record it as a
+	// step the model must explain): the finished record, and nothing else.
+	var removed []idempotency.Removed
+	s.Removed = func(_ context.Context, r idempotency.Removed) {
+		if r.TenantID == tenant {
+			removed = append(removed, r)
+		}
+	}
 	c := &idempotency.Cleaner{DB: db, Store: s, Batch: 100, Pause: time.Millisecond}
 	if _, err := c.Pass(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+	if len(removed) != 1 || removed[0].Key != "finished" || removed[0].State != idempotency.Succeeded {
+		t.Errorf("the cleanup told of removing %+v, want the finished record alone, SUCCEEDED", removed)
 	}
 
 	for key, state := range map[string]idempotency.State{"working": idempotency.Processing, "dead": idempotency.Processing, "lost": idempotency.FailedRetryable} {

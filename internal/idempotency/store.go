@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"context"
 	"errors"
 	"math"
 	"time"
@@ -30,6 +31,11 @@ type Store struct {
 	// duplicate. Zero means only the lease is known.
 	PhaseTimeout time.Duration
 	Policy       Policy
+	// Removed, when set, is told each record the cleanup removes
+	// (CleanupBatch), in the transaction that removes it: the order tests
+	// record it as a step of the protocol (internal/order/steps). Nil in
+	// production, where the cleanup only counts what it removed.
+	Removed func(ctx context.Context, r Removed)
 }
 
 // Claim is the answer of ClaimOrReplay: either a stored outcome to replay,

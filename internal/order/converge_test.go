@@ -242,6 +242,54 @@ func TestAPayKeyWhoseRecordWasArchivedGetsAStableAnswer(t *testing.T) {
 	wantCounted(t, a, ledger{charges: 0, declined: 1, refunds: 0, requests: 1, lookups: 0, duplicates: 0})
 }
 
+// The retention job beside the pay intents it cleans up after. A finished
+// pay whose retention has passed is removed, and its key, sent again, is
+// refused as one that ran before. A pay in flight (its owner died after
+// phase 1) whose expires_at has passed too, the provisional one its claim
+// wrote, is kept: its retry takes it over, asks the channel first and
+// charges once. The run is traced (model/traced_tests), and each record
+// the cleanup removes is a step the model must explain: a cleanup that
+// removed the pay in flight (make seedbugs, cleanup-inflight) is a step no
+// path of the model explains, as well as a failure here.
+func TestTheCleanupRemovesAFinishedPayAndKeepsOneInFlight(t *testing.T) {
+	a := newAcquirer()
+	s := useCases(t, a.channel(), 5*time.Second)
+	ctx := t.Context()
+	finished, flying := placeOrder(t, s), placeOrder(t, s)
+	finishedKey, flyingKey := newKey("clean-finished"), newKey("clean-in-flight")
+	res, err := s.Pay(ctx, acme(finishedKey), finished, payWith(payment.MethodOK))
+	wantOutcome(t, "the pay that finishes", res, err, idempotency.OutcomeDone)
+	s.Hooks.AfterPhase1 = crashOnce(false)
+	payThatCrashes(t, s, flyingKey, flying, false)
+	s.Hooks.AfterPhase1 = nil
+
+	// Both retentions pass; the cleanup removes the finished record only.
+	expireAndClean(t, s, 1, finishedKey, flyingKey)
+	left := func(key string) int64 {
+		return count(t, s.DB, `SELECT count(*) FROM idempotency_records
+			WHERE tenant_id = 'acme' AND operation = ? AND idempotency_key = ?`, order.OpPay, key)
+	}
+	if n := left(finishedKey); n != 0 {
+		t.Errorf("the finished pay's record is still there after its retention")
+	}
+	if n := left(flyingKey); n != 1 {
+		t.Fatalf("the cleanup removed the pay in flight: its order would wait in PAYMENT_PENDING for ever")
+	}
+
+	wantFinalTwiceAlike(t, "the removed pay's key sent again", func() (idempotency.Result, error) {
+		return s.Pay(ctx, acme(finishedKey), finished, payWith(payment.MethodOK))
+	})
+	leaseRunsOut(t, s, order.OpPay, flyingKey)
+	res, err = s.Pay(ctx, acme(flyingKey), flying, payWith(payment.MethodOK))
+	wantOutcome(t, "the retry of the pay in flight", res, err, idempotency.OutcomeDone)
+	for _, id := range []string{finished, flying} {
+		if got := orderNow(t, s, id).Status; got != "PAID" {
+			t.Errorf("order %s = %s, want PAID", id, got)
+		}
+	}
+	wantCounted(t, a, ledger{charges: 2, declined: 0, refunds: 0, requests: 2, lookups: 1, duplicates: 0})
+}
+
 // A money key whose record was archived and removed, sent again on another
 // order of the tenant, is a definitive idempotency_key_reused: the
 // payments' unique scope (tenant, operation, key) would stop a second

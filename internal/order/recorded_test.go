@@ -71,7 +71,7 @@ func playedClaim(t *testing.T, orderID string, c idempotency.Claim) {
 	if l := recorded(t); l != nil {
 		kind := map[idempotency.State]string{"": "new", idempotency.Processing: "takeover", idempotency.FailedRetryable: "resume"}[c.ResumedFrom]
 		l.Record(t.Context(), steps.Claim{Intent: steps.Intent{Order: orderID, Op: c.Record.Operation, Key: c.Record.IdempotencyKey},
-			Kind: kind, By: "client", Token: c.Token()})
+			Kind: kind, By: "client", Token: c.Token(), Point: string(c.Record.RecoveryPoint)})
 	}
 }
 

@@ -51,7 +51,7 @@ func claimStep(in idempotency.Intent, opened opening, err error) steps.Event {
 		return nil
 	}
 	ev := steps.Claim{Intent: steps.Intent{Order: in.ResourceID, Op: in.Scope.Operation, Key: in.Scope.Key},
-		Kind: "new", By: "client", Token: opened.claim.Token()}
+		Kind: "new", By: "client", Token: opened.claim.Token(), Point: string(opened.claim.Record.RecoveryPoint)}
 	switch {
 	case opened.claim.Replay != nil:
 		ev.Kind, ev.Token = "replay", 0
@@ -70,8 +70,21 @@ func claimStep(in idempotency.Intent, opened opening, err error) steps.Event {
 func (s *Service) swept(ctx context.Context, claimed []idempotency.Record) {
 	for _, rec := range claimed {
 		s.step(ctx, func() steps.Event {
-			return steps.Claim{Intent: intentOf(rec), Kind: "sweep", By: "sweeper", Token: rec.LeaseToken}
+			return steps.Claim{Intent: intentOf(rec), Kind: "sweep", By: "sweeper", Token: rec.LeaseToken, Point: string(rec.RecoveryPoint)}
 		})
+	}
+}
+
+// CleanupSteps is a hook for idempotency.Store.Removed that tells r, as a
+// step (steps.Cleanup), each record the cleanup removes: the idempotency
+// package does not know the steps, so whoever makes the store wires it
+// (the order tests do). Nil when r is nil: the cleanup then builds nothing.
+func CleanupSteps(r steps.Recorder) func(context.Context, idempotency.Removed) {
+	if r == nil {
+		return nil
+	}
+	return func(ctx context.Context, gone idempotency.Removed) {
+		r.Record(ctx, steps.Cleanup{Intent: steps.Intent{Order: gone.ResourceID, Op: gone.Operation, Key: gone.Key}, State: string(gone.State)})
 	}
 }
 

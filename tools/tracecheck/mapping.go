@@ -4,9 +4,9 @@ package main
 // validation"). The model has one order, one pay intent, its cancel, and
 // tokens that count claims; a run has many orders, so it is cut into one
 // trace per order. Each step that changes what the model holds becomes one
-// model event; the rest (the answer given, the reply as the code read it,
-// the calls and stores of the cancel's refund) is dropped, as the model
-// folds it into another step.
+// model event; the rest (the reply as the code read it, the calls and
+// stores of the cancel's refund, the removal of the cancel's record) is
+// dropped, as the model folds it into another step or holds no such thing.
 
 import (
 	"bufio"
@@ -22,17 +22,22 @@ import (
 // The model's event kinds, answers and results, as idempotency.pml
 // numbers them.
 const (
-	eClaim, eCall, eLapsed, ePostpone, eStore, eLateLook, eLate, eCancel, eRefund, eAnswer = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
+	eClaim, eCall, eLapsed, ePostpone, eStore, eLateLook, eLate, eCancel, eRefund, eAnswer, eCleanup = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11
 
 	kNew, kResume, kTakeover, kReplay, kSweep = 1, 2, 3, 4, 5
 
 	aPaid, aDeclined, aAccepted, aRefused, aUnavailable = 1, 2, 3, 4, 5
 
 	rCharged, rDeclined, rPending, rRefused, rUnknown = 1, 2, 3, 4, 5
+
+	// the record's states (rec), and the recovery points a claim reads
+	sProc, sDone, sRetry = 1, 2, 3
+
+	pStarted, pPaymentCreated, pFinished = 1, 2, 3
 )
 
 var kindNames = map[int]string{eClaim: "claim", eCall: "call", eLapsed: "lapsed", ePostpone: "postpone", eStore: "store",
-	eLateLook: "late_lookup", eLate: "late_store", eCancel: "cancel", eRefund: "refund", eAnswer: "answer"}
+	eLateLook: "late_lookup", eLate: "late_store", eCancel: "cancel", eRefund: "refund", eAnswer: "answer", eCleanup: "cleanup"}
 
 // event is one model event: its kind and up to five arguments, and the
 // recorded step it stands for.
@@ -142,7 +147,10 @@ func mapRun(name string, lines []steps.Line) []*trace {
 				continue
 			}
 			kind := map[string]int{"new": kNew, "resume": kResume, "takeover": kTakeover, "replay": kReplay, "sweep": kSweep}[c.Kind]
-			add(r, eClaim, kind, int(c.Token), answer(c.Answer))
+			// the recovery point the claim read: the model checks it
+			// against what its state implies (0: not recorded)
+			point := map[string]int{"started": pStarted, "payment_created": pPaymentCreated, "finished": pFinished}[c.Point]
+			add(r, eClaim, kind, int(c.Token), answer(c.Answer), point)
 		case "decide":
 			var d steps.Decide
 			must(json.Unmarshal(l.Data, &d))
@@ -238,6 +246,18 @@ func mapRun(name string, lines []steps.Line) []*trace {
 			// postponed) is not stored and is left out
 			if r := run(e.Order); e.Op == "order.pay" && e.Answer != "error" && r.pay(e.Key) {
 				add(r, eAnswer, answer(e.Answer))
+			}
+		case "cleanup":
+			var e steps.Cleanup
+			must(json.Unmarshal(l.Data, &e))
+			// the pay intent's record removed, in the state it had; the
+			// cancel's record is not in the model
+			if e.Op != "order.pay" || e.Order == "" {
+				continue
+			}
+			state := map[string]int{"PROCESSING": sProc, "SUCCEEDED": sDone, "FAILED_FINAL": sDone, "FAILED_RETRYABLE": sRetry}[e.State]
+			if r := run(e.Order); r.pay(e.Key) {
+				add(r, eCleanup, state)
 			}
 		case "late":
 			var e steps.Late

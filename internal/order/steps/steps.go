@@ -5,8 +5,9 @@
 // and each step costs one nil check.
 //
 // One event is one step the model takes at once: a transaction (a claim,
-// phase 3's store, a postpone, a late verdict), the decision how to ask the
-// channel, or one call to the channel as the channel answered it.
+// phase 3's store, a postpone, a late verdict, the cleanup's removal of a
+// record), the decision how to ask the channel, or one call to the channel
+// as the channel answered it.
 package steps
 
 import (
@@ -34,13 +35,18 @@ type Intent struct {
 // FAILED_RETRYABLE), takeover (from an expired PROCESSING lease) or replay;
 // By is client or sweeper. Token is the lease token the claim took (0 for a
 // replay). Answer is set when the intent ended in phase 1 (a replay, or a
-// refusal of the order's rule).
+// refusal of the order's rule). Point is the recovery point the claim read
+// on the record (idempotency_records.recovery_point: started,
+// payment_created, finished), the one the code then switches on: started
+// for a new claim, where a resumed claim picks the intent up, finished for
+// a replay.
 type Claim struct {
 	Intent
 	Kind   string `json:"kind"`
 	By     string `json:"by"`
 	Token  int64  `json:"token"`
 	Answer string `json:"answer,omitempty"`
+	Point  string `json:"point,omitempty"`
 }
 
 // Decide is phase 2's decision how to ask the channel, made at the call:
@@ -101,6 +107,16 @@ type Late struct {
 	Applied bool   `json:"applied"`
 }
 
+// Cleanup is the retention job removing an intent's record
+// (idempotency.Store.CleanupBatch), in the transaction that removes it:
+// State is the state the record was in (SUCCEEDED, FAILED_FINAL; never,
+// when the code is right, PROCESSING or FAILED_RETRYABLE). Intent.Order is
+// the record's resource, empty when it names none.
+type Cleanup struct {
+	Intent
+	State string `json:"state"`
+}
+
 // Answer is what a client of the intent was given.
 type Answer struct {
 	Intent
@@ -132,6 +148,7 @@ func (Postpone) Step() string { return "postpone" }
 func (Store) Step() string    { return "store" }
 func (Late) Step() string     { return "late" }
 func (Answer) Step() string   { return "answer" }
+func (Cleanup) Step() string  { return "cleanup" }
 func (Channel) Step() string  { return "channel" }
 
 type ownerKey struct{}
