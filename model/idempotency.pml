@@ -101,8 +101,11 @@
  * below. Each step of the model that
  * the code records is then executable only when it matches the next event
  * (EV), and consumes it (NEXT); the steps the code does not record
- * (crashes, leases running out, the channel settling or forgetting, time)
- * stay free. The run is explained when some path consumes
+ * (crashes, leases running out, time) stay free. The channel's own steps,
+ * settling what it took on and forgetting a key, are recorded by the
+ * tests' channels where they take them; a run whose channel cannot record
+ * one says so in the trace's first line (E_FREE), and that step is free
+ * for the run. The run is explained when some path consumes
  * every event: the process explained, at the end, reports it as an
  * assertion violation. Attempts are started as the trace claims (spawner),
  * and faults are not bounded: the trace bounds them. */
@@ -117,6 +120,9 @@
 #define E_REFUND   9   /* a: 1 refunded (CANCELLED), 2 refused (PAID again) */
 #define E_ANSWER  10   /* a: the answer a client of the pay was given, from what was stored */
 #define E_CLEANUP 11   /* a: the state of the record the cleanup removed (PROC, DONE, RETRY) */
+#define E_SETTLE  12   /* a: the verdict the channel reached on a charge it took on (CHARGED, DECLINED) */
+#define E_FORGET  13   /* the channel's key window passed: it no longer deduplicates the key */
+#define E_FREE    14   /* not an event: the trace's first line; a: the channel's steps the run did not record (1 settle, 2 forget) */
 #define K_NEW      1
 #define K_RESUME   2   /* from FAILED_RETRYABLE */
 #define K_TAKEOVER 3   /* from an expired lease */
@@ -137,6 +143,10 @@
 hidden byte ek[NEVMAX]; hidden byte ea[NEVMAX]; hidden byte eb[NEVMAX];
 hidden byte ec[NEVMAX]; hidden byte ed[NEVMAX]; hidden byte ee[NEVMAX];
 hidden short nev = 0;  /* the events to explain: read by load_trace at the start */
+hidden byte freeSteps = 0;   /* E_FREE: the channel settles (1), forgets (2) unrecorded */
+#define FREE(s)         ((freeSteps & (s)) != 0)
+#define OWN(s,cond)     (FREE(s) || (cond))   /* the channel's own step s: free, or matched */
+#define OWNNEXT(s)      ti = ti + (FREE(s) -> 0 : 1)   /* consumed when recorded */
 #define NEV nev
 short ti = 0;          /* the next event to explain */
 bool spawning = false; /* an attempt was started for the next claim */
@@ -600,6 +610,7 @@ end:
 }
 
 /* The channel settles what it took on: charged or declined. */
+#ifndef TRACE
 active proctype channel() {
 	byte k;
 end:
@@ -617,6 +628,28 @@ end:
 		pendings--; hint = true; k = 0 }
 	od
 }
+#else
+/* In trace mode a settle is a recorded step of the channel's own
+ * (E_SETTLE): the channel settles only when the run says so, with the
+ * verdict recorded; free only in a run whose channel settles unrecorded. */
+active proctype channel() {
+	byte k;
+end:
+	do
+	:: atomic { pendings > 0 && OWN(1, AT(E_SETTLE)) ->
+		k = 0;
+		do
+		:: ledger[k] != PEND -> k++
+		:: else -> break
+		od;
+		if
+		:: OWN(1, EV1(E_SETTLE, CHARGED)) -> ledger[k] = CHARGED; charges++
+		:: OWN(1, EV1(E_SETTLE, DECLINED)) -> ledger[k] = DECLINED
+		fi;
+		OWNNEXT(1); pendings--; hint = true; k = 0 }
+	od
+}
+#endif
 
 #endif
 
@@ -635,12 +668,21 @@ end:
  * owner is between its claim and its call (that takes a channel timeout,
  * a key window is a day), nor a charge it has not settled. With AGE_ONLY
  * the check leaves the channel timeout out, and the window may pass
- * during the call. */
+ * during the call. In trace mode the forgetting is a recorded step of the
+ * channel's own (E_FORGET), taken only when the run says so (free only in
+ * a run whose channel forgets unrecorded), and then the channel must have
+ * known the pay's key when the intent aged: the recorded step forgets it,
+ * where a free one may forget nothing. The ageing stays free. */
 active proctype time() {
 	do
 	:: clock < 4 -> clock++
 	:: atomic { rec != NONE && !aged -> aged = true; old = known }
+#ifndef TRACE
 	:: atomic { aged && !forgot && QUIET && pendings == 0 -> forgot = true; known = known & ~old }
+#else
+	:: atomic { aged && !forgot && QUIET && pendings == 0 && OWN(2, AT(E_FORGET) && (old & (1 << pkey)) != 0) ->
+		OWNNEXT(2); forgot = true; known = known & ~old }   /* a recorded forgetting forgets the pay's key */
+#endif
 	:: clock == 4 -> break
 	od
 }
@@ -772,6 +814,7 @@ void load_trace(void) {
 	loaded = 1;
 	if (!path || !(f = fopen(path, "r"))) { printf("tracecheck: no TRACE_FILE\n"); exit(2); }
 	while (nev < max && nev < NEVMAX && fscanf(f, "%d %d %d %d %d %d", &k, &a, &b, &c, &d, &e) == 6) {
+		if (k == E_FREE) { freeSteps = a; continue; }   /* the run's unrecorded steps: no event */
 		ek[nev] = k; ea[nev] = a; eb[nev] = b; ec[nev] = c; ed[nev] = d; ee[nev] = e; nev++;
 	}
 	fclose(f);

@@ -44,6 +44,7 @@ func channelBehindAProxy(t *testing.T) *refusingLookups {
 		t.Fatalf("open channel: %v", err)
 	}
 	t.Cleanup(func() { _ = srv.Close() })
+	settlesUnrecorded(t)
 	real := httptest.NewServer(srv.Handler())
 	t.Cleanup(real.Close)
 	target, _ := url.Parse(real.URL)

@@ -14,52 +14,74 @@ import (
 
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
+	"github.com/orderservice/orderservice/internal/order/steps"
 	"github.com/orderservice/orderservice/internal/payment"
 	"github.com/orderservice/orderservice/internal/problem"
 )
 
 // asyncAcquirer is a channel that takes charges on as pending and settles
 // them (reaches its verdict) when told: what an acquirer does with 3-D
-// Secure or a bank transfer. It counts the charges it made.
+// Secure or a bank transfer. A charge paid with pm_ok it makes at once. It
+// counts the charges it made. It never forgets a key. When t records, it
+// records its calls where it takes them and each settling, under its lock,
+// so that a settle and the calls under the key are in the order it took
+// them (model/README.md, "Trace validation").
 type asyncAcquirer struct {
 	mu      sync.Mutex
 	charges map[string]payment.Charge // by key
 	made    atomic.Int32
+	log     *steps.Log // nil: nothing records
 }
 
-func newAsyncAcquirer() *asyncAcquirer { return &asyncAcquirer{charges: map[string]payment.Charge{}} }
+func newAsyncAcquirer(t *testing.T) *asyncAcquirer {
+	return &asyncAcquirer{charges: map[string]payment.Charge{}, log: recorded(t)}
+}
 
 func (a *asyncAcquirer) channel() *funcChannel {
 	return &funcChannel{
-		charge: func(_ context.Context, key string, req payment.ChargeRequest) (payment.Result[payment.Charge], error) {
+		charge: func(ctx context.Context, key string, req payment.ChargeRequest) (payment.Result[payment.Charge], error) {
 			a.mu.Lock()
 			defer a.mu.Unlock()
 			if c, ok := a.charges[key]; ok {
+				atTheChannel(ctx, steps.Channel{Call: "charge", Key: key, Status: c.Status, Replayed: true})
 				return payment.Result[payment.Charge]{Value: c, Replayed: true}, nil
 			}
 			a.made.Add(1)
 			c := payment.Charge{ID: "ch_" + key[:12], Status: payment.StatusPending, Amount: req.Amount, Currency: req.Currency, IdempotencyKey: key}
+			if req.PaymentMethod == payment.MethodOK {
+				c.Status = payment.StatusSucceeded
+			}
 			a.charges[key] = c
+			atTheChannel(ctx, steps.Channel{Call: "charge", Key: key, Status: c.Status})
 			return payment.Result[payment.Charge]{Value: c}, nil
 		},
-		lookupCharge: func(_ context.Context, key string) (payment.Charge, error) {
+		lookupCharge: func(ctx context.Context, key string) (payment.Charge, error) {
 			a.mu.Lock()
 			defer a.mu.Unlock()
 			if c, ok := a.charges[key]; ok {
+				atTheChannel(ctx, steps.Channel{Call: "lookup_charge", Key: key, Status: c.Status})
 				return c, nil
 			}
+			atTheChannel(ctx, steps.Channel{Call: "lookup_charge", Key: key})
 			return payment.Charge{}, payment.ErrNotFound
 		},
 	}
 }
 
-// settle makes every pending charge end with status.
+// settle makes every pending charge end with status: each is a step of
+// the channel's own, recorded as it takes it.
 func (a *asyncAcquirer) settle(status string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for k, c := range a.charges {
+		if c.Status != payment.StatusPending {
+			continue
+		}
 		c.Status = status
 		a.charges[k] = c
+		if a.log != nil {
+			a.log.Record(context.Background(), steps.Channel{Call: "settle", Key: k, Status: status})
+		}
 	}
 }
 
@@ -105,7 +127,7 @@ func transitionsTo(t *testing.T, db *gorm.DB, id, status string) (history, outbo
 }
 
 func TestAChargeTakenOnIsAcceptedAndItsRetryReplaysTheAcceptance(t *testing.T) {
-	acq := newAsyncAcquirer()
+	acq := newAsyncAcquirer(t)
 	s := useCases(t, acq.channel(), 5*time.Second)
 	id, pay, _ := pendingPay(t, s)
 	again, err := s.Pay(context.Background(), pay, id, order.PayRequest{PaymentMethod: payment.MethodAsyncOK})
@@ -131,7 +153,7 @@ func TestALateOutcomeMovesTheOrderOnceHoweverOftenItArrives(t *testing.T) {
 		{payment.StatusDeclined, string(order.StatusPaymentFailed)},
 	} {
 		t.Run(tc.settled, func(t *testing.T) {
-			acq := newAsyncAcquirer()
+			acq := newAsyncAcquirer(t)
 			s := useCases(t, acq.channel(), 5*time.Second)
 			id, _, key := pendingPay(t, s)
 
@@ -175,7 +197,7 @@ func TestALateOutcomeMovesTheOrderOnceHoweverOftenItArrives(t *testing.T) {
 // its effect commit together or not at all. The next delivery applies it,
 // and its webhook-id, delivered again, is a duplicate.
 func TestALateOutcomeAndItsNoteCommitTogether(t *testing.T) {
-	acq := newAsyncAcquirer()
+	acq := newAsyncAcquirer(t)
 	s := useCases(t, acq.channel(), 5*time.Second)
 	id, _, key := pendingPay(t, s)
 	acq.settle(payment.StatusSucceeded)
@@ -212,7 +234,7 @@ func inboxNote(t *testing.T, db *gorm.DB, webhookID string) string {
 // pay, and stores the verdict; a verdict that arrives after that changes
 // nothing.
 func TestTheSweeperResolvesAPaymentNoWebhookTold(t *testing.T) {
-	acq := newAsyncAcquirer()
+	acq := newAsyncAcquirer(t)
 	s := useCases(t, acq.channel(), 5*time.Second)
 	s.Money.PendingCheckEvery = 50 * time.Millisecond
 	id, _, key := pendingPay(t, s)
@@ -245,16 +267,8 @@ func TestTheSweeperResolvesAPaymentNoWebhookTold(t *testing.T) {
 // it has not stored the channel's reply yet: it is left to the pay, which
 // stores it once; the two never race for the order.
 func TestAnOutcomeThatArrivesWhileThePayRunsIsLeftToIt(t *testing.T) {
-	acq := newAsyncAcquirer()
-	ch := acq.channel()
-	charge := ch.charge
-	ch.charge = func(ctx context.Context, key string, req payment.ChargeRequest) (payment.Result[payment.Charge], error) {
-		r, err := charge(ctx, key, req)
-		r.Value.Status = payment.StatusSucceeded // a charge made at once …
-		acq.settle(payment.StatusSucceeded)
-		return r, err
-	}
-	s := useCases(t, ch, 5*time.Second)
+	acq := newAsyncAcquirer(t)
+	s := useCases(t, acq.channel(), 5*time.Second) // pm_ok: a charge made at once …
 	ctx := context.Background()
 	var key string
 	s.Hooks.AfterChannelCall = func() error { // … whose webhook is quicker than phase 3
@@ -284,7 +298,7 @@ func TestAnOutcomeThatArrivesWhileThePayRunsIsLeftToIt(t *testing.T) {
 // recorded, not even the note, and the verdict is resolved on a later try:
 // the webhook is delivered again, or the sweeper asks again later.
 func TestALateOutcomeTheChannelCannotConfirmChangesNothing(t *testing.T) {
-	acq := newAsyncAcquirer()
+	acq := newAsyncAcquirer(t)
 	ch := acq.channel()
 	s := useCases(t, ch, 5*time.Second)
 	s.Money.PendingCheckEvery = time.Millisecond

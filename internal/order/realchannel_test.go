@@ -14,17 +14,25 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/orderservice/orderservice/internal/database"
+	"github.com/orderservice/orderservice/internal/order/steps"
 	"github.com/orderservice/orderservice/internal/payment"
 	"github.com/orderservice/orderservice/internal/payment/mockchannel"
 	"github.com/orderservice/orderservice/tests/testdb"
 )
 
 // realChannel is the mock channel, served over HTTP on its own fresh
-// database, with a pool to that database.
+// database, with a pool to that database, and its key window.
+//
+// When t records, the mock's calls are recorded as the caller received
+// them (recordedChannel). Its settling of what it took on happens in its
+// own loop, on its own clock, which the test cannot order against those
+// calls: the run says so (steps.Unrecorded), and the model settles freely.
+// Its forgetting is the test's doing (ageCharge) and is recorded there.
 type realChannel struct {
-	srv *mockchannel.Server
-	url string
-	db  *gorm.DB
+	srv    *mockchannel.Server
+	url    string
+	db     *gorm.DB
+	window time.Duration
 }
 
 func openChannel(t *testing.T, opts mockchannel.Options) realChannel {
@@ -42,15 +50,38 @@ func openChannel(t *testing.T, opts mockchannel.Options) realChannel {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = database.Close(db) })
-	return realChannel{srv: srv, url: hs.URL, db: db}
+	settlesUnrecorded(t)
+	window := opts.KeyWindow
+	if window <= 0 {
+		window = mockchannel.DefaultKeyWindow
+	}
+	return realChannel{srv: srv, url: hs.URL, db: db, window: window}
 }
 
-// ageCharge makes the channel's charge of order id older by d.
+// settlesUnrecorded notes in t's run that its channel (the mock over HTTP)
+// settles what it took on without recording it.
+func settlesUnrecorded(t *testing.T) {
+	if l := recorded(t); l != nil {
+		l.Record(t.Context(), steps.Unrecorded{What: "settle"})
+	}
+}
+
+// ageCharge makes the channel's charge of order id older by d. When that
+// takes the charge past the key window, the channel no longer deduplicates
+// its key: the test made it forget, and records the step.
 func (ch realChannel) ageCharge(t *testing.T, id string, d time.Duration) {
 	t.Helper()
+	known := ch.untilForgotten(t, id, ch.window) > 0
 	if res := ch.db.Exec("UPDATE charges SET created_at = created_at - make_interval(secs => ?) WHERE reference = ?",
 		d.Seconds(), id); res.Error != nil || res.RowsAffected != 1 {
 		t.Fatalf("ageing the channel's charge: %d rows, %v", res.RowsAffected, res.Error)
+	}
+	if l := recorded(t); l != nil && known && ch.untilForgotten(t, id, ch.window) == 0 {
+		var key string
+		if err := ch.db.Raw("SELECT idempotency_key FROM charges WHERE reference = ?", id).Scan(&key).Error; err != nil {
+			t.Fatal(err)
+		}
+		l.Record(t.Context(), steps.Channel{Call: "forget", Key: key})
 	}
 }
 

@@ -22,7 +22,11 @@ import (
 // The model's event kinds, answers and results, as idempotency.pml
 // numbers them.
 const (
-	eClaim, eCall, eLapsed, ePostpone, eStore, eLateLook, eLate, eCancel, eRefund, eAnswer, eCleanup = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11
+	eClaim, eCall, eLapsed, ePostpone, eStore, eLateLook, eLate, eCancel, eRefund, eAnswer, eCleanup, eSettle, eForget = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13
+
+	// not an event: the trace's first line, naming the channel's own steps
+	// the run did not record (a bit each), which the model takes freely
+	eFree, freeSettle, freeForget = 14, 1, 2
 
 	kNew, kResume, kTakeover, kReplay, kSweep = 1, 2, 3, 4, 5
 
@@ -37,7 +41,8 @@ const (
 )
 
 var kindNames = map[int]string{eClaim: "claim", eCall: "call", eLapsed: "lapsed", ePostpone: "postpone", eStore: "store",
-	eLateLook: "late_lookup", eLate: "late_store", eCancel: "cancel", eRefund: "refund", eAnswer: "answer", eCleanup: "cleanup"}
+	eLateLook: "late_lookup", eLate: "late_store", eCancel: "cancel", eRefund: "refund", eAnswer: "answer", eCleanup: "cleanup",
+	eSettle: "settle", eForget: "forget"}
 
 // event is one model event: its kind and up to five arguments, and the
 // recorded step it stands for.
@@ -57,6 +62,7 @@ type trace struct {
 	name   string
 	events []event
 	beyond string // why the model's configuration cannot hold it ("": it can)
+	free   int    // the channel's own steps the run did not record (freeSettle, freeForget)
 	result result
 }
 
@@ -100,6 +106,7 @@ func mapRun(name string, lines []steps.Line) []*trace {
 	byChannelKey := map[string]keyOf{}
 	runs := map[string]*orderRun{}
 	var order []string
+	free := 0
 	run := func(o string) *orderRun {
 		r, ok := runs[o]
 		if !ok {
@@ -126,6 +133,10 @@ func mapRun(name string, lines []steps.Line) []*trace {
 		var in steps.Intent
 		_ = json.Unmarshal(l.Data, &in)
 		switch l.Step {
+		case "unrecorded":
+			var u steps.Unrecorded
+			must(json.Unmarshal(l.Data, &u))
+			free |= map[string]int{"settle": freeSettle, "forget": freeForget}[u.What]
 		case "claim":
 			var c steps.Claim
 			must(json.Unmarshal(l.Data, &c))
@@ -182,8 +193,13 @@ func mapRun(name string, lines []steps.Line) []*trace {
 			}
 			res := result3(ch)
 			if ch.Owner == 0 {
-				if ch.Call == "lookup_charge" {
+				switch ch.Call {
+				case "lookup_charge":
 					add(r, eLateLook, res)
+				case "settle": // the channel's own: what it took on reached its verdict
+					add(r, eSettle, res)
+				case "forget": // the channel's own: the key's window passed
+					add(r, eForget)
 				}
 				continue
 			}
@@ -270,6 +286,7 @@ func mapRun(name string, lines []steps.Line) []*trace {
 	var ts []*trace
 	for _, o := range order {
 		r := runs[o]
+		r.t.free = free
 		if len(r.t.events) > 250 && r.t.beyond == "" {
 			r.t.beyond = fmt.Sprintf("%d events, more than the model's trace holds", len(r.t.events))
 		}

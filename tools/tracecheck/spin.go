@@ -65,14 +65,14 @@ func (s *spin) searches() int {
 // the longest explained prefix: the event after it is the first that no
 // path explains.
 func (s *spin) check(t *trace) result {
-	ok, err := s.explains(t.events)
+	ok, err := s.explains(t.free, t.events)
 	if err != nil || ok {
 		return result{explained: ok, err: err}
 	}
 	lo, hi := 0, len(t.events) // prefix lo is explained, prefix hi is not
 	for hi-lo > 1 {
 		mid := (lo + hi) / 2
-		ok, err := s.explains(t.events[:mid])
+		ok, err := s.explains(t.free, t.events[:mid])
 		if err != nil {
 			return result{err: err}
 		}
@@ -87,8 +87,8 @@ func (s *spin) check(t *trace) result {
 
 // explains reports whether some path of the model takes every event in
 // turn: SPIN reports the process "explained" reaching its assertion.
-func (s *spin) explains(events []event) (bool, error) {
-	text := traceText(events)
+func (s *spin) explains(free int, events []event) (bool, error) {
+	text := traceText(free, events)
 	sum := sha256.Sum256([]byte(text))
 	id := hex.EncodeToString(sum[:8])
 	s.mu.Lock()
@@ -124,9 +124,13 @@ func (s *spin) explains(events []event) (bool, error) {
 	return ok, nil
 }
 
-// traceText is the trace as the verifier reads it: six numbers an event.
-func traceText(events []event) string {
+// traceText is the trace as the verifier reads it: six numbers an event,
+// after a line naming the channel's steps the run did not record, if any.
+func traceText(free int, events []event) string {
 	var b strings.Builder
+	if free != 0 {
+		fmt.Fprintf(&b, "%d %d 0 0 0 0\n", eFree, free)
+	}
 	for _, e := range events {
 		fmt.Fprintf(&b, "%d %d %d %d %d %d\n", e.kind, e.args[0], e.args[1], e.args[2], e.args[3], e.args[4])
 	}

@@ -6,8 +6,9 @@
 //
 // One event is one step the model takes at once: a transaction (a claim,
 // phase 3's store, a postpone, a late verdict, the cleanup's removal of a
-// record), the decision how to ask the channel, or one call to the channel
-// as the channel answered it.
+// record), the decision how to ask the channel, one call to the channel
+// as the channel answered it, or a step the channel takes of its own
+// (settling a charge it took on, forgetting a key).
 package steps
 
 import (
@@ -129,7 +130,15 @@ type Answer struct {
 // answer; Lost that it acted but its answer never came back; Failed that
 // it answered an error and did nothing (unavailable, a refused lookup).
 // Owner is the lease token of the intent's owner that called (0: a late
-// verdict's lookup).
+// verdict's lookup, or a step of the channel's own).
+//
+// Two steps are the channel's own, taken without a call, Owner 0: settle,
+// a charge it took on as pending reaching its verdict (Status: succeeded
+// or declined), and forget, the key window of Key passing, so that the
+// channel no longer deduplicates it (a POST under it would move money
+// again; a lookup still finds what it made). The channel records them
+// where it takes them, ordered with its calls; one that cannot says so
+// once in the run (Unrecorded), and the model takes that step freely.
 type Channel struct {
 	Call     string `json:"call"`
 	Key      string `json:"channel_key"`
@@ -140,16 +149,26 @@ type Channel struct {
 	Failed   bool   `json:"failed,omitempty"`
 }
 
-func (Claim) Step() string    { return "claim" }
-func (Decide) Step() string   { return "decide" }
-func (Reply) Step() string    { return "reply" }
-func (Lapsed) Step() string   { return "lapsed" }
-func (Postpone) Step() string { return "postpone" }
-func (Store) Step() string    { return "store" }
-func (Late) Step() string     { return "late" }
-func (Answer) Step() string   { return "answer" }
-func (Cleanup) Step() string  { return "cleanup" }
-func (Channel) Step() string  { return "channel" }
+// Unrecorded is a run's note that its channel takes one of its own steps
+// (What: settle or forget) without recording it: the mock channel over
+// HTTP settles on its own clock, in its own process, where no call of the
+// run can be ordered against it. tracecheck then leaves that step free to
+// the model for the whole run, as it was before the step was recorded.
+type Unrecorded struct {
+	What string `json:"what"`
+}
+
+func (Claim) Step() string      { return "claim" }
+func (Decide) Step() string     { return "decide" }
+func (Reply) Step() string      { return "reply" }
+func (Lapsed) Step() string     { return "lapsed" }
+func (Postpone) Step() string   { return "postpone" }
+func (Store) Step() string      { return "store" }
+func (Late) Step() string       { return "late" }
+func (Answer) Step() string     { return "answer" }
+func (Cleanup) Step() string    { return "cleanup" }
+func (Channel) Step() string    { return "channel" }
+func (Unrecorded) Step() string { return "unrecorded" }
 
 type ownerKey struct{}
 
