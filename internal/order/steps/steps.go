@@ -6,8 +6,9 @@
 //
 // One event is one step the model takes at once: a transaction (a claim,
 // phase 3's store, a postpone, a late verdict, the cleanup's removal of a
-// record), the decision how to ask the channel, or one call to the channel
-// as the channel answered it.
+// record; recorded before it commits, and kept only if it does: Attempt),
+// the decision how to ask the channel, or one call to the channel as the
+// channel answered it.
 package steps
 
 import (
@@ -16,7 +17,9 @@ import (
 )
 
 // Recorder is told each step. It must be safe for concurrent use; the order
-// in which it is told is the order of the run.
+// in which it is told is the order of the run. A step told under the
+// context of a transaction's attempt (Attempt) is tentative: it keeps its
+// place, and stands only if the attempt commits (Log keeps only those).
 type Recorder interface {
 	Record(ctx context.Context, ev Event)
 }
