@@ -18,9 +18,30 @@ const maxAttempts = 3
 // deadlocks (40P01) are retried here, and only here, because the database
 // chose a victim and a rerun is the documented cure.
 func Transact(ctx context.Context, db *gorm.DB, fn func(tx *gorm.DB) error) error {
+	return TransactAttempts(ctx, db, nil, fn)
+}
+
+// An Attempt marks one attempt of a transaction: it returns the context
+// the attempt runs under (fn's tx carries it, tx.Statement.Context), and
+// end, which is told whether the attempt committed. An attempt that
+// panicked is never told.
+type Attempt func(ctx context.Context) (attemptCtx context.Context, end func(committed bool))
+
+// TransactAttempts is Transact with each attempt marked by attempt (nil:
+// none, which is Transact). The order tests mark them so that a step they
+// record inside a transaction stands only if that attempt commits
+// (internal/order/steps.Attempt): an attempt rerun here, or whose commit
+// failed, did not happen.
+func TransactAttempts(ctx context.Context, db *gorm.DB, attempt Attempt, fn func(tx *gorm.DB) error) error {
 	var err error
-	for attempt := 1; attempt <= maxAttempts; attempt++ {
-		err = ended(ctx, db.WithContext(ctx).Transaction(fn))
+	for n := 1; n <= maxAttempts; n++ {
+		if attempt == nil {
+			err = ended(ctx, db.WithContext(ctx).Transaction(fn))
+		} else {
+			actx, end := attempt(ctx)
+			err = ended(ctx, db.WithContext(actx).Transaction(fn))
+			end(err == nil)
+		}
 		if !isRetryable(err) || ctx.Err() != nil {
 			return err
 		}

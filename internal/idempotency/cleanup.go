@@ -39,7 +39,8 @@ type Removed struct {
 //
 // When s.Removed is set, the statement also returns each removed record,
 // and s.Removed is told of it before the transaction commits (the removed
-// rows stay locked until then, so no claim of their scope comes between).
+// rows stay locked until then, so no claim of their scope comes between;
+// s.Attempt tells whether that commit came).
 // Unset (production), the statement returns the counts alone.
 func (s *Store) CleanupBatch(tx *gorm.DB, limit int) (CleanupResult, error) {
 	money := s.Policy.MoneyOperations
@@ -122,7 +123,7 @@ func (c *Cleaner) Pass(ctx context.Context) (CleanupResult, error) {
 	var total CleanupResult
 	for {
 		var res CleanupResult
-		err := database.Transact(ctx, c.DB, func(tx *gorm.DB) error {
+		err := database.TransactAttempts(ctx, c.DB, c.Store.Attempt, func(tx *gorm.DB) error {
 			var err error
 			res, err = c.Store.CleanupBatch(tx, c.Batch)
 			return err

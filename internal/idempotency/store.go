@@ -36,6 +36,11 @@ type Store struct {
 	// record it as a step of the protocol (internal/order/steps). Nil in
 	// production, where the cleanup only counts what it removed.
 	Removed func(ctx context.Context, r Removed)
+	// Attempt, when set, marks each attempt of the transaction the
+	// Cleaner removes a batch in (database.TransactAttempts): the order
+	// tests set it to steps.Attempt, so that a removal Removed was told of
+	// stands only if its batch committed. Nil in production.
+	Attempt database.Attempt
 }
 
 // Claim is the answer of ClaimOrReplay: either a stored outcome to replay,

@@ -330,8 +330,8 @@ type opening struct {
 // open is phase 1, in one transaction. An intent that goes on to the
 // channel leaves it holding slot.
 func (s *Service) open(ctx context.Context, c Caller, id uuid.UUID, in idempotency.Intent, rule func(*Order) (plan, error), slot *channelSlot) (opened opening, err error) {
-	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) (err error) {
-		defer func() { s.step(ctx, func() steps.Event { return claimStep(in, opened, err) }) }()
+	err = s.transact(ctx, func(tx *gorm.DB) (err error) {
+		defer func() { s.txStep(tx, func() steps.Event { return claimStep(in, opened, err) }) }()
 		opened = opening{}
 		claim, err := s.Records.ClaimOrReplay(tx, in)
 		if err != nil {
@@ -500,7 +500,7 @@ func (s *Service) storeReplyPatiently(ctx context.Context, rec idempotency.Recor
 // the channel took on to finish later is its accepted result (202), the
 // order waiting in PAYMENT_PENDING.
 func (s *Service) storeReply(ctx context.Context, rec idempotency.Record, p Payment, reply channelReply) (result idempotency.Result, err error) {
-	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
+	err = s.transact(ctx, func(tx *gorm.DB) error {
 		// The fence first: a superseded owner must not even try the
 		// transition, which its successor may already have made.
 		if err := s.Records.Hold(tx, rec.Scope(), rec.LeaseToken); err != nil {
@@ -517,7 +517,7 @@ func (s *Service) storeReply(ctx context.Context, rec idempotency.Record, p Paym
 			return err
 		}
 		err = s.Records.Complete(tx, rec.Scope(), rec.LeaseToken, result)
-		s.step(ctx, func() steps.Event { return storeStep(rec, p, o, result, err) })
+		s.txStep(tx, func() steps.Event { return storeStep(rec, p, o, result, err) })
 		return err
 	})
 	return result, err
@@ -528,13 +528,16 @@ func (s *Service) storeReply(ctx context.Context, rec idempotency.Record, p Paym
 // client has. The error it returns tells the client to send the same key
 // again (at once, or after after).
 func (s *Service) postpone(ctx context.Context, rec idempotency.Record, after time.Duration) error {
-	err := database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
+	err := s.transact(ctx, func(tx *gorm.DB) error {
 		err := s.Records.Fail(tx, rec.Scope(), rec.LeaseToken, after)
-		s.step(ctx, func() steps.Event { return postponeStep(rec, err) })
+		if err == nil {
+			s.txStep(tx, func() steps.Event { return postponeStep(rec, false) })
+		}
 		return err
 	})
 	switch {
 	case errors.Is(err, idempotency.ErrFenced):
+		s.step(ctx, func() steps.Event { return postponeStep(rec, true) })
 		return errSuperseded()
 	case err != nil:
 		return err

@@ -21,7 +21,6 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order/steps"
 	"github.com/orderservice/orderservice/internal/payment"
@@ -79,13 +78,13 @@ func (s *Service) ReceiveChannelEvent(ctx context.Context, webhookID, eventType,
 		}
 	}
 	var receipt Receipt
-	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
+	err = s.transact(ctx, func(tx *gorm.DB) error {
 		var err error
 		if receipt, err = late.store(tx); err != nil {
 			return err
 		}
 		err = s.Inbox.Note(tx, webhookID, eventType, string(receipt))
-		s.step(ctx, func() steps.Event { return lateStep(late, receipt, err) })
+		s.txStep(tx, func() steps.Event { return lateStep(late, receipt, err) })
 		return err
 	})
 	if errors.Is(err, idempotency.ErrDelivered) {
@@ -110,10 +109,10 @@ func (s *Service) ResolvePending(ctx context.Context, channelKey string) (Receip
 		return "", err
 	}
 	var receipt Receipt
-	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
+	err = s.transact(ctx, func(tx *gorm.DB) error {
 		var err error
 		receipt, err = late.store(tx)
-		s.step(ctx, func() steps.Event { return lateStep(late, receipt, err) })
+		s.txStep(tx, func() steps.Event { return lateStep(late, receipt, err) })
 		return err
 	})
 	return receipt, err

@@ -7,11 +7,20 @@ package order
 // is never built. The helpers below turn what the code holds at that line
 // into the step's event, and return nil when there is no step to record
 // (the transaction failed).
+//
+// A step taken in a transaction (a claim, phase 3's store, a postpone, a
+// late verdict) is recorded inside it, before it commits, so that steps
+// whose transactions conflict are recorded in the order the database
+// serialized them; the transaction runs through transact and its step
+// through txStep, so the step stands only if the transaction commits
+// (steps.Attempt): not when its commit fails, nor twice when it is rerun.
 
 import (
 	"context"
-	"errors"
 
+	"gorm.io/gorm"
+
+	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order/steps"
 )
@@ -26,6 +35,23 @@ func (s *Service) step(ctx context.Context, ev func() steps.Event) {
 	if e := ev(); e != nil {
 		s.Steps.Record(ctx, e)
 	}
+}
+
+// transact runs fn in one transaction (database.Transact). With a
+// recorder, each attempt of it runs under a context steps.Attempt marks,
+// which tx carries: a step recorded in it (txStep) stands only if that
+// attempt commits. Without one (production), it is database.Transact.
+func (s *Service) transact(ctx context.Context, fn func(tx *gorm.DB) error) error {
+	if s.Steps == nil {
+		return database.Transact(ctx, s.DB, fn)
+	}
+	return database.TransactAttempts(ctx, s.DB, steps.Attempt, fn)
+}
+
+// txStep is a step taken in the transaction tx, which transact runs: it
+// keeps its place in the run, and stands only if tx commits.
+func (s *Service) txStep(tx *gorm.DB, ev func() steps.Event) {
+	s.step(tx.Statement.Context, ev)
 }
 
 func intentOf(rec idempotency.Record) steps.Intent {
@@ -66,10 +92,10 @@ func claimStep(in idempotency.Intent, opened opening, err error) steps.Event {
 	return ev
 }
 
-// swept records the sweeper's claims of a batch.
-func (s *Service) swept(ctx context.Context, claimed []idempotency.Record) {
+// swept records the sweeper's claims of a batch, in its transaction tx.
+func (s *Service) swept(tx *gorm.DB, claimed []idempotency.Record) {
 	for _, rec := range claimed {
-		s.step(ctx, func() steps.Event {
+		s.txStep(tx, func() steps.Event {
 			return steps.Claim{Intent: intentOf(rec), Kind: "sweep", By: "sweeper", Token: rec.LeaseToken, Point: string(rec.RecoveryPoint)}
 		})
 	}
@@ -78,7 +104,9 @@ func (s *Service) swept(ctx context.Context, claimed []idempotency.Record) {
 // CleanupSteps is a hook for idempotency.Store.Removed that tells r, as a
 // step (steps.Cleanup), each record the cleanup removes: the idempotency
 // package does not know the steps, so whoever makes the store wires it
-// (the order tests do). Nil when r is nil: the cleanup then builds nothing.
+// (the order tests do), with Store.Attempt set to steps.Attempt so that a
+// removal stands only if its batch commits. Nil when r is nil: the cleanup
+// then builds nothing.
 func CleanupSteps(r steps.Recorder) func(context.Context, idempotency.Removed) {
 	if r == nil {
 		return nil
@@ -88,12 +116,10 @@ func CleanupSteps(r steps.Recorder) func(context.Context, idempotency.Removed) {
 	}
 }
 
-// postponeStep is the owner's postpone: done, or fenced.
-func postponeStep(rec idempotency.Record, err error) steps.Event {
-	if err != nil && !errors.Is(err, idempotency.ErrFenced) {
-		return nil
-	}
-	return steps.Postpone{Intent: intentOf(rec), Token: rec.LeaseToken, Fenced: err != nil}
+// postponeStep is the owner's postpone: done, or fenced (its transaction
+// rolled back, so it is recorded after it, like a fenced store).
+func postponeStep(rec idempotency.Record, fenced bool) steps.Event {
+	return steps.Postpone{Intent: intentOf(rec), Token: rec.LeaseToken, Fenced: fenced}
 }
 
 // storeStep is phase 3's store, once its transaction is about to commit.

@@ -13,7 +13,6 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/orderservice/orderservice/internal/database"
 	"github.com/orderservice/orderservice/internal/idempotency"
 )
 
@@ -71,11 +70,11 @@ func (s *Service) Sweep(ctx context.Context, batch int) (int, error) {
 	}
 	var claimed []idempotency.Record
 	claimedAt := time.Now() // their leases run from no earlier than this
-	err = database.Transact(ctx, s.DB, func(tx *gorm.DB) error {
+	err = s.transact(ctx, func(tx *gorm.DB) error {
 		var err error
 		claimed, err = s.Records.ClaimDue(tx, MoneyOperations, len(slots))
 		if err == nil {
-			s.swept(ctx, claimed)
+			s.swept(tx, claimed)
 		}
 		return err
 	})

@@ -285,7 +285,7 @@ func useCasesOn(t *testing.T, db *gorm.DB, ch order.Channel, lease time.Duration
 		}
 	})
 	return order.NewService(order.Deps{DB: db, Channel: recordedChannel(t, ch), Steps: stepsOf(t),
-		Records: &idempotency.Store{Lease: lease, PhaseTimeout: timeout, Policy: policy, Removed: order.CleanupSteps(stepsOf(t))},
+		Records: &idempotency.Store{Lease: lease, PhaseTimeout: timeout, Policy: policy, Removed: order.CleanupSteps(stepsOf(t)), Attempt: steps.Attempt},
 		Inbox:   &idempotency.Inbox{Retention: time.Hour},
 		Money:   order.MoneyConfig{ChannelTimeout: timeout, RetryAfter: time.Second, ChannelKeyWindow: 24 * time.Hour}})
 }

@@ -16,40 +16,64 @@ type Line struct {
 }
 
 // Log keeps a run's steps in memory, in the order they were told, and
-// writes them to a file as lines (Write).
+// writes those that stand to a file as lines (Write): a step told inside a
+// transaction's attempt keeps its place, and is written only if that
+// attempt committed (Attempt).
 type Log struct {
 	mu    sync.Mutex
-	lines []Line
+	steps []told
+}
+
+// told is one step as it was told: its kind, its event, and the attempt
+// of a transaction it was told in (nil: none).
+type told struct {
+	step string
+	data json.RawMessage
+	in   *attempt
 }
 
 // Record implements Recorder.
-func (l *Log) Record(_ context.Context, ev Event) {
+func (l *Log) Record(ctx context.Context, ev Event) {
 	data, err := json.Marshal(ev)
 	if err != nil {
 		panic(err) // the events are plain structs: this is a bug
 	}
+	in := attemptOf(ctx)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.lines = append(l.lines, Line{Seq: len(l.lines), Step: ev.Step(), Data: data})
+	l.steps = append(l.steps, told{step: ev.Step(), data: data, in: in})
 }
 
-// Len is how many steps were recorded.
+// Len is how many steps were told, tentative ones included.
 func (l *Log) Len() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.lines)
+	return len(l.steps)
 }
 
-// Write writes the steps to path, one JSON line each.
-func (l *Log) Write(path string) error {
+// Lines are the steps that stand, in the order they were told, numbered
+// from 0: a step of a transaction that rolled back (or has not committed
+// yet) is left out.
+func (l *Log) Lines() []Line {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	var lines []Line
+	for _, s := range l.steps {
+		if s.in.stands() {
+			lines = append(lines, Line{Seq: len(lines), Step: s.step, Data: s.data})
+		}
+	}
+	return lines
+}
+
+// Write writes the steps that stand (Lines) to path, one JSON line each.
+func (l *Log) Write(path string) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
 	enc := json.NewEncoder(f)
-	for _, line := range l.lines {
+	for _, line := range l.Lines() {
 		if err := enc.Encode(line); err != nil {
 			f.Close()
 			return err

@@ -6,9 +6,10 @@
 //
 // One event is one step the model takes at once: a transaction (a claim,
 // phase 3's store, a postpone, a late verdict, the cleanup's removal of a
-// record), the decision how to ask the channel, one call to the channel
-// as the channel answered it, or a step the channel takes of its own
-// (settling a charge it took on, forgetting a key).
+// record; recorded before it commits, and kept only if it does: Attempt),
+// the decision how to ask the channel, one call to the channel as the
+// channel answered it, or a step the channel takes of its own (settling a
+// charge it took on, forgetting a key).
 package steps
 
 import (
@@ -17,7 +18,9 @@ import (
 )
 
 // Recorder is told each step. It must be safe for concurrent use; the order
-// in which it is told is the order of the run.
+// in which it is told is the order of the run. A step told under the
+// context of a transaction's attempt (Attempt) is tentative: it keeps its
+// place, and stands only if the attempt commits (Log keeps only those).
 type Recorder interface {
 	Record(ctx context.Context, ev Event)
 }
