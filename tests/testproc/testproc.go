@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -33,7 +34,8 @@ func Build(dir string, pkgs ...string) (map[string]string, error) {
 	return bins, nil
 }
 
-// FreeAddr returns a loopback address nobody listened on a moment ago.
+// FreeAddr returns a loopback address nobody listened on a moment ago,
+// and that no earlier call of this test binary returned.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
 	addr, err := Addr()
@@ -43,14 +45,29 @@ func FreeAddr(t testing.TB) string {
 	return addr
 }
 
+// handedOut is every address Addr returned in this process. The kernel
+// may give a port it just freed to the next listen on port 0, so two
+// calls in a row can return the same address: a test that picks the
+// addresses of two instances, then a channel's, would start the second
+// instance on a port the channel already holds (seen in the fault suite:
+// the instance exits, "address already in use", and the test's probes of
+// it reach the channel).
+var handedOut sync.Map
+
 // Addr is FreeAddr outside a test: it returns its error.
 func Addr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		if _, given := handedOut.LoadOrStore(addr, true); !given {
+			return addr, nil
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
+	return "", fmt.Errorf("no loopback port that was not handed out before in 100 tries")
 }
 
 // Process is a running binary whose output goes to a log file, shown when
