@@ -6,9 +6,7 @@
 package answer
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"net/http"
 	"time"
@@ -101,9 +99,9 @@ func RenderError(err error) Response {
 }
 
 // renderProblem writes e as an RFC 9457 document. encoding/json writes a
-// map's keys sorted, so the same error is always the same bytes; and as
-// they read (`Bearer <key>`), not HTML-escaped (`\u003ckey\u003e`): the
-// document is JSON for a client, never markup in a page.
+// map's keys sorted, so the same error is always the same bytes; and, as
+// order.Wire writes every body, as they read (`Bearer <key>`), not
+// HTML-escaped (`\u003ckey\u003e`).
 func renderProblem(e *problem.Error) (status int, body []byte) {
 	status = StatusOf(e.Code)
 	doc := make(map[string]any, 5+len(e.Extensions))
@@ -118,13 +116,11 @@ func renderProblem(e *problem.Error) (status int, body []byte) {
 	doc["status"] = status
 	doc["detail"] = e.Detail
 	doc["code"] = e.Code
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(doc); err != nil { // only a non-marshalable extension gets here
+	body, err := order.Wire(doc)
+	if err != nil { // only a non-marshalable extension gets here
 		return http.StatusInternalServerError, []byte(`{"type":"urn:orderservice:problem:internal","title":"Internal error","status":500,"code":"internal"}`)
 	}
-	return status, bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+	return status, body
 }
 
 // Problem maps an error a use case returned to the problem it answers: a
