@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"fmt"
 	"net/url"
 	"strings"
@@ -51,6 +52,19 @@ func positive(durations ...duration) error {
 	return nil
 }
 
+// postgresURL refuses a database setting that is not a postgres:// URL.
+// pgx's parser, not url.Parse: it knows libpq's multi-host form
+// (postgres://u@h1:5432,h2:5432/db?target_session_attrs=read-write).
+func postgresURL(name, url string) error {
+	if !strings.HasPrefix(url, "postgres://") && !strings.HasPrefix(url, "postgresql://") {
+		return fmt.Errorf("%s must be a postgres:// URL", name)
+	}
+	if err := database.CheckURL(url); err != nil {
+		return fmt.Errorf("%s is not a valid postgres:// URL (one or more host:port, comma separated): %s", name, oneLine(err))
+	}
+	return nil
+}
+
 // atLeastOne refuses a count setting below 1.
 func atLeastOne(name string, n int) error {
 	if n < 1 {
@@ -68,16 +82,11 @@ func (c Config) checkProcess() error {
 
 func (c Config) checkDatabase() error {
 	d := c.Database
-	// pgx's parser, not url.Parse: it knows libpq's multi-host form
-	// (postgres://u@h1:5432,h2:5432/db?target_session_attrs=read-write).
-	if !strings.HasPrefix(d.URL, "postgres://") && !strings.HasPrefix(d.URL, "postgresql://") {
-		return fmt.Errorf("DATABASE_URL must be a postgres:// URL")
+	if err := postgresURL("DATABASE_URL", d.URL); err != nil {
+		return err
 	}
-	if err := database.CheckURL(d.URL); err != nil {
-		return fmt.Errorf("DATABASE_URL is not a valid postgres:// URL (one or more host:port, comma separated): %s", oneLine(err))
-	}
-	if err := database.CheckURL(c.Channel.DatabaseURL); err != nil || !strings.HasPrefix(c.Channel.DatabaseURL, "postgres") {
-		return fmt.Errorf("CHANNEL_DATABASE_URL must be a postgres:// URL")
+	if err := postgresURL("CHANNEL_DATABASE_URL", c.Channel.DatabaseURL); err != nil {
+		return err
 	}
 	if err := positive(duration{"DB_STATEMENT_TIMEOUT", d.StatementTimeout}, duration{"DB_LOCK_TIMEOUT", d.LockTimeout},
 		duration{"DB_CONN_MAX_LIFETIME", d.ConnMaxLifetime}, duration{"DB_START_TIMEOUT", d.StartTimeout}); err != nil {
@@ -176,8 +185,9 @@ func (c Config) checkBroker() error {
 		duration{"COMMAND_BACKOFF_MAX", cmds.BackoffMax}, duration{"OUTBOX_INTERVAL", c.Outbox.Interval}); err != nil {
 		return err
 	}
-	if cmds.MaxDeliver < 1 || cmds.Workers < 1 || cmds.WaitersPerTenant < 1 || c.Outbox.Batch < 1 {
-		return fmt.Errorf("COMMAND_MAX_DELIVER, COMMAND_WORKERS, COMMAND_WAITERS_PER_TENANT and OUTBOX_BATCH must be at least 1")
+	if err := cmp.Or(atLeastOne("COMMAND_MAX_DELIVER", cmds.MaxDeliver), atLeastOne("COMMAND_WORKERS", cmds.Workers),
+		atLeastOne("COMMAND_WAITERS_PER_TENANT", cmds.WaitersPerTenant), atLeastOne("OUTBOX_BATCH", c.Outbox.Batch)); err != nil {
+		return err
 	}
 	if cmds.BackoffMax < cmds.Backoff {
 		return fmt.Errorf("COMMAND_BACKOFF_MAX (%s) must not be shorter than COMMAND_BACKOFF (%s)", cmds.BackoffMax, cmds.Backoff)
