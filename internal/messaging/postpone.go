@@ -210,7 +210,7 @@ func (w *waiters) handBack(d delivery, now time.Time, keep time.Duration) {
 // takeHandedBack is how many earlier deliveries of d's command handed it
 // back, and forgets them: d carries the count on.
 func (w *waiters) takeHandedBack(d delivery) int {
-	if d.seq == 0 {
+	if d.seq == 0 || d.count == 1 { // a first delivery was never handed back: no lock on the common path
 		return 0
 	}
 	w.mu.Lock()
