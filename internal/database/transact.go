@@ -33,21 +33,24 @@ type Attempt func(ctx context.Context) (attemptCtx context.Context, end func(com
 // (internal/order/steps.Attempt): an attempt rerun here, or whose commit
 // failed, did not happen.
 func TransactAttempts(ctx context.Context, db *gorm.DB, attempt Attempt, fn func(tx *gorm.DB) error) error {
+	if attempt == nil {
+		attempt = unmarked
+	}
 	var err error
 	for n := 1; n <= maxAttempts; n++ {
-		if attempt == nil {
-			err = ended(ctx, db.WithContext(ctx).Transaction(fn))
-		} else {
-			actx, end := attempt(ctx)
-			err = ended(ctx, db.WithContext(actx).Transaction(fn))
-			end(err == nil)
-		}
-		if !isRetryable(err) || ctx.Err() != nil {
+		actx, end := attempt(ctx)
+		err = ended(ctx, db.WithContext(actx).Transaction(fn))
+		end(err == nil)
+		if !Retryable(err) || ctx.Err() != nil {
 			return err
 		}
 	}
 	return err
 }
+
+// unmarked is the Attempt of a transaction nobody marks: it runs under
+// the caller's context, and its end is no one's business.
+func unmarked(ctx context.Context) (context.Context, func(bool)) { return ctx, func(bool) {} }
 
 // ended names the context's end as the cause of a transaction that
 // database/sql rolled back because its context ended: the statement or
@@ -61,7 +64,10 @@ func ended(ctx context.Context, err error) error {
 	return err
 }
 
-func isRetryable(err error) bool {
+// Retryable says whether err is a conflict the database resolved by
+// aborting this transaction (a serialization failure or a deadlock), for
+// which a rerun is the cure.
+func Retryable(err error) bool {
 	code := SQLState(err)
 	return code == "40001" || code == "40P01"
 }

@@ -42,10 +42,11 @@ func (s *Service) step(ctx context.Context, ev func() steps.Event) {
 // which tx carries: a step recorded in it (txStep) stands only if that
 // attempt commits. Without one (production), it is database.Transact.
 func (s *Service) transact(ctx context.Context, fn func(tx *gorm.DB) error) error {
-	if s.Steps == nil {
-		return database.Transact(ctx, s.DB, fn)
+	var attempt database.Attempt // nil: unmarked
+	if s.Steps != nil {
+		attempt = steps.Attempt
 	}
-	return database.TransactAttempts(ctx, s.DB, steps.Attempt, fn)
+	return database.TransactAttempts(ctx, s.DB, attempt, fn)
 }
 
 // txStep is a step taken in the transaction tx, which transact runs: it

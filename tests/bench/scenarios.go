@@ -161,13 +161,13 @@ func (b *bench) progress(format string, args ...any) {
 // The service keeps running meanwhile: its sweeper, relay and cleanup, and
 // the last requests of the shot before, take these tables' locks in their
 // own order, so TRUNCATE, which locks them in the order listed, may be
-// chosen as a deadlock's victim (40P01). As in database.Transact, a rerun
-// is the cure.
+// chosen as a deadlock's victim (40P01): a rerun is the cure
+// (database.Retryable, as database.Transact reruns the service's own).
 func (b *bench) reset(ctx context.Context) error {
 	var err error
 	for attempt := 1; attempt <= 5; attempt++ {
 		_, err = b.admin.Exec(ctx, `TRUNCATE idempotency_records, idempotency_archive, orders, order_items, order_events, order_outbox, payments, webhook_inbox`)
-		if database.SQLState(err) != "40P01" {
+		if !database.Retryable(err) {
 			break
 		}
 	}
