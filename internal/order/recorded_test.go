@@ -45,7 +45,7 @@ func recorded(t *testing.T) *steps.Log {
 		logsMu.Lock()
 		delete(logs, t)
 		logsMu.Unlock()
-		if l.Len() == 0 {
+		if len(l.Lines()) == 0 {
 			return
 		}
 		name := strings.NewReplacer("/", "__", " ", "_").Replace(t.Name())

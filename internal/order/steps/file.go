@@ -44,13 +44,6 @@ func (l *Log) Record(ctx context.Context, ev Event) {
 	l.steps = append(l.steps, told{step: ev.Step(), data: data, in: in})
 }
 
-// Len is how many steps were told, tentative ones included.
-func (l *Log) Len() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.steps)
-}
-
 // Lines are the steps that stand, in the order they were told, numbered
 // from 0: a step of a transaction that rolled back (or has not committed
 // yet) is left out.
