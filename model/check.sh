@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # make model: checks model/idempotency.pml with SPIN. The protocol must hold
-# over every interleaving, in both configurations; each variant (one
+# over every interleaving, in each of its four configurations; each variant (one
 # safeguard removed) must fail, and SPIN's shortest counterexample for it
 # is reported with the harm it shows. Runs go side by side on MODEL_JOBS
 # cores (default: all). MODEL_TRAILS=dir writes the trails; MODEL_ALL=1
 # also checks NO_TOKEN, which must hold (half a minute more), and liveness
-# with two faults in both configurations (about 3 minutes and 3 GB each,
+# with two faults in each configuration (about 3 minutes and 3 GB each,
 # so not in CI).
 #
 # Then the code is checked against the model (trace validation): the
@@ -75,10 +75,12 @@ if [ -z "$traces" ]; then
 	recording=$!
 fi
 
-# The protocol holds: both configurations, safety with two faults,
+# The protocol holds: the three configurations, safety with two faults,
 # liveness under weak fairness with one.
-for cfg in replays order; do
-	d=""; [ $cfg = order ] && d="-DORDER"
+configs="replays order refund second"
+cfgflag() { case $1 in order) echo -DORDER ;; refund) echo -DREFUND ;; second) echo "-DORDER -DSECOND" ;; esac; }
+for cfg in $configs; do
+	d=$(cfgflag $cfg)
 	spawn verify "$cfg" "$d" "-DSAFETY -DNOCLAIM" ""
 	spawn verify "live_$cfg" "$d -DLIVENESS -DFAULTS=1" "-DNFAIR=4" "-a -f -N converges"
 done
@@ -88,42 +90,44 @@ done
 variants="order:NO_FENCING order:CHECK_THEN_INSERT order:NEW_KEY replays:SHORT_RETENTION
 	order:NO_LOOKUP order:AGE_ONLY order:LOOKUP_FORGETS replays:CLEANUP_INFLIGHT
 	order:TIMEOUT_DECLINES order:FAILED_LOOKUP_DECLINES order:CANCEL_WHILE_PENDING
-	order:FAIL_UNFENCED order:TRANSIENT_FINAL order:DECIDE_AT_CLAIM"
-flags() { local d="-D${1#*:}"; [ "${1%%:*}" = order ] && d="-DORDER $d"; echo "$d"; }
+	order:FAIL_UNFENCED order:TRANSIENT_FINAL order:DECIDE_AT_CLAIM
+	refund:NEW_KEY refund:NO_LOOKUP refund:SHIP_WHILE_REFUNDING refund:PENDING_REFUND_DONE
+	second:PAY_WHILE_PENDING"
+flags() { echo "$(cfgflag "${1%%:*}") -D${1#*:}"; }
+vdir() { echo "${1%%:*}_${1#*:}"; }
 for spec in $variants; do
-	spawn verify "${spec#*:}" "$(flags "$spec")" "-DSAFETY -DNOCLAIM" "-i"
+	spawn verify "$(vdir "$spec")" "$(flags "$spec")" "-DSAFETY -DNOCLAIM" "-i"
 done
 spawn verify NO_SWEEPER "-DFAULTS=1 -DLIVENESS -DNO_SWEEPER" "-DNFAIR=4" "-a -f -N converges"
 if [ -n "${MODEL_ALL:-}" ]; then
-	spawn verify NO_TOKEN_replays "-DNO_TOKEN" "-DSAFETY -DNOCLAIM" ""
-	spawn verify NO_TOKEN_order "-DORDER -DNO_TOKEN" "-DSAFETY -DNOCLAIM" ""
-	for cfg in replays order; do
-		d=""; [ $cfg = order ] && d="-DORDER"
+	for cfg in $configs; do
+		d=$(cfgflag $cfg)
+		spawn verify "NO_TOKEN_$cfg" "$d -DNO_TOKEN" "-DSAFETY -DNOCLAIM" ""
 		memlim=8192 spawn verify "live2_$cfg" "$d -DLIVENESS -DFAULTS=2" "-DNFAIR=4 -DCOLLAPSE" "-a -f -N converges"
 	done
 fi
 wait
 
-for cfg in replays order; do
+for cfg in $configs; do
 	echo "protocol ($cfg), safety (FAULTS=2): $(stat $cfg 'errors:'); $(states $cfg); $(stat $cfg 'elapsed time'); $(stat $cfg 'total actual memory')"
 	if ! holds $cfg; then cat $cfg/out; failed=1; fi
 	echo "protocol ($cfg), converges under weak fairness (FAULTS=1): $(stat live_$cfg 'errors:'); $(states live_$cfg); $(stat live_$cfg 'elapsed time'); $(stat live_$cfg 'total actual memory')"
 	if ! holds live_$cfg; then cat live_$cfg/out; failed=1; fi
 done
 for spec in $variants; do
-	v=${spec#*:} d=$(flags "$spec")
+	v=$(vdir "$spec") d=$(flags "$spec")
 	if ! ran "$v"; then
-		echo "$v (${spec%%:*}): the verifier did not run"; cat "$v/out" 2>/dev/null || true
+		echo "${spec#*:} (${spec%%:*}): the verifier did not run"; cat "$v/out" 2>/dev/null || true
 		failed=1
 		continue
 	fi
 	if holds "$v"; then
-		echo "$v (${spec%%:*}): SPIN found no counterexample; the model no longer shows why this safeguard is needed"
+		echo "${spec#*:} (${spec%%:*}): SPIN found no counterexample; the model no longer shows why this safeguard is needed"
 		failed=1
 		continue
 	fi
 	steps=$(cd "$v" && spin -t $d idempotency.pml 2>&1 | grep -oE 'trail ends after [0-9]+ steps' | grep -oE '[0-9]+' || true)
-	echo "$v (${spec%%:*}): $(harm "$v" "$d") -- shortest counterexample: ${steps:-?} steps ($(states "$v") in the search)"
+	echo "${spec#*:} (${spec%%:*}): $(harm "$v" "$d") -- shortest counterexample: ${steps:-?} steps ($(states "$v") in the search)"
 	if [ -n "${MODEL_TRAILS:-}" ]; then
 		(cd "$v" && spin -t -p -g $d idempotency.pml) >"$MODEL_TRAILS/$v.trail.txt" 2>&1 || true
 	fi
@@ -137,7 +141,7 @@ else
 	echo "NO_SWEEPER (replays): $(stat NO_SWEEPER 'acceptance cycle') -- an intent stays unfinished"
 fi
 if [ -n "${MODEL_ALL:-}" ]; then
-	for cfg in replays order; do
+	for cfg in $configs; do
 		echo "NO_TOKEN ($cfg), must hold: $(stat NO_TOKEN_$cfg 'errors:'); $(states NO_TOKEN_$cfg)"
 		if ! holds NO_TOKEN_$cfg; then failed=1; fi
 		echo "protocol ($cfg), converges under weak fairness (FAULTS=2): $(stat live2_$cfg 'errors:'); $(states live2_$cfg); $(stat live2_$cfg 'elapsed time'); $(stat live2_$cfg 'total actual memory')"

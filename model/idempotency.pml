@@ -19,7 +19,13 @@
  *              may take the charge on to finish later (202; its webhook is
  *              a hint, the sweeper asks too: ResolvePending, SweepPending),
  *              and a second intent on the order, a cancel, races the pay.
- * The sweeper runs in both.
+ *   -DREFUND   the cancel of a paid order as the intent: the same three
+ *              phases, faults and takeovers, its refund under a stable key
+ *              of its own. The channel refunds, fails the refund (it
+ *              returned nothing: the order is PAID again), or takes it on
+ *              (pending, which proves nothing: the intent is asked again);
+ *              a ship races the cancel.
+ * The sweeper runs in all three.
  *
  * What is checked is what a user sees, never the guards themselves: the
  * money (one charge at most), that what the service stored agrees with the
@@ -44,6 +50,8 @@
  *   FAIL_UNFENCED           the postpone (Fail) without its fence
  *   TRANSIENT_FINAL         an unknown outcome stored as the final answer, 503
  *   DECIDE_AT_CLAIM         the key window judged at the claim, not at the call
+ *   SHIP_WHILE_REFUNDING    (REFUND) the state machine lets a ship through in REFUND_PENDING
+ *   PENDING_REFUND_DONE     (REFUND) a refund still pending taken as done
  *   NO_SWEEPER              nothing takes over (liveness)
  * and one that must hold: NO_TOKEN, phase 3 checking the record's state
  * but not its token (the payment's own pending guard covers the rest).
@@ -76,6 +84,7 @@
 #define PFAIL   3      /* PAYMENT_FAILED */
 #define RPEND   4      /* REFUND_PENDING */
 #define CANC    5      /* CANCELLED */
+#define SHIPD   6      /* SHIPPED */
 
 /* The pay's payment row, written in phase 1 with the claim */
 #define P_NONE 0
@@ -217,6 +226,56 @@ bool everDue = false;  /* the pay's payment has been due for a late verdict */
 #define WEBHOOK skip
 #endif
 
+/* What the intent's money is, and what its outcomes mean. A pay charges:
+ * its payment is PAYMENT_PENDING until the charge's outcome, and a charge
+ * taken on is an answer (202). A cancel of a paid order refunds: the
+ * order is REFUND_PENDING until the refund's outcome, which cancels it
+ * (200) or, the refund failed or refused, puts it back to PAID (409
+ * refund_refused); a refund still pending proves nothing, and the intent
+ * is asked again (refundReply, reply.go). */
+#ifdef REFUND
+#define MOVE            refunds++         /* the channel moved the money back */
+#define MOVED           refunds
+#define MOVING          RPEND
+#define UNSURE(g)       ((g) == UNKNOWN || (g) == PEND)
+#define ANSWER_OF(g)    ((g) == CHARGED -> A_PAID : A_REFUSED)
+#define FAILED_ANS      A_REFUSED
+#define PAYS_FROM       (ost == PAID)
+/* Asked again while the refund is pending, the channel says the same, and
+ * the sweeper waits longer each time (askAgainAfter doubles): it asks at
+ * most twice before the channel settles, which bounds the model's tokens
+ * without hiding a takeover while the refund is pending. */
+#define ASKED_PENDING   if :: got == PEND && asked < 2 -> asked++ :: else -> skip fi
+#define SWEEP_NOW       (pendings == 0 || asked < 2)
+#else
+#define ASKED_PENDING   skip
+#define SWEEP_NOW       true
+#define MOVE            charges++
+#define MOVED           charges
+#define MOVING          PPEND
+#define UNSURE(g)       ((g) == UNKNOWN)
+#define ANSWER_OF(g)    ((g) == CHARGED -> A_PAID : ((g) == DECLINED -> A_DECLINED : A_REFUSED))
+#define FAILED_ANS      A_DECLINED
+#define PAYS_FROM       (ost == CREATED || ost == PFAIL)
+#endif
+#ifdef REFUND
+#define PAID_BEFORE ost = PAID; charges = 1   /* a pay intent charged the order and ended */
+#else
+#define PAID_BEFORE skip
+#endif
+
+/* The variants that take an outcome that is not known as one. */
+#if defined(TRANSIENT_FINAL)
+#define TAKEN_AS_KNOWN(g) ((g) == UNKNOWN)
+#elif defined(PENDING_REFUND_DONE)
+#define TAKEN_AS_KNOWN(g) ((g) == PEND)
+#else
+#define TAKEN_AS_KNOWN(g) false
+#endif
+#if defined(ORDER) || defined(REFUND)
+#define TAKES_ON 1     /* the channel may take the request on, to finish later */
+#endif
+
 #ifdef LOOKUP_FORGETS
 #define FINDS(k) (ledger[k] != 0 && (known & (1 << (k))) != 0)
 #else
@@ -233,7 +292,7 @@ byte calling = 0;      /* owners between their claim and their call */
 byte late = 0;         /* AGE_ONLY: of those, resumed ones that claimed when the intent had aged */
 byte faults = 0;
 
-byte ost = CREATED;    /* orders.status */
+byte ost = CREATED;    /* orders.status (REFUND: PAID, set by init) */
 byte pst = P_NONE;     /* payments.status of the pay's payment */
 byte pkey = 0;         /* payments.channel_key: the key phase 1 stored */
 byte moves = 0;        /* the order's moves on the payment's outcome */
@@ -245,6 +304,8 @@ byte pendings = 0;     /* charges the channel took on and has not settled */
 bool hint = false;     /* a webhook is on its way */
 byte charges = 0;      /* money the channel took */
 byte refunds = 0;      /* money the channel gave back */
+byte charges2 = 0;     /* SECOND: money a second pay, under a new key, took */
+byte asked = 0;        /* REFUND: the answers "still pending" the intent was given, up to 2 */
 
 byte final = 0;        /* the first final answer stored (not a 202) */
 byte told = 0;         /* the first answer a client of the intent was given */
@@ -291,19 +352,20 @@ inline refuse() {
 /* Phase 1 of a new claim: the order's rule, in the claim's transaction.
  * A payment under the scope means the key moved money before and its
  * record is gone: refused (errKeyRanBefore). Otherwise the order pays
- * from CREATED or PAYMENT_FAILED, writing the pending payment with the
- * key; from anything else the state machine refuses. */
+ * from CREATED or PAYMENT_FAILED (REFUND: is refunded from PAID), writing
+ * the pending payment with the key; from anything else the state machine
+ * refuses. */
 inline rule(mine) {
 	if
 	:: pst != P_NONE -> refuse()
-	:: pst == P_NONE && (ost == CREATED || ost == PFAIL) ->
-		ost = PPEND; pst = P_PEND; pkey = KEYOF(mine); calling++
-	:: pst == P_NONE && ost != CREATED && ost != PFAIL -> refuse()
+	:: pst == P_NONE && PAYS_FROM ->
+		ost = MOVING; pst = P_PEND; pkey = KEYOF(mine); calling++
+	:: pst == P_NONE && !PAYS_FROM -> refuse()
 	fi
 }
 
-/* What the order's rule answers a new claim: 0 when it pays. */
-#define RULE_ANS ((pst == P_NONE && (ost == CREATED || ost == PFAIL)) -> 0 : A_REFUSED)
+/* What the order's rule answers a new claim: 0 when it goes on. */
+#define RULE_ANS ((pst == P_NONE && PAYS_FROM) -> 0 : A_REFUSED)
 
 /* The channel is sent a charge under key: it answers from its record of
  * the key while it remembers it, or acts: charges, declines, or takes the
@@ -315,9 +377,9 @@ inline send(key, got) {
 	:: else ->
 		known = known | (1 << key);
 		if
-		:: ledger[key] = CHARGED; charges++; WEBHOOK
+		:: ledger[key] = CHARGED; MOVE; WEBHOOK
 		:: ledger[key] = DECLINED; WEBHOOK
-#ifdef ORDER
+#ifdef TAKES_ON
 		:: ledger[key] = PEND; pendings++
 #endif
 		fi;
@@ -341,7 +403,7 @@ inline send(key, got) {
 	   (ec[ti] == CHARGED || ec[ti] == DECLINED || ec[ti] == PEND || ec[ti] == UNKNOWN) ->
 		known = known | (1 << key);
 		if
-		:: ec[ti] == CHARGED || ec[ti] == UNKNOWN -> ledger[key] = CHARGED; charges++
+		:: ec[ti] == CHARGED || ec[ti] == UNKNOWN -> ledger[key] = CHARGED; MOVE
 		:: ec[ti] == DECLINED || ec[ti] == UNKNOWN -> ledger[key] = DECLINED
 		:: ec[ti] == PEND || ec[ti] == UNKNOWN -> ledger[key] = PEND; pendings++
 		fi;
@@ -351,12 +413,17 @@ inline send(key, got) {
 #endif
 
 /* The order moves on the payment's outcome (moveOnReply), once: only a
- * payment still pending takes an outcome, and only PAYMENT_PENDING may
- * move; otherwise the transaction stores nothing. */
+ * payment still pending takes an outcome, and only PAYMENT_PENDING
+ * (REFUND_PENDING) may move; otherwise the transaction stores nothing. */
 inline settle(got) {
 	if
+#ifdef REFUND
+	:: got == CHARGED -> pst = P_OK; ost = CANC
+	:: else -> pst = P_FAIL; ost = PAID
+#else
 	:: got == CHARGED -> pst = P_OK; ost = PAID
 	:: else -> pst = P_FAIL; ost = PFAIL
+#endif
 	fi;
 	moves++
 }
@@ -376,8 +443,8 @@ inline postpone(mine) {
 /* What phase 3 stores, as it decides it below: 0 when the transition is
  * refused (rolled back). */
 #define STORE_ANS (pst == P_PEND && got == PEND -> A_ACCEPTED : \
-	(pst == P_PEND && ost == PPEND -> (got == CHARGED -> A_PAID : (got == DECLINED -> A_DECLINED : A_REFUSED)) : \
-	(pst == P_OK -> A_PAID : (pst == P_FAIL -> A_DECLINED : 0))))
+	(pst == P_PEND && ost == MOVING -> ANSWER_OF(got) : \
+	(pst == P_OK -> A_PAID : (pst == P_FAIL -> FAILED_ANS : 0))))
 
 /* One attempt of the intent, from src, through the three phases. */
 inline attempt(src, mine, lookup, resumed, got, ans) {
@@ -457,9 +524,11 @@ open:
 	if
 #ifdef TRANSIENT_FINAL
 	:: got == UNKNOWN -> atomic { rec == PROC && token == mine -> rec = DONE; stored = A_UNAVAIL; tell(A_UNAVAIL) }; goto gone   /* a 503 stored as final */
-#else
-	:: got == UNKNOWN -> atomic { postpone(mine) }; goto gone
 #endif
+#ifdef PENDING_REFUND_DONE
+	:: got == PEND -> got = CHARGED      /* a refund still pending taken as done */
+#endif
+	:: UNSURE(got) && !TAKEN_AS_KNOWN(got) -> atomic { ASKED_PENDING; postpone(mine) }; goto gone
 	:: else -> skip
 	fi;
 	if
@@ -493,15 +562,10 @@ open:
 #endif
 			if
 			:: pst == P_PEND && got == PEND -> ans = A_ACCEPTED
-			:: pst == P_PEND && got != PEND && ost == PPEND ->
-				settle(got);
-				if
-				:: got == CHARGED -> ans = A_PAID
-				:: got == DECLINED -> ans = A_DECLINED
-				:: got == REFUSED -> ans = A_REFUSED
-				fi
+			:: pst == P_PEND && got != PEND && ost == MOVING ->
+				settle(got); ans = ANSWER_OF(got)
 			:: pst == P_OK -> ans = A_PAID          /* its outcome came in another way first */
-			:: pst == P_FAIL -> ans = A_DECLINED
+			:: pst == P_FAIL -> ans = FAILED_ANS
 			:: else -> ans = 0                       /* the transition is refused: rolled back */
 			fi;
 			if
@@ -578,7 +642,7 @@ active proctype sweeper() {
 end:
 	do
 #if !defined(NO_SWEEPER) && !defined(TRACE)
-	:: rec == RETRY || (rec == PROC && expired) -> attempt(SWEEPER, mine, lookup, resumed, got, ans)
+	:: (rec == RETRY || (rec == PROC && expired)) && SWEEP_NOW -> attempt(SWEEPER, mine, lookup, resumed, got, ans)
 #endif
 #ifndef TRACE
 	:: atomic { LATE_DUE -> lateLookup(got) }; lateStore(got)
@@ -608,8 +672,11 @@ end:
 #endif
 	od
 }
+#endif
 
-/* The channel settles what it took on: charged or declined. */
+#ifdef TAKES_ON
+/* The channel settles what it took on: charged or declined (REFUND: the
+ * refund succeeded or failed). */
 #ifndef TRACE
 active proctype channel() {
 	byte k;
@@ -622,10 +689,10 @@ end:
 		:: else -> break
 		od;
 		if
-		:: ledger[k] = CHARGED; charges++
+		:: ledger[k] = CHARGED; MOVE
 		:: ledger[k] = DECLINED
 		fi;
-		pendings--; hint = true; k = 0 }
+		pendings--; WEBHOOK; k = 0 }
 	od
 }
 #else
@@ -643,10 +710,10 @@ end:
 		:: else -> break
 		od;
 		if
-		:: OWN(1, EV1(E_SETTLE, CHARGED)) -> ledger[k] = CHARGED; charges++
+		:: OWN(1, EV1(E_SETTLE, CHARGED)) -> ledger[k] = CHARGED; MOVE
 		:: OWN(1, EV1(E_SETTLE, DECLINED)) -> ledger[k] = DECLINED
 		fi;
-		OWNNEXT(1); pendings--; hint = true; k = 0 }
+		OWNNEXT(1); pendings--; WEBHOOK; k = 0 }
 	od
 }
 #endif
@@ -722,8 +789,8 @@ end:
 /* A second intent on the same order: a cancel, while its client is there.
  * An unpaid order is cancelled at once; a paid one is refunded first
  * (REFUND_PENDING); in PAYMENT_PENDING the money may be moving, and the
- * state machine refuses (409). Its own recovery is the pay's, checked
- * above, and left out here. */
+ * state machine refuses (409). Here the cancel is one step: its refund,
+ * with its own faults and takeovers, is the intent of -DREFUND. */
 #ifdef TRACE
 proctype cancel() {
 	bool refund = false;
@@ -773,6 +840,61 @@ proctype cancel() {
 
 #endif
 
+#if defined(SECOND) && !defined(TRACE)
+/* A second pay with a new key races the first: its client pays again with
+ * a key of its own (a new intent: a new record, a new payment, a new
+ * channel key). Its own phases and faults are the pay's, checked on the
+ * first; here it is its rule, then its outcome. The state machine lets it
+ * pay from CREATED or PAYMENT_FAILED only: while the first pay's money
+ * may be moving (PAYMENT_PENDING) it is refused (409), and once the order
+ * is PAID too. */
+proctype pay2() {
+	bool paying = false;
+	atomic {
+		if
+		:: clock >= 1 -> skip  /* it never came */
+		:: else ->
+			if
+			:: ost == CREATED || ost == PFAIL -> ost = PPEND; paying = true
+#ifdef PAY_WHILE_PENDING
+			:: ost == PPEND -> paying = true
+#endif
+			:: else -> skip    /* 409 invalid_transition */
+			fi
+		fi
+	}
+	if
+	:: paying -> atomic {
+		if
+		:: charges2++; ost = PAID    /* charged under its own key */
+		:: ost = PFAIL               /* declined */
+		fi; paying = false }
+	:: else -> skip
+	fi
+}
+#endif
+
+#if defined(REFUND) && !defined(TRACE)
+/* A different intent on the order races the cancel: a ship, while its
+ * client is there. The state machine ships a PAID order only: a cancelled
+ * order cannot ship, and an order being refunded neither (409). */
+proctype ship() {
+	atomic {
+		if
+		:: clock >= 1 -> skip  /* it never came */
+		:: else ->
+			if
+			:: ost == PAID -> ost = SHIPD
+#ifdef SHIP_WHILE_REFUNDING
+			:: ost == RPEND -> ost = SHIPD
+#endif
+			:: else -> skip    /* 409 invalid_transition */
+			fi
+		fi
+	}
+}
+#endif
+
 #ifdef TRACE
 /* Attempts start as the trace claims: one at a time, each taking the next
  * claim (or the cancel). */
@@ -784,7 +906,9 @@ end:
 		:: ea[ti] == K_SWEEP -> run request(SWEEPER)
 		:: else -> run request(CLIENT)
 		fi }
+#ifdef ORDER
 	:: atomic { AT(E_CANCEL) && !spawning -> spawning = true; run cancel() }
+#endif
 	:: atomic { AT(E_LATELOOK) && !spawning -> spawning = true; run lateVerdict() }
 	:: atomic { !everDue && pst == P_PEND && (rec == DONE || rec == NONE) -> everDue = true }
 	:: atomic { AT(E_ANSWER) && (given & (1 << ea[ti])) != 0 -> NEXT }   /* an answer the model told */
@@ -825,18 +949,21 @@ void load_trace(void) {
 active proctype monitor() {
 end:
 	atomic {
-		charges > 1 || moves > 1 || (given & ~(1 << told)) != 0 ||
-		(rec == DONE && stored == A_PAID && charges == 0) ||
-		(rec == DONE && (stored == A_DECLINED || stored == A_REFUSED) && charges > 0) ||
-		(pst == P_OK && charges == 0) || (pst == P_FAIL && charges > 0) ||
-		((ost == CANC || ost == PFAIL || ost == CREATED) && charges != refunds) ||
+		charges + charges2 > 1 || moves > 1 || (given & ~(1 << told)) != 0 ||
+		(rec == DONE && stored == A_PAID && MOVED == 0) ||
+		(rec == DONE && (stored == A_DECLINED || stored == A_REFUSED) && MOVED > 0) ||
+		(pst == P_OK && MOVED == 0) || (pst == P_FAIL && MOVED > 0) ||
+		((ost == CANC || ost == PFAIL || ost == CREATED) && charges + charges2 != refunds) ||
+		((ost == PAID || ost == SHIPD) && refunds > 0) || refunds > charges + charges2 ||
 		(final != 0 && (rec == PROC || rec == RETRY || (rec == DONE && stored != final))) ||
 		(rec == DONE && stored == A_UNAVAIL) ->
-		assert(charges <= 1);                       /* never two charges for one intent */
-		assert(!(rec == DONE && stored == A_PAID && charges == 0));    /* a stored 200 means a charge exists */
-		assert(!(rec == DONE && (stored == A_DECLINED || stored == A_REFUSED) && charges > 0));  /* a stored 402 or 409 means no charge exists */
-		assert(!(pst == P_OK && charges == 0) && !(pst == P_FAIL && charges > 0));  /* the order's payment agrees with the money */
-		assert(ost == PAID || ost == PPEND || ost == RPEND || charges == refunds);  /* an order that is not paid holds no money */
+		assert(charges + charges2 <= 1);            /* never two charges for one order, whatever keys pay it */
+		assert(refunds <= charges + charges2);      /* never more given back than was taken: one refund at most */
+		assert(!(rec == DONE && stored == A_PAID && MOVED == 0));    /* a stored 200 means the money moved */
+		assert(!(rec == DONE && (stored == A_DECLINED || stored == A_REFUSED) && MOVED > 0));  /* a stored 402 or 409 means no money moved */
+		assert(!(pst == P_OK && MOVED == 0) && !(pst == P_FAIL && MOVED > 0));  /* the order's payment agrees with the money */
+		assert(ost == PAID || ost == PPEND || ost == RPEND || ost == SHIPD || charges + charges2 == refunds);  /* an order that is not paid holds no money */
+		assert(!((ost == PAID || ost == SHIPD) && refunds > 0));  /* a paid or shipped order holds its money */
 		assert(moves <= 1);                          /* the order moves once on the payment's outcome */
 		assert((given & ~(1 << told)) == 0);         /* every answer given is the first one */
 		assert(!(final != 0 && (rec == PROC || rec == RETRY || (rec == DONE && stored != final))));  /* a stored final answer never changes */
@@ -856,12 +983,17 @@ active proctype rest() {
 
 init {
 #ifdef TRACE
-	atomic { c_code { load_trace(); }; run explained() }
+	atomic { c_code { load_trace(); }; PAID_BEFORE; run explained() }
 #else
 	atomic {
+		PAID_BEFORE;
 		run request(CLIENT);   /* the first request */
 		run request(CLIENT);   /* its retry, on another instance */
-#ifdef ORDER
+#ifdef REFUND
+		run ship()             /* a different intent on the order */
+#elif defined(SECOND)
+		run pay2()             /* a second pay, with a new key */
+#elif defined(ORDER)
 		run cancel()           /* a second intent on the order */
 #else
 		run request(BROKER);   /* the same intent as a command, redelivered */
@@ -874,5 +1006,5 @@ init {
 /* Liveness, under weak fairness: an intent begun ends definitive, and the
  * order does not stay in PAYMENT_PENDING. */
 #ifndef TRACE
-ltl converges { [] (((rec == PROC || rec == RETRY) -> <> (rec == DONE)) && (ost == PPEND -> <> (ost != PPEND))) }
+ltl converges { [] (((rec == PROC || rec == RETRY) -> <> (rec == DONE)) && (ost == MOVING -> <> (ost != MOVING))) }
 #endif
