@@ -63,7 +63,8 @@ func main() {
 			traces = append(traces, t)
 		}
 	}
-	// a verifier for each configuration some trace is checked against
+	// A verifier for each configuration some trace is checked against:
+	// runs with no refund compile none for -DREFUND, which takes seconds.
 	var cfgs []config
 	for _, c := range configs {
 		if slices.ContainsFunc(traces, func(t *trace) bool { return t.config == c }) {
