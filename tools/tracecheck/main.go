@@ -1,9 +1,12 @@
 // Command tracecheck replays runs the Go code recorded (internal/order/steps,
 // written by the order tests when ORDERSERVICE_TRACE_DIR is set) against the
 // SPIN model, model/idempotency.pml. Each run is cut into one trace per
-// order (the model has one order, one pay intent and a cancel), each trace
-// is mapped onto the model's events (mapping.go), and SPIN searches the
-// model compiled with -DTRACE for a path that takes every event in turn.
+// order, checked against the model compiled with -DTRACE -DORDER (one
+// order, one pay intent and its cancel), and one more per order whose
+// cancel sent a refund, checked against -DTRACE -DREFUND (an order PAID,
+// the cancel's refund as the intent); each trace is mapped onto the
+// model's events (mapping.go), and SPIN searches the verifier of its
+// configuration for a path that takes every event in turn.
 // When none does, the shortest prefix that no path explains names the
 // first event the model cannot explain (found by bisection), and tracecheck
 // fails.
@@ -16,6 +19,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -59,7 +63,15 @@ func main() {
 			traces = append(traces, t)
 		}
 	}
-	checker, err := compile(model)
+	// A verifier for each configuration some trace is checked against:
+	// runs with no refund compile none for -DREFUND, which takes seconds.
+	var cfgs []config
+	for _, c := range configs {
+		if slices.ContainsFunc(traces, func(t *trace) bool { return t.config == c }) {
+			cfgs = append(cfgs, c)
+		}
+	}
+	checker, err := compileAll(model, cfgs)
 	if err != nil {
 		fail(err)
 	}
@@ -78,9 +90,11 @@ func main() {
 	wg.Wait()
 	failed := 0
 	modelEvents, longest := 0, 0
+	of := map[config]int{}
 	sort.Slice(traces, func(i, j int) bool { return traces[i].name < traces[j].name })
 	for _, t := range traces {
 		modelEvents += len(t.events)
+		of[t.config]++
 		longest = max(longest, len(t.events))
 		switch {
 		case t.result.err != nil:
@@ -96,8 +110,10 @@ func main() {
 			fmt.Printf("%s: explained (%d events)\n", t.name, len(t.events))
 		}
 	}
-	fmt.Printf("tracecheck: %d recorded runs, %d steps recorded; %d traces (one per order) of %d model events (longest %d), %d explained, %d not; %d beyond the model's configuration; %d SPIN searches; %s\n",
-		len(files), events, len(traces), modelEvents, longest, len(traces)-failed, failed, beyond, checker.searches(), time.Since(start).Round(100*time.Millisecond))
+	searches := checker.searches()
+	fmt.Printf("tracecheck: %d recorded runs, %d steps recorded; %d traces (%d of orders, -DORDER; %d of their cancels' refunds, -DREFUND) of %d model events (longest %d), %d explained, %d not; %d beyond the model's configurations; %d SPIN searches (%d, %d); %s\n",
+		len(files), events, len(traces), of[cfgOrder], of[cfgRefund], modelEvents, longest, len(traces)-failed, failed, beyond,
+		searches[cfgOrder]+searches[cfgRefund], searches[cfgOrder], searches[cfgRefund], time.Since(start).Round(100*time.Millisecond))
 	if failed > 0 {
 		checker.close()
 		os.Exit(1)

@@ -1,12 +1,19 @@
 package main
 
 // The mapping of a recorded run onto the model (model/README.md, "Trace
-// validation"). The model has one order, one pay intent, its cancel, and
-// tokens that count claims; a run has many orders, so it is cut into one
-// trace per order. Each step that changes what the model holds becomes one
-// model event; the rest (the reply as the code read it, the calls and
-// stores of the cancel's refund, the removal of the cancel's record) is
-// dropped, as the model folds it into another step or holds no such thing.
+// validation"). The model has one order and tokens that count claims, in
+// two configurations: -DORDER, one pay intent and its cancel, and
+// -DREFUND, an order PAID whose cancel is the intent, its refund running
+// the pay's three phases. A run has many orders, so it is cut into one
+// trace per order, checked against -DORDER, and one more per order whose
+// cancel sent a refund, checked against -DREFUND. Each step that changes
+// what the model holds becomes one model event. In the order's trace the
+// cancel is two events and the refund's own steps are dropped; in the
+// refund's trace the cancel's steps map as the pay's do in the order's,
+// by the same code (intentRun.step), and the pay is done before it
+// starts. The rest (the reply as the code read it, the removal of the
+// cancel's record from the order's trace) is dropped, as the model folds
+// it into another step or holds no such thing.
 
 import (
 	"bufio"
@@ -57,9 +64,35 @@ func (e event) String() string {
 	return fmt.Sprintf("%s%v", kindNames[e.kind], e.args)
 }
 
-// trace is one order's events.
+// config is the configuration of the model a trace is checked against.
+type config int
+
+const (
+	cfgOrder  config = iota // -DORDER: the pay intent, its cancel folded into two events
+	cfgRefund               // -DREFUND: the order PAID, the cancel's refund as the intent
+)
+
+var configs = []config{cfgOrder, cfgRefund}
+
+// define is the macro that compiles the model in the configuration.
+func (c config) define() string {
+	if c == cfgRefund {
+		return "-DREFUND"
+	}
+	return "-DORDER"
+}
+
+func (c config) String() string {
+	if c == cfgRefund {
+		return "refund"
+	}
+	return "order"
+}
+
+// trace is one order's events, or its cancel's refund's.
 type trace struct {
 	name   string
+	config config
 	events []event
 	beyond string // why the model's configuration cannot hold it ("": it can)
 	free   int    // the channel's own steps the run did not record (freeSettle, freeForget)
@@ -93,43 +126,60 @@ type call struct {
 	aged int
 }
 
-// orderRun is what the mapping keeps of one order.
-type orderRun struct {
-	t      *trace
-	payKey string
-	calls  map[int64]*call
+// intentMapping is what tells apart the two intents the model runs through
+// the same three phases (in Go both are runPaymentIntent): the pay, whose
+// call charges, and the cancel, whose call refunds. Their claims, calls,
+// lapses, postpones, stores, answers and cleanups map onto the model's
+// events alike (intentRun.step); the op, the channel's lookup and the
+// numbers of the answers and the channel's results are the intent's own.
+type intentMapping struct {
+	op     string
+	lookup string                  // the channel's lookup of the intent's key
+	answer func(string) int        // a stored or replayed answer
+	result func(steps.Channel) int // what the channel held or answered
+	late   bool                    // the model's intent takes late verdicts (a lookup without an owner, a late store)
+	second string                  // why a second key of the op on the order is beyond the model
 }
 
-// mapRun cuts a run into one trace per order and maps its steps.
+var (
+	// the pay intent, checked against -DORDER
+	payMapping = intentMapping{op: "order.pay", lookup: "lookup_charge", answer: answer, result: result3, late: true,
+		second: "a second pay intent on the order (a new key)"}
+	// the cancel's refund, checked against -DREFUND: the model's order
+	// starts PAID, and takes no late verdict on the refund
+	refundMapping = intentMapping{op: "order.cancel", lookup: "lookup_refund", answer: cancelAnswer, result: refundResult,
+		second: "a second cancel intent on the order whose refund started (a new key)"}
+)
+
+// intentRun is one intent's trace in the making.
+type intentRun struct {
+	m     *intentMapping
+	t     *trace
+	key   string          // the intent's key: the model has one
+	calls map[int64]*call // each owner's decision, until its call
+}
+
+func newIntentRun(m *intentMapping, name string, cfg config) *intentRun {
+	return &intentRun{m: m, t: &trace{name: name, config: cfg}, calls: map[int64]*call{}}
+}
+
+// orderRun is what the mapping keeps of one order: its pay intent's trace,
+// and its cancel's refund's trace once the refund started (nil until then).
+type orderRun struct {
+	pay    *intentRun
+	refund *intentRun
+}
+
+// mapRun cuts a run into one trace per order (the pay intent, with its
+// cancel folded into two events) and one more per order whose cancel sent
+// a refund (the refund's own steps), and maps their steps.
 func mapRun(name string, lines []steps.Line) []*trace {
-	type keyOf struct{ order, op string }
+	type keyOf struct{ order, op, key string }
 	byChannelKey := map[string]keyOf{}
 	runs := map[string]*orderRun{}
-	var order []string
+	var orders []string
 	free := 0
-	run := func(o string) *orderRun {
-		r, ok := runs[o]
-		if !ok {
-			r = &orderRun{t: &trace{name: name + " order " + o}, calls: map[int64]*call{}}
-			runs[o] = r
-			order = append(order, o)
-		}
-		return r
-	}
 	for _, l := range lines {
-		src := l.Step + " " + string(l.Data)
-		add := func(r *orderRun, kind int, args ...int) {
-			if len(r.t.events) == 0 && kind != eClaim && kind != eCancel && r.t.beyond == "" {
-				// a pending payment swept up from before the run began
-				r.t.beyond = fmt.Sprintf("its intent ran before the run was recorded (step %d: %s)", l.Seq, l.Step)
-			}
-			if r.t.beyond != "" {
-				return
-			}
-			e := event{kind: kind, seq: l.Seq, source: src}
-			copy(e.args[:], args)
-			r.t.events = append(r.t.events, e)
-		}
 		var in steps.Intent
 		_ = json.Unmarshal(l.Data, &in)
 		switch l.Step {
@@ -137,179 +187,266 @@ func mapRun(name string, lines []steps.Line) []*trace {
 			var u steps.Unrecorded
 			must(json.Unmarshal(l.Data, &u))
 			free |= map[string]int{"settle": freeSettle, "forget": freeForget}[u.What]
-		case "claim":
-			var c steps.Claim
-			must(json.Unmarshal(l.Data, &c))
-			r := run(c.Order)
-			if c.Op == "order.cancel" {
-				if c.Kind == "new" {
-					switch {
-					case c.Answer == "":
-						add(r, eCancel, 2)
-					case c.Answer == "done":
-						add(r, eCancel, 1)
-					default:
-						add(r, eCancel, 3)
-					}
-				}
-				continue
-			}
-			if !r.pay(c.Key) {
-				continue
-			}
-			kind := map[string]int{"new": kNew, "resume": kResume, "takeover": kTakeover, "replay": kReplay, "sweep": kSweep}[c.Kind]
-			// the recovery point the claim read: the model checks it
-			// against what its state implies (0: not recorded)
-			point := map[string]int{"started": pStarted, "payment_created": pPaymentCreated, "finished": pFinished}[c.Point]
-			add(r, eClaim, kind, int(c.Token), answer(c.Answer), point)
+			continue
+		case "reply":
+			continue // folded into the call
 		case "decide":
 			var d steps.Decide
 			must(json.Unmarshal(l.Data, &d))
-			byChannelKey[d.ChannelKey] = keyOf{d.Order, d.Op}
-			r := run(d.Order)
-			if d.Op != "order.pay" || d.How == "lookup_only" || !r.pay(d.Key) {
-				continue
-			}
-			c := &call{how: 1}
-			if d.How == "lookup" {
-				c.how = 2
-			}
-			// the key window judged from the call's deadline, with the
-			// code's margin (order.KeyWindowMargin), from the timestamps
-			if !d.FirstAttempt.Add(d.KeyWindow).After(d.Deadline.Add(time.Minute)) {
-				c.aged = 1
-			}
-			r.calls[d.Token] = c
+			byChannelKey[d.ChannelKey] = keyOf{d.Order, d.Op, d.Key}
 		case "channel":
+			// the channel's events join their intent by the channel key
+			// its decide named
 			var ch steps.Channel
 			must(json.Unmarshal(l.Data, &ch))
 			k, ok := byChannelKey[ch.Key]
-			if !ok || k.op != "order.pay" {
-				continue // a refund's call: the model's refund is one step
-			}
-			r := run(k.order)
-			if r.t.beyond != "" {
+			if !ok {
 				continue
 			}
-			res := result3(ch)
-			if ch.Owner == 0 {
-				switch ch.Call {
-				case "lookup_charge":
-					add(r, eLateLook, res)
-				case "settle": // the channel's own: what it took on reached its verdict
-					add(r, eSettle, res)
-				case "forget": // the channel's own: the key's window passed
-					add(r, eForget)
-				}
-				continue
-			}
-			c := r.calls[ch.Owner]
-			if c == nil {
-				r.t.beyond = fmt.Sprintf("a call by owner %d with no decision (step %d)", ch.Owner, l.Seq)
-				continue
-			}
-			if ch.Call == "lookup_charge" && ch.Status == "" && !ch.Failed {
-				continue // found nothing: the send that follows is the call's result
-			}
-			replayed := 0
-			if ch.Replayed {
-				replayed = 1
-			}
-			how := c.how
-			if c.how == 2 && !strings.HasPrefix(ch.Call, "lookup") {
-				how = 3 // the lookup found nothing, and the key was sent
-			}
-			add(r, eCall, int(ch.Owner), how, res, replayed, c.aged)
-			delete(r.calls, ch.Owner)
-		case "lapsed":
-			var e steps.Lapsed
-			must(json.Unmarshal(l.Data, &e))
-			if r := run(e.Order); e.Op == "order.pay" && r.pay(e.Key) {
-				add(r, eLapsed, int(e.Token))
-			}
-		case "postpone":
-			var e steps.Postpone
-			must(json.Unmarshal(l.Data, &e))
-			if r := run(e.Order); e.Op == "order.pay" && r.pay(e.Key) {
-				add(r, ePostpone, int(e.Token), b(e.Fenced))
-			}
-		case "store":
-			var e steps.Store
-			must(json.Unmarshal(l.Data, &e))
-			r := run(e.Order)
-			if e.Op == "order.cancel" {
-				switch {
-				case e.Fenced || e.Answer == "accepted":
-				case e.Answer == "done":
-					add(r, eRefund, 1)
-				default:
-					add(r, eRefund, 2)
-				}
-				continue
-			}
-			if !r.pay(e.Key) {
-				continue
-			}
-			if e.Fenced {
-				add(r, eStore, int(e.Token), 0)
-			} else {
-				add(r, eStore, int(e.Token), answer(e.Answer))
-			}
-		case "answer":
-			var e steps.Answer
-			must(json.Unmarshal(l.Data, &e))
-			// an answer from what was stored; an error (409 in flight, 503
-			// postponed) is not stored and is left out
-			if r := run(e.Order); e.Op == "order.pay" && e.Answer != "error" && r.pay(e.Key) {
-				add(r, eAnswer, answer(e.Answer))
-			}
+			in = steps.Intent{Order: k.order, Op: k.op, Key: k.key}
 		case "cleanup":
-			var e steps.Cleanup
-			must(json.Unmarshal(l.Data, &e))
-			// the pay intent's record removed, in the state it had; the
-			// cancel's record is not in the model
-			if e.Op != "order.pay" || e.Order == "" {
-				continue
+			if in.Order == "" {
+				continue // a record that names no order: not the model's
 			}
-			state := map[string]int{"PROCESSING": sProc, "SUCCEEDED": sDone, "FAILED_FINAL": sDone, "FAILED_RETRYABLE": sRetry}[e.State]
-			if r := run(e.Order); r.pay(e.Key) {
-				add(r, eCleanup, state)
-			}
-		case "late":
-			var e steps.Late
-			must(json.Unmarshal(l.Data, &e))
-			if r := run(e.Order); e.Op == "order.pay" && r.pay(e.Key) {
-				add(r, eLate, b(e.Applied))
-			}
+		}
+		r, ok := runs[in.Order]
+		if !ok {
+			r = &orderRun{pay: newIntentRun(&payMapping, name+" order "+in.Order, cfgOrder)}
+			runs[in.Order] = r
+			orders = append(orders, in.Order)
+		}
+		switch in.Op {
+		case payMapping.op:
+			r.pay.step(l, in.Key)
+		case refundMapping.op:
+			r.cancel(l)
+			r.refundStep(l, in.Key)
 		}
 	}
 	var ts []*trace
-	for _, o := range order {
-		r := runs[o]
-		r.t.free = free
-		if len(r.t.events) > 250 && r.t.beyond == "" {
-			r.t.beyond = fmt.Sprintf("%d events, more than the model's trace holds", len(r.t.events))
-		}
-		if len(r.t.events) > 0 || r.t.beyond != "" {
-			ts = append(ts, r.t)
+	for _, o := range orders {
+		for _, it := range []*intentRun{runs[o].pay, runs[o].refund} {
+			if it == nil {
+				continue
+			}
+			t := it.t
+			t.free = free
+			if len(t.events) > 250 && t.beyond == "" {
+				t.beyond = fmt.Sprintf("%d events, more than the model's trace holds", len(t.events))
+			}
+			if len(t.events) > 0 || t.beyond != "" {
+				ts = append(ts, t)
+			}
 		}
 	}
 	return ts
 }
 
-// pay reports whether key is the order's pay intent: the model has one.
-// A second key marks the order as beyond the model.
-func (r *orderRun) pay(key string) bool {
+// cancel maps a step of the order's cancel onto the pay intent's trace,
+// where the cancel is two events: cancel at its new claim (1 cancelled at
+// once, 2 the refund started, 3 refused), refund at its final store (1
+// refunded, 2 refused). The refund's own steps are dropped there.
+func (r *orderRun) cancel(l steps.Line) {
+	switch l.Step {
+	case "claim":
+		var c steps.Claim
+		must(json.Unmarshal(l.Data, &c))
+		if c.Kind != "new" {
+			return
+		}
+		switch {
+		case c.Answer == "":
+			r.pay.add(l, eCancel, 2)
+		case c.Answer == "done":
+			r.pay.add(l, eCancel, 1)
+		default:
+			r.pay.add(l, eCancel, 3)
+		}
+	case "store":
+		var e steps.Store
+		must(json.Unmarshal(l.Data, &e))
+		switch {
+		case e.Fenced || e.Answer == "accepted":
+		case e.Answer == "done":
+			r.pay.add(l, eRefund, 1)
+		default:
+			r.pay.add(l, eRefund, 2)
+		}
+	}
+}
+
+// refundStep maps a step of the order's cancel, under key, onto the
+// refund's trace. That trace starts at the claim that takes a cancel to
+// the channel (a new claim with no answer: the refund started); a cancel
+// answered at once (done without the channel, or refused) makes none. The
+// model has one cancel, which starts with that claim: a second cancel key
+// whose refund starts or runs, or a refund whose start the run did not
+// record, is beyond it.
+func (r *orderRun) refundStep(l steps.Line, key string) {
+	starts, runs := refundSteps(l)
 	switch {
-	case r.t.beyond != "":
+	case r.refund == nil && !starts && !runs:
+		return // a cancel answered at once, its replays and its answers
+	case r.refund == nil:
+		r.refund = newIntentRun(&refundMapping, r.pay.t.name+" refund", cfgRefund)
+		if !starts {
+			r.refund.t.beyond = fmt.Sprintf("its refund started before the run was recorded (step %d: %s)", l.Seq, l.Step)
+		}
+	case key != r.refund.key && !starts && !runs:
+		return // another cancel answered at once
+	}
+	r.refund.step(l, key) // a second key marks the trace beyond the model
+}
+
+// refundSteps tells whether a step of a cancel starts its refund (its new
+// claim, going on to the channel), or is one only a refund under way takes
+// (a claim that picks it up, a decision, a call, a lapse, a postpone, a
+// store, a late verdict).
+func refundSteps(l steps.Line) (starts, runs bool) {
+	switch l.Step {
+	case "claim":
+		var c steps.Claim
+		must(json.Unmarshal(l.Data, &c))
+		return c.Kind == "new" && c.Answer == "", c.Kind == "resume" || c.Kind == "takeover" || c.Kind == "sweep"
+	case "decide", "channel", "lapsed", "postpone", "store", "late":
+		return false, true
+	}
+	return false, false
+}
+
+// owns reports whether key is the intent's: the model has one of each op.
+// A second key marks the trace as beyond the model.
+func (it *intentRun) owns(key string) bool {
+	switch {
+	case it.t.beyond != "":
 		return false
-	case r.payKey == "":
-		r.payKey = key
-	case r.payKey != key:
-		r.t.beyond = "a second pay intent on the order (a new key)"
+	case it.key == "":
+		it.key = key
+	case it.key != key:
+		it.t.beyond = it.m.second
 		return false
 	}
 	return true
+}
+
+// add appends the model event kind that the recorded step l stands for.
+func (it *intentRun) add(l steps.Line, kind int, args ...int) {
+	if len(it.t.events) == 0 && kind != eClaim && kind != eCancel && it.t.beyond == "" {
+		// a pending payment swept up from before the run began
+		it.t.beyond = fmt.Sprintf("its intent ran before the run was recorded (step %d: %s)", l.Seq, l.Step)
+	}
+	if it.t.beyond != "" {
+		return
+	}
+	e := event{kind: kind, seq: l.Seq, source: l.Step + " " + string(l.Data)}
+	copy(e.args[:], args)
+	it.t.events = append(it.t.events, e)
+}
+
+// step maps one step of the intent, under its key, onto its trace: the
+// same for the pay and the cancel's refund, the intent's mapping (it.m)
+// telling them apart.
+func (it *intentRun) step(l steps.Line, key string) {
+	var d steps.Decide
+	if l.Step == "decide" {
+		must(json.Unmarshal(l.Data, &d))
+		if d.How == "lookup_only" {
+			return // a late verdict's: its lookup is the event
+		}
+	}
+	if !it.owns(key) {
+		return
+	}
+	switch l.Step {
+	case "claim":
+		var c steps.Claim
+		must(json.Unmarshal(l.Data, &c))
+		kind := map[string]int{"new": kNew, "resume": kResume, "takeover": kTakeover, "replay": kReplay, "sweep": kSweep}[c.Kind]
+		// the recovery point the claim read: the model checks it against
+		// what its state implies (0: not recorded)
+		point := map[string]int{"started": pStarted, "payment_created": pPaymentCreated, "finished": pFinished}[c.Point]
+		it.add(l, eClaim, kind, int(c.Token), it.m.answer(c.Answer), point)
+	case "decide":
+		c := &call{how: 1}
+		if d.How == "lookup" {
+			c.how = 2
+		}
+		// the key window judged from the call's deadline, with the code's
+		// margin (order.KeyWindowMargin), from the timestamps
+		if !d.FirstAttempt.Add(d.KeyWindow).After(d.Deadline.Add(time.Minute)) {
+			c.aged = 1
+		}
+		it.calls[d.Token] = c
+	case "channel":
+		var ch steps.Channel
+		must(json.Unmarshal(l.Data, &ch))
+		res := it.m.result(ch)
+		if ch.Owner == 0 {
+			switch {
+			case ch.Call == it.m.lookup && !it.m.late:
+				it.t.beyond = fmt.Sprintf("a late verdict's lookup, which the model's intent does not take (step %d)", l.Seq)
+			case ch.Call == it.m.lookup:
+				it.add(l, eLateLook, res)
+			case ch.Call == "settle": // the channel's own: what it took on reached its verdict
+				it.add(l, eSettle, res)
+			case ch.Call == "forget": // the channel's own: the key's window passed
+				it.add(l, eForget)
+			}
+			return
+		}
+		c := it.calls[ch.Owner]
+		if c == nil {
+			it.t.beyond = fmt.Sprintf("a call by owner %d with no decision (step %d)", ch.Owner, l.Seq)
+			return
+		}
+		if ch.Call == it.m.lookup && ch.Status == "" && !ch.Failed {
+			return // found nothing: the send that follows is the call's result
+		}
+		how := c.how
+		if c.how == 2 && !strings.HasPrefix(ch.Call, "lookup") {
+			how = 3 // the lookup found nothing, and the key was sent
+		}
+		it.add(l, eCall, int(ch.Owner), how, res, b(ch.Replayed), c.aged)
+		delete(it.calls, ch.Owner)
+	case "lapsed":
+		var e steps.Lapsed
+		must(json.Unmarshal(l.Data, &e))
+		it.add(l, eLapsed, int(e.Token))
+	case "postpone":
+		var e steps.Postpone
+		must(json.Unmarshal(l.Data, &e))
+		it.add(l, ePostpone, int(e.Token), b(e.Fenced))
+	case "store":
+		var e steps.Store
+		must(json.Unmarshal(l.Data, &e))
+		if e.Fenced {
+			it.add(l, eStore, int(e.Token), 0)
+		} else {
+			it.add(l, eStore, int(e.Token), it.m.answer(e.Answer))
+		}
+	case "answer":
+		var e steps.Answer
+		must(json.Unmarshal(l.Data, &e))
+		// an answer from what was stored; an error (409 in flight, 503
+		// postponed) is not stored and is left out
+		if e.Answer != "error" {
+			it.add(l, eAnswer, it.m.answer(e.Answer))
+		}
+	case "cleanup":
+		var e steps.Cleanup
+		must(json.Unmarshal(l.Data, &e))
+		// the intent's record removed, in the state it had
+		state := map[string]int{"PROCESSING": sProc, "SUCCEEDED": sDone, "FAILED_FINAL": sDone, "FAILED_RETRYABLE": sRetry}[e.State]
+		it.add(l, eCleanup, state)
+	case "late":
+		var e steps.Late
+		must(json.Unmarshal(l.Data, &e))
+		if !it.m.late {
+			it.t.beyond = fmt.Sprintf("a late verdict, which the model's intent does not take (step %d)", l.Seq)
+			return
+		}
+		it.add(l, eLate, b(e.Applied))
+	}
 }
 
 // answer is the model's answer for a stored or replayed one (0: none).
@@ -327,6 +464,36 @@ func answer(a string) int {
 		return aUnavailable // stored: the model never stores it
 	}
 	return aRefused
+}
+
+// cancelAnswer is the model's answer for a cancel's stored or replayed
+// one (0: none): done is the order cancelled (aPaid stands for 200), and
+// any failure but the channel's absence a refusal (the refund refused).
+func cancelAnswer(a string) int {
+	switch a {
+	case "", "done", "accepted", "failed:service_unavailable":
+		return answer(a)
+	}
+	return aRefused
+}
+
+// refundResult is what the model's channel holds or answered for a
+// refund's call: succeeded, the money moved back (rCharged); failed, it
+// did not (rDeclined).
+func refundResult(ch steps.Channel) int {
+	switch {
+	case ch.Failed || ch.Lost:
+		return rUnknown
+	case ch.Status == "succeeded":
+		return rCharged
+	case ch.Status == "failed":
+		return rDeclined
+	case ch.Status == "pending":
+		return rPending
+	case ch.Status == "refused":
+		return rRefused
+	}
+	return rUnknown // a status that proves nothing
 }
 
 // result3 is what the model's channel holds or answered for a call.

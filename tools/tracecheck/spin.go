@@ -1,12 +1,15 @@
 package main
 
-// The search: the model compiled once with -DTRACE; each run of the
-// verifier reads one trace (TRACE_FILE), or its first events (TRACE_LEN),
-// and searches for a path that takes every event in turn.
+// The search: the model compiled once with -DTRACE for each configuration
+// the traces are checked against (-DORDER, -DREFUND), each verifier in a
+// directory of its own; each run of a verifier reads one trace
+// (TRACE_FILE), or its first events (TRACE_LEN), and searches for a path
+// that takes every event in turn.
 
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -31,22 +34,73 @@ type spin struct {
 	runs  int
 }
 
-// compile builds the verifier of model in a directory of its own.
-func compile(model []byte) (*spin, error) {
-	dir, err := os.MkdirTemp("", "tracecheck-")
+// verifiers are the model's verifiers, one for each configuration.
+type verifiers map[config]*spin
+
+// compileAll builds the verifier of model in each configuration of cfgs,
+// side by side.
+func compileAll(model []byte, cfgs []config) (verifiers, error) {
+	v := verifiers{}
+	errs := make([]error, len(cfgs))
+	spins := make([]*spin, len(cfgs))
+	var wg sync.WaitGroup
+	for i, c := range cfgs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			spins[i], errs[i] = compile(model, c)
+		}()
+	}
+	wg.Wait()
+	for i, c := range cfgs {
+		if spins[i] != nil {
+			v[c] = spins[i]
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		v.close()
+		return nil, err
+	}
+	return v, nil
+}
+
+// check searches t with the verifier of its configuration.
+func (v verifiers) check(t *trace) result { return v[t.config].check(t) }
+
+func (v verifiers) close() {
+	for _, s := range v {
+		s.close()
+	}
+}
+
+// searches counts the searches of each verifier.
+func (v verifiers) searches() map[config]int {
+	n := map[config]int{}
+	for c, s := range v {
+		n[c] = s.searches()
+	}
+	return n
+}
+
+// compile builds the verifier of model in configuration cfg, in a
+// directory of its own.
+func compile(model []byte, cfg config) (*spin, error) {
+	dir, err := os.MkdirTemp("", "tracecheck-"+cfg.String()+"-")
 	if err != nil {
 		return nil, err
 	}
 	if err := os.WriteFile(filepath.Join(dir, "idempotency.pml"), model, 0o644); err != nil {
+		os.RemoveAll(dir)
 		return nil, err
 	}
 	for _, c := range [][]string{
-		{"spin", "-a", "-DTRACE", "-DORDER", "idempotency.pml"},
+		{"spin", "-a", "-DTRACE", cfg.define(), "idempotency.pml"},
 		{"cc", "-O2", "-w", "-DSAFETY", "-DNOCLAIM", "-DMEMLIM=1024", "-o", "pan", "pan.c"},
 	} {
 		cmd := exec.Command(c[0], c[1:]...)
 		cmd.Dir = dir
 		if out, err := cmd.CombinedOutput(); err != nil {
+			os.RemoveAll(dir)
 			return nil, fmt.Errorf("%s: %v\n%s", strings.Join(c, " "), err, out)
 		}
 	}

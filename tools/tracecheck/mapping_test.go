@@ -1,0 +1,216 @@
+package main
+
+import (
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/orderservice/orderservice/internal/order/steps"
+)
+
+// recording builds a run as the order tests' log writes it: one line a
+// step, numbered in the order told.
+type recording []steps.Line
+
+func (r *recording) add(evs ...steps.Event) {
+	for _, ev := range evs {
+		data, err := json.Marshal(ev)
+		if err != nil {
+			panic(err)
+		}
+		*r = append(*r, steps.Line{Seq: len(*r), Step: ev.Step(), Data: data})
+	}
+}
+
+// decide is an owner's decision how to ask the channel, well inside the
+// key's window.
+func decide(in steps.Intent, token int64, channelKey, how string) steps.Decide {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	return steps.Decide{Intent: in, Token: token, ChannelKey: channelKey, How: how,
+		Deadline: now.Add(10 * time.Second), FirstAttempt: now, KeyWindow: 24 * time.Hour}
+}
+
+// paid records a pay that charged at once and answered 200.
+func paid(r *recording, pay steps.Intent) {
+	r.add(steps.Claim{Intent: pay, Kind: "new", By: "client", Token: 1, Point: "started"},
+		decide(pay, 1, "ck-"+pay.Key, "send"),
+		steps.Channel{Call: "charge", Key: "ck-" + pay.Key, Owner: 1, Status: "succeeded"},
+		steps.Reply{Intent: pay, Token: 1, Verdict: "moved"},
+		steps.Store{Intent: pay, Token: 1, Answer: "done"},
+		steps.Answer{Intent: pay, Answer: "done"})
+}
+
+// events are a trace's events as the model reads them.
+func events(t *trace) []string {
+	var s []string
+	for _, e := range t.events {
+		s = append(s, e.String())
+	}
+	return s
+}
+
+// byName finds the trace named name among ts (nil: none).
+func byName(ts []*trace, name string) *trace {
+	for _, t := range ts {
+		if t.name == name {
+			return t
+		}
+	}
+	return nil
+}
+
+// A pay, then a cancel whose refund the channel could not take: its owner
+// postpones, and the sweeper picks it up, looks the refund up, finds
+// nothing and sends it. The order's trace folds the cancel into two
+// events; the refund's trace has every step of the cancel, numbered as
+// the pay's would be.
+func TestARefundPostponedAndSweptMakesARefundTrace(t *testing.T) {
+	pay := steps.Intent{Order: "o1", Op: "order.pay", Key: "p1"}
+	cancel := steps.Intent{Order: "o1", Op: "order.cancel", Key: "c1"}
+	var r recording
+	r.add(steps.Unrecorded{What: "settle"})
+	paid(&r, pay)
+	r.add(steps.Claim{Intent: cancel, Kind: "new", By: "client", Token: 1, Point: "started"},
+		decide(cancel, 1, "ck-c1", "send"),
+		steps.Channel{Call: "refund", Key: "ck-c1", Owner: 1, Failed: true},
+		steps.Reply{Intent: cancel, Token: 1, Verdict: "unknown"},
+		steps.Postpone{Intent: cancel, Token: 1},
+		steps.Answer{Intent: cancel, Answer: "error"},
+		steps.Claim{Intent: cancel, Kind: "sweep", By: "sweeper", Token: 2, Point: "payment_created"},
+		decide(cancel, 2, "ck-c1", "lookup"),
+		steps.Channel{Call: "lookup_refund", Key: "ck-c1", Owner: 2},
+		steps.Channel{Call: "refund", Key: "ck-c1", Owner: 2, Status: "succeeded"},
+		steps.Reply{Intent: cancel, Token: 2, Verdict: "moved"},
+		steps.Store{Intent: cancel, Token: 2, Answer: "done"},
+		steps.Claim{Intent: cancel, Kind: "replay", By: "client", Answer: "done", Point: "finished"},
+		steps.Answer{Intent: cancel, Answer: "done"})
+
+	ts := mapRun("run", r)
+	if len(ts) != 2 {
+		t.Fatalf("%d traces, want the order's and its refund's", len(ts))
+	}
+	order, refund := byName(ts, "run order o1"), byName(ts, "run order o1 refund")
+	if order == nil || refund == nil {
+		t.Fatalf("traces %q and %q, want the order's and its refund's", ts[0].name, ts[1].name)
+	}
+	for _, c := range []struct {
+		t      *trace
+		config config
+		want   []string
+	}{
+		// claim[kind token answer point], call[token how result replayed
+		// past_window]: the cancel, 2 (the refund started), and the
+		// refund, 1 (refunded)
+		{order, cfgOrder, []string{"claim[1 1 0 1 0]", "call[1 1 1 0 0]", "store[1 1 0 0 0]", "answer[1 0 0 0 0]",
+			"cancel[2 0 0 0 0]", "refund[1 0 0 0 0]"}},
+		// the failed call unknown (5), postponed; the sweeper's claim at
+		// payment_created (5, 2), its lookup that found nothing and the
+		// refund sent (how 3) that succeeded (1); the replay of done (1)
+		{refund, cfgRefund, []string{"claim[1 1 0 1 0]", "call[1 1 5 0 0]", "postpone[1 0 0 0 0]",
+			"claim[5 2 0 2 0]", "call[2 3 1 0 0]", "store[2 1 0 0 0]", "claim[4 0 1 3 0]", "answer[1 0 0 0 0]"}},
+	} {
+		if c.t.beyond != "" {
+			t.Errorf("%s: beyond the model: %s", c.t.name, c.t.beyond)
+		}
+		if c.t.config != c.config {
+			t.Errorf("%s: checked against %s, want %s", c.t.name, c.t.config, c.config)
+		}
+		if c.t.free != freeSettle {
+			t.Errorf("%s: free %d, want the run's %d", c.t.name, c.t.free, freeSettle)
+		}
+		if got := events(c.t); !slices.Equal(got, c.want) {
+			t.Errorf("%s:\n got %v\nwant %v", c.t.name, got, c.want)
+		}
+	}
+	// each event names the recorded step it stands for
+	if e := refund.events[1]; e.seq != 9 || !strings.HasPrefix(e.source, "channel ") {
+		t.Errorf("the refund's first call stands for step %d (%s), want step 9, the channel's", e.seq, e.source)
+	}
+}
+
+// A cancel answered at once makes no refund trace: an unpaid order
+// cancelled without the channel, and a paid one whose cancel the order's
+// rule refused.
+func TestACancelAnsweredAtOnceMakesNoRefundTrace(t *testing.T) {
+	var r recording
+	unpaid := steps.Intent{Order: "o1", Op: "order.cancel", Key: "c1"}
+	r.add(steps.Claim{Intent: unpaid, Kind: "new", By: "client", Token: 1, Answer: "done", Point: "started"},
+		steps.Answer{Intent: unpaid, Answer: "done"},
+		steps.Claim{Intent: unpaid, Kind: "replay", By: "client", Answer: "done", Point: "finished"},
+		steps.Answer{Intent: unpaid, Answer: "done"})
+	paid(&r, steps.Intent{Order: "o2", Op: "order.pay", Key: "p2"})
+	refused := steps.Intent{Order: "o2", Op: "order.cancel", Key: "c2"}
+	r.add(steps.Claim{Intent: refused, Kind: "new", By: "client", Token: 1, Answer: "failed:invalid_transition", Point: "started"},
+		steps.Answer{Intent: refused, Answer: "failed:invalid_transition"})
+
+	ts := mapRun("run", r)
+	var names []string
+	for _, t := range ts {
+		names = append(names, t.name)
+	}
+	if want := []string{"run order o1", "run order o2"}; !slices.Equal(names, want) {
+		t.Fatalf("traces %q, want %q: no refund's", names, want)
+	}
+	if got, want := events(ts[0]), []string{"cancel[1 0 0 0 0]"}; !slices.Equal(got, want) {
+		t.Errorf("%s: got %v, want %v", ts[0].name, got, want)
+	}
+	if got := events(ts[1]); len(got) != 5 || got[4] != "cancel[3 0 0 0 0]" {
+		t.Errorf("%s: got %v, want the pay's four events and cancel[3]", ts[1].name, got)
+	}
+}
+
+// The model has one cancel, which starts at its new claim: a refund
+// trace is beyond it when a second cancel key's refund starts, when the
+// run holds a late verdict's lookup of the refund, or when the refund's
+// start was not recorded.
+func TestARefundTraceBeyondTheModel(t *testing.T) {
+	pay := steps.Intent{Order: "o1", Op: "order.pay", Key: "p1"}
+	first := steps.Intent{Order: "o1", Op: "order.cancel", Key: "c1"}
+	second := steps.Intent{Order: "o1", Op: "order.cancel", Key: "c2"}
+	refused := func(r *recording, cancel steps.Intent) {
+		r.add(steps.Claim{Intent: cancel, Kind: "new", By: "client", Token: 1, Point: "started"},
+			decide(cancel, 1, "ck-"+cancel.Key, "send"),
+			steps.Channel{Call: "refund", Key: "ck-" + cancel.Key, Owner: 1, Status: "refused"},
+			steps.Store{Intent: cancel, Token: 1, Answer: "failed:refund_refused"},
+			steps.Answer{Intent: cancel, Answer: "failed:refund_refused"})
+	}
+	for _, c := range []struct {
+		name   string
+		run    func(*recording)
+		beyond string
+		events []string // the refund trace's, up to where it went beyond
+	}{
+		{"a second cancel key whose refund starts", func(r *recording) {
+			paid(r, pay)
+			refused(r, first)
+			refused(r, second)
+		}, "a second cancel intent", []string{"claim[1 1 0 1 0]", "call[1 1 4 0 0]", "store[1 4 0 0 0]", "answer[4 0 0 0 0]"}},
+		{"a late verdict's lookup of the refund", func(r *recording) {
+			paid(r, pay)
+			refused(r, first)
+			r.add(decide(first, 0, "ck-c1", "lookup_only"),
+				steps.Channel{Call: "lookup_refund", Key: "ck-c1", Status: "failed"})
+		}, "a late verdict's lookup", []string{"claim[1 1 0 1 0]", "call[1 1 4 0 0]", "store[1 4 0 0 0]", "answer[4 0 0 0 0]"}},
+		{"a refund picked up before its start was recorded", func(r *recording) {
+			paid(r, pay)
+			r.add(steps.Claim{Intent: first, Kind: "sweep", By: "sweeper", Token: 2, Point: "payment_created"})
+		}, "its refund started before the run was recorded", nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var r recording
+			c.run(&r)
+			refund := byName(mapRun("run", r), "run order o1 refund")
+			if refund == nil {
+				t.Fatal("no refund trace")
+			}
+			if !strings.HasPrefix(refund.beyond, c.beyond) {
+				t.Errorf("beyond: %q, want %q…", refund.beyond, c.beyond)
+			}
+			if got := events(refund); !slices.Equal(got, c.events) {
+				t.Errorf("events %v, want %v", got, c.events)
+			}
+		})
+	}
+}
