@@ -169,7 +169,7 @@ func TestATransientAnswerIsNeverStoredAsFinal(t *testing.T) {
 			return s, order.OpPay, payOn(s, payment.MethodOK), func() { c.set(payment.StatusSucceeded) }
 		}},
 		{"the refund is still pending", func(t *testing.T) (*order.Service, string, func(string, string) error, func()) {
-			c := &statusChannel{status: payment.StatusPending, acq: newAcquirer()}
+			c := &statusChannel{status: payment.StatusPending, acq: newAcquirer(), log: recorded(t)}
 			s := useCases(t, c.refunds(), lease)
 			return s, order.OpCancel, func(key, id string) error {
 				if got := orderNow(t, s, id).Status; got == "CREATED" {

@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/orderservice/orderservice/internal/idempotency"
 	"github.com/orderservice/orderservice/internal/order"
+	"github.com/orderservice/orderservice/internal/order/steps"
 	"github.com/orderservice/orderservice/internal/payment"
 	"github.com/orderservice/orderservice/internal/payment/mockchannel"
 	"github.com/orderservice/orderservice/internal/problem"
@@ -25,17 +27,41 @@ import (
 // each attempt, until it does.
 
 // statusChannel is a channel whose charge or refund under any key has the
-// status its test sets, answered to POSTs and lookups alike.
+// status its test sets, answered to POSTs and lookups alike. Like a real
+// channel it answers a POST under a key it answered before as a replay,
+// and when its test moves a status from pending to an outcome, that is
+// the channel settling what it took on: a step of its own, recorded (when
+// log is set) for each key it holds, as asyncAcquirer records its settles.
 type statusChannel struct {
 	mu     sync.Mutex
 	status string
-	acq    *acquirer // makes the charge a refund returns
+	keys   map[string]bool // the keys it answered a POST under
+	acq    *acquirer       // makes the charge a refund returns
+	log    *steps.Log      // where its settles are recorded (nil: nowhere)
 }
 
 func (c *statusChannel) set(status string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.log != nil && c.status == payment.StatusPending && (status == payment.StatusSucceeded || status == payment.StatusFailed) {
+		for _, k := range slices.Sorted(maps.Keys(c.keys)) {
+			c.log.Record(context.Background(), steps.Channel{Call: "settle", Key: k, Status: status})
+		}
+	}
 	c.status = status
+}
+
+// posted notes a POST under key and reports whether the channel answered
+// one under it before.
+func (c *statusChannel) posted(key string) (replayed bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.keys == nil {
+		c.keys = map[string]bool{}
+	}
+	replayed = c.keys[key]
+	c.keys[key] = true
+	return replayed
 }
 
 func (c *statusChannel) now() string {
@@ -51,7 +77,8 @@ func (c *statusChannel) charges() *funcChannel {
 		return payment.Charge{ID: "ch_" + key, Status: c.now(), Amount: purchaseTotal, Currency: "EUR", IdempotencyKey: key}
 	}
 	ch.charge = func(_ context.Context, key string, _ payment.ChargeRequest) (payment.Result[payment.Charge], error) {
-		return payment.Result[payment.Charge]{Value: charge(key)}, nil
+		replayed := c.posted(key)
+		return payment.Result[payment.Charge]{Value: charge(key), Replayed: replayed}, nil
 	}
 	ch.lookupCharge = func(_ context.Context, key string) (payment.Charge, error) { return charge(key), nil }
 	return ch
@@ -65,7 +92,8 @@ func (c *statusChannel) refunds() *funcChannel {
 		return payment.Refund{ID: "re_" + key, ChargeID: chargeID, Status: c.now(), Amount: purchaseTotal, IdempotencyKey: key}
 	}
 	ch.refund = func(_ context.Context, key string, req payment.RefundRequest) (payment.Result[payment.Refund], error) {
-		return payment.Result[payment.Refund]{Value: refund(key, req.ChargeID)}, nil
+		replayed := c.posted(key)
+		return payment.Result[payment.Refund]{Value: refund(key, req.ChargeID), Replayed: replayed}, nil
 	}
 	ch.lookupRefund = func(_ context.Context, key string) (payment.Refund, error) { return refund(key, ""), nil }
 	return ch
