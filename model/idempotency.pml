@@ -132,6 +132,7 @@
 #define E_SETTLE  12   /* a: the verdict the channel reached on a charge it took on (CHARGED, DECLINED) */
 #define E_FORGET  13   /* the channel's key window passed: it no longer deduplicates the key */
 #define E_FREE    14   /* not an event: the trace's first line; a: the channel's steps the run did not record (1 settle, 2 forget) */
+#define E_PAY2    15   /* another pay key on the order, at its new claim: a: 1 it went on to the channel (its own trace follows it), 2 refused in phase 1 */
 #define K_NEW      1
 #define K_RESUME   2   /* from FAILED_RETRYABLE */
 #define K_TAKEOVER 3   /* from an expired lease */
@@ -912,6 +913,14 @@ end:
 	:: atomic { AT(E_LATELOOK) && !spawning -> spawning = true; run lateVerdict() }
 	:: atomic { !everDue && pst == P_PEND && (rec == DONE || rec == NONE) -> everDue = true }
 	:: atomic { AT(E_ANSWER) && (given & (1 << ea[ti])) != 0 -> NEXT }   /* an answer the model told */
+#ifdef ORDER
+	/* Another pay key (-DSECOND's pay2, as the code records it): its rule
+	 * lets it pay only from CREATED or PAYMENT_FAILED, and then the order
+	 * is its own (PAYMENT_PENDING under its payment, which its own trace
+	 * follows); anywhere else it is refused. */
+	:: atomic { EV1(E_PAY2, 1) && (ost == CREATED || ost == PFAIL) -> NEXT; ost = PPEND }
+	:: atomic { EV1(E_PAY2, 2) && !(ost == CREATED || ost == PFAIL) -> NEXT }
+#endif
 	od
 }
 

@@ -93,10 +93,21 @@ X
 			return nil
 X
 		;;
+	refund-pending-done) # a refund the channel took on (pending) counted as done
+		seed "$tree" internal/order/reply.go <<'X'
+	r := channelReply{verdict: unknown, ref: rf.ID, reason: rf.Status, replayed: replayed, answered: true}
+	switch rf.Status {
+	case payment.StatusSucceeded:
+=>
+	r := channelReply{verdict: unknown, ref: rf.ID, reason: rf.Status, replayed: replayed, answered: true}
+	switch rf.Status {
+	case payment.StatusSucceeded, payment.StatusPending:
+X
+		;;
 	*) echo "seedbugs: no bug $1"; exit 2 ;;
 	esac
 }
-bugs="fail-unfenced gateway-404 transient-final cleanup-inflight timeout-declines send-after-window point-not-advanced"
+bugs="fail-unfenced gateway-404 transient-final cleanup-inflight timeout-declines send-after-window point-not-advanced refund-pending-done"
 [ -n "${SEEDBUGS:-}" ] && bugs=${SEEDBUGS//,/ }
 
 # The verifier, compiled once from the unchanged model, is tracecheck's.
