@@ -25,7 +25,9 @@
  *              returned nothing: the order is PAID again), or takes it on
  *              (pending, which proves nothing: the intent is asked again);
  *              a ship races the cancel.
- * The sweeper runs in all three.
+ *   -DORDER -DSECOND  the order's pay, and a second pay with a new key
+ *              racing it in place of the cancel.
+ * The sweeper runs in all four.
  *
  * What is checked is what a user sees, never the guards themselves: the
  * money (one charge at most), that what the service stored agrees with the
@@ -33,7 +35,7 @@
  * answer given for the intent is the same one, that a stored final answer
  * never changes and is never a 503, and that nothing is left
  * hanging once everything has run (the monitor and rest processes, below).
- * model/README.md maps each part to the code. `make model` checks both
+ * model/README.md maps each part to the code. `make model` checks every
  * configurations, then each variant below (one safeguard removed), and
  * requires SPIN to find the harm in every one:
  *   NO_FENCING              phase 3 writes without holding the record (no fence at all)
@@ -52,6 +54,7 @@
  *   DECIDE_AT_CLAIM         the key window judged at the claim, not at the call
  *   SHIP_WHILE_REFUNDING    (REFUND) the state machine lets a ship through in REFUND_PENDING
  *   PENDING_REFUND_DONE     (REFUND) a refund still pending taken as done
+ *   PAY_WHILE_PENDING       (SECOND) the state machine lets a second pay through in PAYMENT_PENDING
  *   NO_SWEEPER              nothing takes over (liveness)
  * and one that must hold: NO_TOKEN, phase 3 checking the record's state
  * but not its token (the payment's own pending guard covers the rest).
@@ -242,6 +245,7 @@ bool everDue = false;  /* the pay's payment has been due for a late verdict */
 #define ANSWER_OF(g)    ((g) == CHARGED -> A_PAID : A_REFUSED)
 #define FAILED_ANS      A_REFUSED
 #define PAYS_FROM       (ost == PAID)
+#define PAID_BEFORE     ost = PAID; charges = 1   /* a pay intent charged the order and ended */
 /* Asked again while the refund is pending, the channel says the same, and
  * the sweeper waits longer each time (askAgainAfter doubles): it asks at
  * most twice before the channel settles, which bounds the model's tokens
@@ -258,11 +262,7 @@ bool everDue = false;  /* the pay's payment has been due for a late verdict */
 #define ANSWER_OF(g)    ((g) == CHARGED -> A_PAID : ((g) == DECLINED -> A_DECLINED : A_REFUSED))
 #define FAILED_ANS      A_DECLINED
 #define PAYS_FROM       (ost == CREATED || ost == PFAIL)
-#endif
-#ifdef REFUND
-#define PAID_BEFORE ost = PAID; charges = 1   /* a pay intent charged the order and ended */
-#else
-#define PAID_BEFORE skip
+#define PAID_BEFORE     skip
 #endif
 
 /* The variants that take an outcome that is not known as one. */
