@@ -36,7 +36,7 @@
  * never changes and is never a 503, and that nothing is left
  * hanging once everything has run (the monitor and rest processes, below).
  * model/README.md maps each part to the code. `make model` checks every
- * configurations, then each variant below (one safeguard removed), and
+ * configuration, then each variant below (one safeguard removed), and
  * requires SPIN to find the harm in every one:
  *   NO_FENCING              phase 3 writes without holding the record (no fence at all)
  *   CHECK_THEN_INSERT       the claim reads, then inserts, in two steps
