@@ -7,6 +7,17 @@
 // the cancel's refund as the intent); each trace is mapped onto the
 // model's events (mapping.go), and SPIN searches the verifier of its
 // configuration for a path that takes every event in turn.
+//
+// An order's second pay key is checked too: each pay key that went on to
+// the channel is a generation with a -DORDER trace of its own, from its
+// new claim, and the trace before it takes that claim as one event, pay2
+// (E_PAY2: on to the channel, or refused in phase 1, which is all of a
+// refused key that is modelled); the cancel goes to the newest
+// generation's trace. Still beyond the model, counted and not checked: an
+// intent that ran before the run was recorded (a pay key, the first or a
+// later one, whose new claim the run does not hold, or a refund whose
+// start it does not), a second cancel key whose refund started, and a late
+// verdict on a refund.
 // When none does, the shortest prefix that no path explains names the
 // first event the model cannot explain (found by bisection), and tracecheck
 // fails.

@@ -14,12 +14,24 @@ package main
 // starts. The rest (the reply as the code read it, the removal of the
 // cancel's record from the order's trace) is dropped, as the model folds
 // it into another step or holds no such thing.
+//
+// An order's pay keys make generations: the model has one pay intent, so
+// each pay key that went on to the channel has a -DORDER trace of its own,
+// from its new claim. The generation before it holds the order until then,
+// and takes the new key's claim as one event, pay2 (E_PAY2): 1 when the
+// key went on to the channel, which the model allows only from an order
+// that can be paid, 2 when phase 1 refused it, allowed only from one that
+// cannot. A refused key is that event alone: its replays, answers and the
+// cleanup of its record are dropped. The cancel's two events go to the
+// newest generation, which holds the order. A later pay key whose new
+// claim the run did not record is still beyond the model.
 
 import (
 	"bufio"
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -35,6 +47,10 @@ const (
 	// the run did not record (a bit each), which the model takes freely
 	eFree, freeSettle, freeForget = 14, 1, 2
 
+	// another pay key's new claim, in the trace of the generation before
+	// it: 1 it went on to the channel, 2 refused in phase 1
+	ePay2, pay2Channel, pay2Refused = 15, 1, 2
+
 	kNew, kResume, kTakeover, kReplay, kSweep = 1, 2, 3, 4, 5
 
 	aPaid, aDeclined, aAccepted, aRefused, aUnavailable = 1, 2, 3, 4, 5
@@ -49,7 +65,7 @@ const (
 
 var kindNames = map[int]string{eClaim: "claim", eCall: "call", eLapsed: "lapsed", ePostpone: "postpone", eStore: "store",
 	eLateLook: "late_lookup", eLate: "late_store", eCancel: "cancel", eRefund: "refund", eAnswer: "answer", eCleanup: "cleanup",
-	eSettle: "settle", eForget: "forget"}
+	eSettle: "settle", eForget: "forget", ePay2: "pay2"}
 
 // event is one model event: its kind and up to five arguments, and the
 // recorded step it stands for.
@@ -142,9 +158,11 @@ type intentMapping struct {
 }
 
 var (
-	// the pay intent, checked against -DORDER
+	// the pay intent, checked against -DORDER: one generation a key (the
+	// order routes each key's steps to its own, orderRun.payStep), so a
+	// second key in one trace is the mapping's own mistake
 	payMapping = intentMapping{op: "order.pay", lookup: "lookup_charge", answer: answer, result: result3, late: true,
-		second: "a second pay intent on the order (a new key)"}
+		second: "a second pay key in one generation's trace"}
 	// the cancel's refund, checked against -DREFUND: the model's order
 	// starts PAID, and takes no late verdict on the refund
 	refundMapping = intentMapping{op: "order.cancel", lookup: "lookup_refund", answer: cancelAnswer, result: refundResult,
@@ -163,16 +181,24 @@ func newIntentRun(m *intentMapping, name string, cfg config) *intentRun {
 	return &intentRun{m: m, t: &trace{name: name, config: cfg}, calls: map[int64]*call{}}
 }
 
-// orderRun is what the mapping keeps of one order: its pay intent's trace,
-// and its cancel's refund's trace once the refund started (nil until then).
+// orderRun is what the mapping keeps of one order: its pay generations'
+// traces (the first key's first, then one for each later key that went on
+// to the channel), and its cancel's refund's trace once the refund started
+// (nil until then).
 type orderRun struct {
-	pay    *intentRun
-	refund *intentRun
+	pays    []*intentRun
+	refused map[string]bool // later pay keys refused in phase 1: nothing more of them is modelled
+	refund  *intentRun
 }
 
+// pay is the newest pay generation, which holds the order: another key's
+// claim and the cancel's events go to its trace.
+func (r *orderRun) pay() *intentRun { return r.pays[len(r.pays)-1] }
+
 // mapRun cuts a run into one trace per order (the pay intent, with its
-// cancel folded into two events) and one more per order whose cancel sent
-// a refund (the refund's own steps), and maps their steps.
+// cancel folded into two events), one more for each later pay key of the
+// order that went on to the channel, and one more per order whose cancel
+// sent a refund (the refund's own steps), and maps their steps.
 func mapRun(name string, lines []steps.Line) []*trace {
 	type keyOf struct{ order, op, key string }
 	byChannelKey := map[string]keyOf{}
@@ -211,13 +237,13 @@ func mapRun(name string, lines []steps.Line) []*trace {
 		}
 		r, ok := runs[in.Order]
 		if !ok {
-			r = &orderRun{pay: newIntentRun(&payMapping, name+" order "+in.Order, cfgOrder)}
+			r = &orderRun{pays: []*intentRun{newIntentRun(&payMapping, name+" order "+in.Order, cfgOrder)}, refused: map[string]bool{}}
 			runs[in.Order] = r
 			orders = append(orders, in.Order)
 		}
 		switch in.Op {
 		case payMapping.op:
-			r.pay.step(l, in.Key)
+			r.payStep(l, in.Key)
 		case refundMapping.op:
 			r.cancel(l)
 			r.refundStep(l, in.Key)
@@ -225,7 +251,7 @@ func mapRun(name string, lines []steps.Line) []*trace {
 	}
 	var ts []*trace
 	for _, o := range orders {
-		for _, it := range []*intentRun{runs[o].pay, runs[o].refund} {
+		for _, it := range append(slices.Clone(runs[o].pays), runs[o].refund) {
 			if it == nil {
 				continue
 			}
@@ -242,10 +268,63 @@ func mapRun(name string, lines []steps.Line) []*trace {
 	return ts
 }
 
-// cancel maps a step of the order's cancel onto the pay intent's trace,
-// where the cancel is two events: cancel at its new claim (1 cancelled at
-// once, 2 the refund started, 3 refused), refund at its final store (1
-// refunded, 2 refused). The refund's own steps are dropped there.
+// payStep maps a step of the order's pay under key onto the trace of the
+// key's generation. The first key is the first generation's, as is any
+// step before another key's; another key starts at its new claim, which
+// the newest generation takes as pay2: a key that went on to the channel
+// starts a generation of its own, and a key refused in phase 1 is that
+// event alone. Another key whose new claim the run did not record acted on
+// the order where no trace saw it: the newest generation, which held the
+// order meanwhile, is beyond the model.
+func (r *orderRun) payStep(l steps.Line, key string) {
+	for _, g := range r.pays {
+		if g.key == key {
+			g.step(l, key)
+			return
+		}
+	}
+	first := r.pays[0]
+	switch {
+	case r.refused[key]:
+		return // its replays, answers and the cleanup of its record
+	case first.key == "":
+		first.step(l, key) // the first key, or a step that names none yet (a late verdict's decision)
+		return
+	}
+	var c steps.Claim
+	if l.Step == "claim" {
+		must(json.Unmarshal(l.Data, &c))
+	}
+	switch {
+	case l.Step == "claim" && c.Kind == "new" && c.Answer == "":
+		r.pay().add(l, ePay2, pay2Channel)
+		g := newIntentRun(&payMapping, fmt.Sprintf("%s pay %d", first.t.name, len(r.pays)+1), cfgOrder)
+		r.pays = append(r.pays, g)
+		g.step(l, key)
+	case l.Step == "claim" && c.Kind == "new":
+		r.pay().add(l, ePay2, pay2Refused)
+		r.refused[key] = true
+	case l.Step == "decide" && lookupOnly(l):
+		// a late verdict's decision maps onto nothing: its lookup tells
+	default:
+		if r.pay().t.beyond == "" {
+			r.pay().t.beyond = fmt.Sprintf("another pay key whose intent ran before the run was recorded (step %d: %s)", l.Seq, l.Step)
+		}
+	}
+}
+
+// lookupOnly reports whether a decide is a late verdict's.
+func lookupOnly(l steps.Line) bool {
+	var d steps.Decide
+	must(json.Unmarshal(l.Data, &d))
+	return d.How == "lookup_only"
+}
+
+// cancel maps a step of the order's cancel onto the trace of the newest
+// pay generation, which holds the order, where the cancel is two events:
+// cancel at its new claim (1 cancelled at once, 2 the refund started, 3
+// refused), refund at its final store (1 refunded, 2 refused). The
+// refund's own steps are dropped there.
 func (r *orderRun) cancel(l steps.Line) {
 	switch l.Step {
 	case "claim":
@@ -256,11 +335,11 @@ func (r *orderRun) cancel(l steps.Line) {
 		}
 		switch {
 		case c.Answer == "":
-			r.pay.add(l, eCancel, 2)
+			r.pay().add(l, eCancel, 2)
 		case c.Answer == "done":
-			r.pay.add(l, eCancel, 1)
+			r.pay().add(l, eCancel, 1)
 		default:
-			r.pay.add(l, eCancel, 3)
+			r.pay().add(l, eCancel, 3)
 		}
 	case "store":
 		var e steps.Store
@@ -268,9 +347,9 @@ func (r *orderRun) cancel(l steps.Line) {
 		switch {
 		case e.Fenced || e.Answer == "accepted":
 		case e.Answer == "done":
-			r.pay.add(l, eRefund, 1)
+			r.pay().add(l, eRefund, 1)
 		default:
-			r.pay.add(l, eRefund, 2)
+			r.pay().add(l, eRefund, 2)
 		}
 	}
 }
@@ -288,7 +367,7 @@ func (r *orderRun) refundStep(l steps.Line, key string) {
 	case r.refund == nil && !starts && !runs:
 		return // a cancel answered at once, its replays and its answers
 	case r.refund == nil:
-		r.refund = newIntentRun(&refundMapping, r.pay.t.name+" refund", cfgRefund)
+		r.refund = newIntentRun(&refundMapping, r.pays[0].t.name+" refund", cfgRefund)
 		if !starts {
 			r.refund.t.beyond = fmt.Sprintf("its refund started before the run was recorded (step %d: %s)", l.Seq, l.Step)
 		}

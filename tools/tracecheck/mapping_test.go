@@ -214,3 +214,121 @@ func TestARefundTraceBeyondTheModel(t *testing.T) {
 		})
 	}
 }
+
+// A first pay key declined, then a second key that pays: each key that
+// went on to the channel is a generation with a trace of its own. The
+// first takes the second's new claim as pay2[1] and keeps its own key's
+// later steps (the replay of its decline); the cancel that follows goes
+// to the second, which holds the order.
+func TestASecondPayKeyThatGoesToTheChannelMakesAGeneration(t *testing.T) {
+	first := steps.Intent{Order: "o1", Op: "order.pay", Key: "p1"}
+	second := steps.Intent{Order: "o1", Op: "order.pay", Key: "p2"}
+	cancel := steps.Intent{Order: "o1", Op: "order.cancel", Key: "c1"}
+	var r recording
+	r.add(steps.Claim{Intent: first, Kind: "new", By: "client", Token: 1, Point: "started"},
+		decide(first, 1, "ck-p1", "send"),
+		steps.Channel{Call: "charge", Key: "ck-p1", Owner: 1, Status: "declined"},
+		steps.Reply{Intent: first, Token: 1, Verdict: "declined"},
+		steps.Store{Intent: first, Token: 1, Answer: "failed:payment_declined"},
+		steps.Answer{Intent: first, Answer: "failed:payment_declined"})
+	paid(&r, second)
+	r.add(steps.Claim{Intent: first, Kind: "replay", By: "client", Answer: "failed:payment_declined", Point: "finished"},
+		steps.Answer{Intent: first, Answer: "failed:payment_declined"},
+		steps.Claim{Intent: cancel, Kind: "new", By: "client", Token: 1, Point: "started"},
+		decide(cancel, 1, "ck-c1", "send"),
+		steps.Channel{Call: "refund", Key: "ck-c1", Owner: 1, Status: "succeeded"},
+		steps.Reply{Intent: cancel, Token: 1, Verdict: "moved"},
+		steps.Store{Intent: cancel, Token: 1, Answer: "done"},
+		steps.Answer{Intent: cancel, Answer: "done"})
+
+	ts := mapRun("run", r)
+	var names []string
+	for _, t := range ts {
+		names = append(names, t.name)
+	}
+	if want := []string{"run order o1", "run order o1 pay 2", "run order o1 refund"}; !slices.Equal(names, want) {
+		t.Fatalf("traces %q, want %q", names, want)
+	}
+	for _, c := range []struct {
+		t    *trace
+		want []string
+	}{
+		// declined (2) and answered so; the second key's new claim, on to
+		// the channel (pay2[1]); the replay of the decline (4, answer 2)
+		{ts[0], []string{"claim[1 1 0 1 0]", "call[1 1 2 0 0]", "store[1 2 0 0 0]", "answer[2 0 0 0 0]",
+			"pay2[1 0 0 0 0]", "claim[4 0 2 3 0]", "answer[2 0 0 0 0]"}},
+		// the second key from its new claim, its own tokens; then the cancel
+		{ts[1], []string{"claim[1 1 0 1 0]", "call[1 1 1 0 0]", "store[1 1 0 0 0]", "answer[1 0 0 0 0]",
+			"cancel[2 0 0 0 0]", "refund[1 0 0 0 0]"}},
+	} {
+		if c.t.beyond != "" {
+			t.Errorf("%s: beyond the model: %s", c.t.name, c.t.beyond)
+		}
+		if c.t.config != cfgOrder {
+			t.Errorf("%s: checked against %s, want %s", c.t.name, c.t.config, cfgOrder)
+		}
+		if got := events(c.t); !slices.Equal(got, c.want) {
+			t.Errorf("%s:\n got %v\nwant %v", c.t.name, got, c.want)
+		}
+	}
+	// the pay2 event stands for the second key's new claim, which also
+	// starts its generation's trace
+	if e, f := ts[0].events[4], ts[1].events[0]; e.seq != 6 || f.seq != 6 {
+		t.Errorf("pay2 stands for step %d and the second trace starts at step %d, want both at step 6, the second key's claim", e.seq, f.seq)
+	}
+}
+
+// A second pay key refused in phase 1 (the order's rule: 409) while the
+// first is at the channel is one event in the first key's trace, pay2[2];
+// nothing else of it is modelled: its answer, its replay and the cleanup
+// of its record are dropped, and it makes no trace of its own.
+func TestASecondPayKeyRefusedInPhaseOneIsOneEvent(t *testing.T) {
+	first := steps.Intent{Order: "o1", Op: "order.pay", Key: "p1"}
+	second := steps.Intent{Order: "o1", Op: "order.pay", Key: "p2"}
+	var r recording
+	r.add(steps.Claim{Intent: first, Kind: "new", By: "client", Token: 1, Point: "started"},
+		decide(first, 1, "ck-p1", "send"),
+		steps.Claim{Intent: second, Kind: "new", By: "client", Token: 1, Answer: "failed:invalid_transition", Point: "started"},
+		steps.Answer{Intent: second, Answer: "failed:invalid_transition"},
+		steps.Channel{Call: "charge", Key: "ck-p1", Owner: 1, Status: "succeeded"},
+		steps.Reply{Intent: first, Token: 1, Verdict: "moved"},
+		steps.Store{Intent: first, Token: 1, Answer: "done"},
+		steps.Answer{Intent: first, Answer: "done"},
+		steps.Claim{Intent: second, Kind: "replay", By: "client", Answer: "failed:invalid_transition", Point: "finished"},
+		steps.Answer{Intent: second, Answer: "failed:invalid_transition"},
+		steps.Cleanup{Intent: second, State: "FAILED_FINAL"})
+
+	ts := mapRun("run", r)
+	if len(ts) != 1 {
+		t.Fatalf("%d traces, want the first key's alone", len(ts))
+	}
+	if ts[0].beyond != "" {
+		t.Errorf("beyond the model: %s", ts[0].beyond)
+	}
+	want := []string{"claim[1 1 0 1 0]", "pay2[2 0 0 0 0]", "call[1 1 1 0 0]", "store[1 1 0 0 0]", "answer[1 0 0 0 0]"}
+	if got := events(ts[0]); !slices.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+}
+
+// A second pay key whose first recorded step is not its new claim (a
+// sweep of a payment it left before the run began) acted on the order
+// where no trace saw it: the trace that held the order is beyond the
+// model, and the key makes no trace of its own.
+func TestASecondPayKeyThatRanBeforeTheRunIsBeyondTheModel(t *testing.T) {
+	first := steps.Intent{Order: "o1", Op: "order.pay", Key: "p1"}
+	second := steps.Intent{Order: "o1", Op: "order.pay", Key: "p2"}
+	var r recording
+	paid(&r, first)
+	r.add(steps.Claim{Intent: second, Kind: "sweep", By: "sweeper", Token: 2, Point: "payment_created"},
+		decide(second, 2, "ck-p2", "lookup"),
+		steps.Channel{Call: "lookup_charge", Key: "ck-p2", Owner: 2, Status: "succeeded"})
+
+	ts := mapRun("run", r)
+	if len(ts) != 1 {
+		t.Fatalf("%d traces, want the first key's alone", len(ts))
+	}
+	if want := "another pay key whose intent ran before the run was recorded (step 6: claim)"; ts[0].beyond != want {
+		t.Errorf("beyond: %q, want %q", ts[0].beyond, want)
+	}
+}
