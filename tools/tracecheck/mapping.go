@@ -149,23 +149,23 @@ type call struct {
 // events alike (intentRun.step); the op, the channel's lookup and the
 // numbers of the answers and the channel's results are the intent's own.
 type intentMapping struct {
-	op     string
-	lookup string                  // the channel's lookup of the intent's key
-	answer func(string) int        // a stored or replayed answer
-	result func(steps.Channel) int // what the channel held or answered
-	late   bool                    // the model's intent takes late verdicts (a lookup without an owner, a late store)
-	second string                  // why a second key of the op on the order is beyond the model
+	op       string
+	lookup   string           // the channel's lookup of the intent's key
+	answer   func(string) int // a stored or replayed answer
+	statuses map[string]int   // the channel's statuses that are outcomes, as the model numbers them
+	late     bool             // the model's intent takes late verdicts (a lookup without an owner, a late store)
+	second   string           // why a second key of the op on the order is beyond the model
 }
 
 var (
 	// the pay intent, checked against -DORDER: one generation a key (the
 	// order routes each key's steps to its own, orderRun.payStep), so a
 	// second key in one trace is the mapping's own mistake
-	payMapping = intentMapping{op: "order.pay", lookup: "lookup_charge", answer: answer, result: result3, late: true,
+	payMapping = intentMapping{op: "order.pay", lookup: "lookup_charge", answer: answer, statuses: chargeStatuses, late: true,
 		second: "a second pay key in one generation's trace"}
 	// the cancel's refund, checked against -DREFUND: the model's order
 	// starts PAID, and takes no late verdict on the refund
-	refundMapping = intentMapping{op: "order.cancel", lookup: "lookup_refund", answer: cancelAnswer, result: refundResult,
+	refundMapping = intentMapping{op: "order.cancel", lookup: "lookup_refund", answer: cancelAnswer, statuses: refundStatuses,
 		second: "a second cancel intent on the order whose refund started (a new key)"}
 )
 
@@ -556,40 +556,23 @@ func cancelAnswer(a string) int {
 	return aRefused
 }
 
-// refundResult is what the model's channel holds or answered for a
-// refund's call: succeeded, the money moved back (rCharged); failed, it
-// did not (rDeclined).
-func refundResult(ch steps.Channel) int {
-	switch {
-	case ch.Failed || ch.Lost:
-		return rUnknown
-	case ch.Status == "succeeded":
-		return rCharged
-	case ch.Status == "failed":
-		return rDeclined
-	case ch.Status == "pending":
-		return rPending
-	case ch.Status == "refused":
-		return rRefused
-	}
-	return rUnknown // a status that proves nothing
-}
+// The channel's statuses that tell an outcome, for a charge and for a
+// refund (reply.go's chargeReply and refundReply): succeeded, the money
+// moved (rCharged; for a refund, back); declined, or a refund failed, it
+// did not (rDeclined); taken on to finish later (rPending); refused, a
+// 4xx (rRefused). Any other status proves nothing (rUnknown).
+var (
+	chargeStatuses = map[string]int{"succeeded": rCharged, "declined": rDeclined, "pending": rPending, "requires_action": rPending, "refused": rRefused}
+	refundStatuses = map[string]int{"succeeded": rCharged, "failed": rDeclined, "pending": rPending, "refused": rRefused}
+)
 
-// result3 is what the model's channel holds or answered for a call.
-func result3(ch steps.Channel) int {
-	switch {
-	case ch.Failed || ch.Lost:
-		return rUnknown
-	case ch.Status == "succeeded":
-		return rCharged
-	case ch.Status == "declined":
-		return rDeclined
-	case ch.Status == "pending" || ch.Status == "requires_action":
-		return rPending
-	case ch.Status == "refused":
-		return rRefused
+// result is what the model's channel holds or answered for a call of the
+// intent: a call that got no answer, or lost it, is unknown.
+func (m *intentMapping) result(ch steps.Channel) int {
+	if r, ok := m.statuses[ch.Status]; ok && !ch.Failed && !ch.Lost {
+		return r
 	}
-	return rUnknown // a status that proves nothing
+	return rUnknown
 }
 
 func b(v bool) int {
