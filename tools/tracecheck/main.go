@@ -6,7 +6,9 @@
 // cancel sent a refund, checked against -DTRACE -DREFUND (an order PAID,
 // the cancel's refund as the intent); each trace is mapped onto the
 // model's events (mapping.go), and SPIN searches the verifier of its
-// configuration for a path that takes every event in turn.
+// configuration for a path that takes every event in turn. When none
+// does, the shortest prefix that no path explains names the first event
+// the model cannot explain (found by bisection), and tracecheck fails.
 //
 // An order's second pay key is checked too: each pay key that went on to
 // the channel is a generation with a -DORDER trace of its own, from its
@@ -18,9 +20,6 @@
 // later one, whose new claim the run does not hold, or a refund whose
 // start it does not), a second cancel key whose refund started, and a late
 // verdict on a refund.
-// When none does, the shortest prefix that no path explains names the
-// first event the model cannot explain (found by bisection), and tracecheck
-// fails.
 //
 //	go run ./tools/tracecheck [-model model/idempotency.pml] [-jobs N] DIR|FILE...
 package main
@@ -122,7 +121,7 @@ func main() {
 		}
 	}
 	searches := checker.searches()
-	fmt.Printf("tracecheck: %d recorded runs, %d steps recorded; %d traces (%d of orders, -DORDER; %d of their cancels' refunds, -DREFUND) of %d model events (longest %d), %d explained, %d not; %d beyond the model's configurations; %d SPIN searches (%d, %d); %s\n",
+	fmt.Printf("tracecheck: %d recorded runs, %d steps recorded; %d traces (%d of pay keys, -DORDER; %d of their cancels' refunds, -DREFUND) of %d model events (longest %d), %d explained, %d not; %d beyond the model's configurations; %d SPIN searches (%d, %d); %s\n",
 		len(files), events, len(traces), of[cfgOrder], of[cfgRefund], modelEvents, longest, len(traces)-failed, failed, beyond,
 		searches[cfgOrder]+searches[cfgRefund], searches[cfgOrder], searches[cfgRefund], time.Since(start).Round(100*time.Millisecond))
 	if failed > 0 {
