@@ -75,7 +75,7 @@ if [ -z "$traces" ]; then
 	recording=$!
 fi
 
-# The protocol holds: the three configurations, safety with two faults,
+# The protocol holds: every configuration, safety with two faults,
 # liveness under weak fairness with one.
 configs="replays order refund second"
 cfgflag() { case $1 in order) echo -DORDER ;; refund) echo -DREFUND ;; second) echo "-DORDER -DSECOND" ;; esac; }
@@ -115,19 +115,19 @@ for cfg in $configs; do
 	if ! holds live_$cfg; then cat live_$cfg/out; failed=1; fi
 done
 for spec in $variants; do
-	v=$(vdir "$spec") d=$(flags "$spec")
+	v=$(vdir "$spec") d=$(flags "$spec") name="${spec#*:} (${spec%%:*})"
 	if ! ran "$v"; then
-		echo "${spec#*:} (${spec%%:*}): the verifier did not run"; cat "$v/out" 2>/dev/null || true
+		echo "$name: the verifier did not run"; cat "$v/out" 2>/dev/null || true
 		failed=1
 		continue
 	fi
 	if holds "$v"; then
-		echo "${spec#*:} (${spec%%:*}): SPIN found no counterexample; the model no longer shows why this safeguard is needed"
+		echo "$name: SPIN found no counterexample; the model no longer shows why this safeguard is needed"
 		failed=1
 		continue
 	fi
 	steps=$(cd "$v" && spin -t $d idempotency.pml 2>&1 | grep -oE 'trail ends after [0-9]+ steps' | grep -oE '[0-9]+' || true)
-	echo "${spec#*:} (${spec%%:*}): $(harm "$v" "$d") -- shortest counterexample: ${steps:-?} steps ($(states "$v") in the search)"
+	echo "$name: $(harm "$v" "$d") -- shortest counterexample: ${steps:-?} steps ($(states "$v") in the search)"
 	if [ -n "${MODEL_TRAILS:-}" ]; then
 		(cd "$v" && spin -t -p -g $d idempotency.pml) >"$MODEL_TRAILS/$v.trail.txt" 2>&1 || true
 	fi

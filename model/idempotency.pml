@@ -856,7 +856,7 @@ proctype pay2() {
 		:: clock >= 1 -> skip  /* it never came */
 		:: else ->
 			if
-			:: ost == CREATED || ost == PFAIL -> ost = PPEND; paying = true
+			:: PAYS_FROM -> ost = PPEND; paying = true
 #ifdef PAY_WHILE_PENDING
 			:: ost == PPEND -> paying = true
 #endif
@@ -918,8 +918,8 @@ end:
 	 * lets it pay only from CREATED or PAYMENT_FAILED, and then the order
 	 * is its own (PAYMENT_PENDING under its payment, which its own trace
 	 * follows); anywhere else it is refused. */
-	:: atomic { EV1(E_PAY2, 1) && (ost == CREATED || ost == PFAIL) -> NEXT; ost = PPEND }
-	:: atomic { EV1(E_PAY2, 2) && !(ost == CREATED || ost == PFAIL) -> NEXT }
+	:: atomic { EV1(E_PAY2, 1) && PAYS_FROM -> NEXT; ost = PPEND }
+	:: atomic { EV1(E_PAY2, 2) && !PAYS_FROM -> NEXT }
 #endif
 	od
 }
@@ -1013,7 +1013,7 @@ init {
 }
 
 /* Liveness, under weak fairness: an intent begun ends definitive, and the
- * order does not stay in PAYMENT_PENDING. */
+ * order does not stay in PAYMENT_PENDING (REFUND: REFUND_PENDING). */
 #ifndef TRACE
 ltl converges { [] (((rec == PROC || rec == RETRY) -> <> (rec == DONE)) && (ost == MOVING -> <> (ost != MOVING))) }
 #endif
