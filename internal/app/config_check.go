@@ -55,11 +55,11 @@ func positive(durations ...duration) error {
 // postgresURL refuses a database setting that is not a postgres:// URL.
 // pgx's parser, not url.Parse: it knows libpq's multi-host form
 // (postgres://u@h1:5432,h2:5432/db?target_session_attrs=read-write).
-func postgresURL(name, url string) error {
-	if !strings.HasPrefix(url, "postgres://") && !strings.HasPrefix(url, "postgresql://") {
+func postgresURL(name, dsn string) error {
+	if !strings.HasPrefix(dsn, "postgres://") && !strings.HasPrefix(dsn, "postgresql://") {
 		return fmt.Errorf("%s must be a postgres:// URL", name)
 	}
-	if err := database.CheckURL(url); err != nil {
+	if err := database.CheckURL(dsn); err != nil {
 		return fmt.Errorf("%s is not a valid postgres:// URL (one or more host:port, comma separated): %s", name, oneLine(err))
 	}
 	return nil

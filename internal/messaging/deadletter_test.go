@@ -2,6 +2,7 @@ package messaging_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -400,7 +401,12 @@ func waitAckPending(t *testing.T, w *world, n int) {
 // its ack floor.
 func notYetSeen(ctx context.Context, stream jetstream.Stream, info *jetstream.ConsumerInfo) string {
 	m, err := stream.GetLastMsgForSubject(ctx, info.Config.FilterSubject)
-	if err != nil || m.Sequence <= info.AckFloor.Stream {
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return "" // no command of its subjects at all
+	case err != nil:
+		return fmt.Sprintf("; the last command of %s's subjects: %v", info.Name, err)
+	case m.Sequence <= info.AckFloor.Stream:
 		return ""
 	}
 	return fmt.Sprintf("; %s has not acknowledged command %d", info.Name, m.Sequence)

@@ -164,12 +164,12 @@ func TestATransientAnswerIsNeverStoredAsFinal(t *testing.T) {
 			}, func() { refuse.Store(false) }
 		}},
 		{"the charge's status proves nothing", func(t *testing.T) (*order.Service, string, func(string, string) error, func()) {
-			c := &statusChannel{status: "failed", acq: newAcquirer()}
+			c := newStatusChannel(t, "failed")
 			s := useCases(t, c.charges(), lease)
 			return s, order.OpPay, payOn(s, payment.MethodOK), func() { c.set(payment.StatusSucceeded) }
 		}},
 		{"the refund is still pending", func(t *testing.T) (*order.Service, string, func(string, string) error, func()) {
-			c := &statusChannel{status: payment.StatusPending, acq: newAcquirer(), log: recorded(t)}
+			c := newStatusChannel(t, payment.StatusPending)
 			s := useCases(t, c.refunds(), lease)
 			return s, order.OpCancel, func(key, id string) error {
 				if got := orderNow(t, s, id).Status; got == "CREATED" {

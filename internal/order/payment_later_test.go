@@ -79,9 +79,15 @@ func (a *asyncAcquirer) settle(status string) {
 		}
 		c.Status = status
 		a.charges[k] = c
-		if a.log != nil {
-			a.log.Record(context.Background(), steps.Channel{Call: "settle", Key: k, Status: status})
-		}
+		settled(a.log, k, status)
+	}
+}
+
+// settled records, when log is set, that a test's channel settled what it
+// had taken on under key: a step of the channel's own (E_SETTLE).
+func settled(log *steps.Log, key, status string) {
+	if log != nil {
+		log.Record(context.Background(), steps.Channel{Call: "settle", Key: key, Status: status})
 	}
 }
 

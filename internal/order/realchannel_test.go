@@ -71,12 +71,13 @@ func settlesUnrecorded(t *testing.T) {
 // its key: the test made it forget, and records the step.
 func (ch realChannel) ageCharge(t *testing.T, id string, d time.Duration) {
 	t.Helper()
-	known := ch.untilForgotten(t, id, ch.window) > 0
+	l := recorded(t)
+	known := l != nil && ch.untilForgotten(t, id, ch.window) > 0
 	if res := ch.db.Exec("UPDATE charges SET created_at = created_at - make_interval(secs => ?) WHERE reference = ?",
 		d.Seconds(), id); res.Error != nil || res.RowsAffected != 1 {
 		t.Fatalf("ageing the channel's charge: %d rows, %v", res.RowsAffected, res.Error)
 	}
-	if l := recorded(t); l != nil && known && ch.untilForgotten(t, id, ch.window) == 0 {
+	if known && ch.untilForgotten(t, id, ch.window) == 0 {
 		var key string
 		if err := ch.db.Raw("SELECT idempotency_key FROM charges WHERE reference = ?", id).Scan(&key).Error; err != nil {
 			t.Fatal(err)

@@ -52,7 +52,9 @@ func (s *Service) transact(ctx context.Context, fn func(tx *gorm.DB) error) erro
 // txStep is a step taken in the transaction tx, which transact runs: it
 // keeps its place in the run, and stands only if tx commits.
 func (s *Service) txStep(tx *gorm.DB, ev func() steps.Event) {
-	s.step(tx.Statement.Context, ev)
+	if s.Steps != nil {
+		s.step(tx.Statement.Context, ev)
+	}
 }
 
 func intentOf(rec idempotency.Record) steps.Intent {

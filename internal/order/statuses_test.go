@@ -40,12 +40,19 @@ type statusChannel struct {
 	log    *steps.Log      // where its settles are recorded (nil: nowhere)
 }
 
+// newStatusChannel is a statusChannel answering status, recording into
+// t's run when t records.
+func newStatusChannel(t *testing.T, status string) *statusChannel {
+	return &statusChannel{status: status, acq: newAcquirer(), log: recorded(t)}
+}
+
 func (c *statusChannel) set(status string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.log != nil && c.status == payment.StatusPending && (status == payment.StatusSucceeded || status == payment.StatusFailed) {
+	taken := c.status == payment.StatusPending || c.status == payment.StatusRequiresAction
+	if taken && slices.Contains([]string{payment.StatusSucceeded, payment.StatusDeclined, payment.StatusFailed}, status) {
 		for _, k := range slices.Sorted(maps.Keys(c.keys)) {
-			c.log.Record(context.Background(), steps.Channel{Call: "settle", Key: k, Status: status})
+			settled(c.log, k, status)
 		}
 	}
 	c.status = status
@@ -117,7 +124,7 @@ func wantResumable(t *testing.T, what string, s *order.Service, err error, op, k
 func TestAChannelStatusThatProvesNothingIsNeverFinal(t *testing.T) {
 	for _, status := range []string{"failed", "processing", "canceled", ""} {
 		t.Run("a charge "+quoted(status)+" is asked about again until it succeeds", func(t *testing.T) {
-			c := &statusChannel{status: status, acq: newAcquirer()}
+			c := newStatusChannel(t, status)
 			s := useCases(t, c.charges(), 5*time.Second)
 			id, key := placeOrder(t, s), newKey("R2-status")
 
@@ -144,7 +151,7 @@ func TestAChannelStatusThatProvesNothingIsNeverFinal(t *testing.T) {
 	}
 	for _, status := range []string{payment.StatusPending, "processing", "canceled", "requires_action", ""} {
 		t.Run("a refund "+quoted(status)+" is not done: the order waits in REFUND_PENDING until it succeeds", func(t *testing.T) {
-			c := &statusChannel{status: status, acq: newAcquirer()}
+			c := newStatusChannel(t, status)
 			s := useCases(t, c.refunds(), 5*time.Second)
 			id := orderIn(t, s, order.StatusPaid)
 			key := newKey("R3-status")
@@ -163,7 +170,7 @@ func TestAChannelStatusThatProvesNothingIsNeverFinal(t *testing.T) {
 		})
 	}
 	t.Run("a refund that failed is final: refund_refused, and the order is PAID again", func(t *testing.T) {
-		c := &statusChannel{status: payment.StatusFailed, acq: newAcquirer()}
+		c := newStatusChannel(t, payment.StatusFailed)
 		s := useCases(t, c.refunds(), 5*time.Second)
 		id := orderIn(t, s, order.StatusPaid)
 		key := newKey("R3-failed")
@@ -198,7 +205,7 @@ func chargeKeyOf(t *testing.T, s *order.Service, id string) string {
 // it later, by webhook or, here, the sweeper's lookup. It is never left
 // retryable to be asked about every few seconds until the customer acts.
 func TestAChargeThatRequiresActionIsPending(t *testing.T) {
-	c := &statusChannel{status: payment.StatusRequiresAction, acq: newAcquirer()}
+	c := newStatusChannel(t, payment.StatusRequiresAction)
 	s := useCases(t, c.charges(), 5*time.Second)
 	id, key := placeOrder(t, s), newKey("R2-action")
 
@@ -236,7 +243,7 @@ func TestAChargeThatRequiresActionIsPending(t *testing.T) {
 // minutes), and each such answer is counted apart from the channel's
 // outcomes and its silences. An answer lost is not slowed down so.
 func TestAStatusThatProvesNothingIsAskedAboutLessOftenAndCounted(t *testing.T) {
-	c := &statusChannel{status: "failed", acq: newAcquirer()}
+	c := newStatusChannel(t, "failed")
 	s := useCases(t, c.charges(), 5*time.Second)
 	calls := &callsObserved{}
 	s.Observe = calls
