@@ -110,7 +110,8 @@ X
 bugs="fail-unfenced gateway-404 transient-final cleanup-inflight timeout-declines send-after-window point-not-advanced refund-pending-done"
 [ -n "${SEEDBUGS:-}" ] && bugs=${SEEDBUGS//,/ }
 
-# The verifier, compiled once from the unchanged model, is tracecheck's.
+# tracecheck, built once; it compiles the unchanged model's verifiers for
+# each bug's traces.
 (cd "$repo" && go build -o "$work/tracecheck" ./tools/tracecheck)
 table="$work/table"
 printf '%-18s | %-70s | %s\n' "bug" "traces (tracecheck)" "Go tests that failed" >"$table"

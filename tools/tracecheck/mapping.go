@@ -146,26 +146,28 @@ type call struct {
 // the same three phases (in Go both are runPaymentIntent): the pay, whose
 // call charges, and the cancel, whose call refunds. Their claims, calls,
 // lapses, postpones, stores, answers and cleanups map onto the model's
-// events alike (intentRun.step); the op, the channel's lookup and the
-// numbers of the answers and the channel's results are the intent's own.
+// events alike (intentRun.step), and so do their answers (answer: done is
+// 200, the order paid or cancelled; a refund's failure is a refusal); the
+// op, the configuration, the channel's lookup and the statuses that are
+// its outcomes are the intent's own.
 type intentMapping struct {
 	op       string
-	lookup   string           // the channel's lookup of the intent's key
-	answer   func(string) int // a stored or replayed answer
-	statuses map[string]int   // the channel's statuses that are outcomes, as the model numbers them
-	late     bool             // the model's intent takes late verdicts (a lookup without an owner, a late store)
-	second   string           // why a second key of the op on the order is beyond the model
+	cfg      config         // the configuration its traces are checked against
+	lookup   string         // the channel's lookup of the intent's key
+	statuses map[string]int // the channel's statuses that are outcomes, as the model numbers them
+	late     bool           // the model's intent takes late verdicts (a lookup without an owner, a late store)
+	second   string         // why a second key of the op on the order is beyond the model
 }
 
 var (
 	// the pay intent, checked against -DORDER: one generation a key (the
 	// order routes each key's steps to its own, orderRun.payStep), so a
 	// second key in one trace is the mapping's own mistake
-	payMapping = intentMapping{op: "order.pay", lookup: "lookup_charge", answer: answer, statuses: chargeStatuses, late: true,
+	payMapping = intentMapping{op: "order.pay", cfg: cfgOrder, lookup: "lookup_charge", statuses: chargeStatuses, late: true,
 		second: "a second pay key in one generation's trace"}
 	// the cancel's refund, checked against -DREFUND: the model's order
 	// starts PAID, and takes no late verdict on the refund
-	refundMapping = intentMapping{op: "order.cancel", lookup: "lookup_refund", answer: cancelAnswer, statuses: refundStatuses,
+	refundMapping = intentMapping{op: "order.cancel", cfg: cfgRefund, lookup: "lookup_refund", statuses: refundStatuses,
 		second: "a second cancel intent on the order whose refund started (a new key)"}
 )
 
@@ -177,8 +179,8 @@ type intentRun struct {
 	calls map[int64]*call // each owner's decision, until its call
 }
 
-func newIntentRun(m *intentMapping, name string, cfg config) *intentRun {
-	return &intentRun{m: m, t: &trace{name: name, config: cfg}, calls: map[int64]*call{}}
+func newIntentRun(m *intentMapping, name string) *intentRun {
+	return &intentRun{m: m, t: &trace{name: name, config: m.cfg}, calls: map[int64]*call{}}
 }
 
 // orderRun is what the mapping keeps of one order: its pay generations'
@@ -237,7 +239,7 @@ func mapRun(name string, lines []steps.Line) []*trace {
 		}
 		r, ok := runs[in.Order]
 		if !ok {
-			r = &orderRun{pays: []*intentRun{newIntentRun(&payMapping, name+" order "+in.Order, cfgOrder)}, refused: map[string]bool{}}
+			r = &orderRun{pays: []*intentRun{newIntentRun(&payMapping, name+" order "+in.Order)}, refused: map[string]bool{}}
 			runs[in.Order] = r
 			orders = append(orders, in.Order)
 		}
@@ -283,22 +285,25 @@ func (r *orderRun) payStep(l steps.Line, key string) {
 			return
 		}
 	}
-	first := r.pays[0]
-	switch {
-	case r.refused[key]:
-		return // its replays, answers and the cleanup of its record
-	case first.key == "":
-		first.step(l, key) // the first key, or a step that names none yet (a late verdict's decision)
-		return
-	}
 	var c steps.Claim
 	if l.Step == "claim" {
 		must(json.Unmarshal(l.Data, &c))
 	}
+	newClaim := l.Step == "claim" && c.Kind == "new"
+	first := r.pays[0]
+	switch {
+	case r.refused[key] && !newClaim:
+		return // its replays, answers and the cleanup of its record
+	case r.refused[key]:
+		delete(r.refused, key) // its record removed, the key claims afresh: a new key again
+	case first.key == "":
+		first.step(l, key) // the first key, or a step that names none yet (a late verdict's decision)
+		return
+	}
 	switch {
 	case l.Step == "claim" && c.Kind == "new" && c.Answer == "":
 		r.pay().add(l, ePay2, pay2Channel)
-		g := newIntentRun(&payMapping, fmt.Sprintf("%s pay %d", first.t.name, len(r.pays)+1), cfgOrder)
+		g := newIntentRun(&payMapping, fmt.Sprintf("%s pay %d", first.t.name, len(r.pays)+1))
 		r.pays = append(r.pays, g)
 		g.step(l, key)
 	case l.Step == "claim" && c.Kind == "new":
@@ -367,7 +372,7 @@ func (r *orderRun) refundStep(l steps.Line, key string) {
 	case r.refund == nil && !starts && !runs:
 		return // a cancel answered at once, its replays and its answers
 	case r.refund == nil:
-		r.refund = newIntentRun(&refundMapping, r.pays[0].t.name+" refund", cfgRefund)
+		r.refund = newIntentRun(&refundMapping, r.pays[0].t.name+" refund")
 		if !starts {
 			r.refund.t.beyond = fmt.Sprintf("its refund started before the run was recorded (step %d: %s)", l.Seq, l.Step)
 		}
@@ -444,7 +449,7 @@ func (it *intentRun) step(l steps.Line, key string) {
 		// the recovery point the claim read: the model checks it against
 		// what its state implies (0: not recorded)
 		point := map[string]int{"started": pStarted, "payment_created": pPaymentCreated, "finished": pFinished}[c.Point]
-		it.add(l, eClaim, kind, int(c.Token), it.m.answer(c.Answer), point)
+		it.add(l, eClaim, kind, int(c.Token), answer(c.Answer), point)
 	case "decide":
 		c := &call{how: 1}
 		if d.How == "lookup" {
@@ -501,7 +506,7 @@ func (it *intentRun) step(l steps.Line, key string) {
 		if e.Fenced {
 			it.add(l, eStore, int(e.Token), 0)
 		} else {
-			it.add(l, eStore, int(e.Token), it.m.answer(e.Answer))
+			it.add(l, eStore, int(e.Token), answer(e.Answer))
 		}
 	case "answer":
 		var e steps.Answer
@@ -509,7 +514,7 @@ func (it *intentRun) step(l steps.Line, key string) {
 		// an answer from what was stored; an error (409 in flight, 503
 		// postponed) is not stored and is left out
 		if e.Answer != "error" {
-			it.add(l, eAnswer, it.m.answer(e.Answer))
+			it.add(l, eAnswer, answer(e.Answer))
 		}
 	case "cleanup":
 		var e steps.Cleanup
@@ -528,7 +533,9 @@ func (it *intentRun) step(l steps.Line, key string) {
 	}
 }
 
-// answer is the model's answer for a stored or replayed one (0: none).
+// answer is the model's answer for a stored or replayed one (0: none), a
+// pay's or a cancel's: a cancel stores done, or a refusal (refund_refused,
+// invalid_transition, …), never a decline.
 func answer(a string) int {
 	switch {
 	case a == "":
@@ -541,17 +548,6 @@ func answer(a string) int {
 		return aDeclined
 	case a == "failed:service_unavailable":
 		return aUnavailable // stored: the model never stores it
-	}
-	return aRefused
-}
-
-// cancelAnswer is the model's answer for a cancel's stored or replayed
-// one (0: none): done is the order cancelled (aPaid stands for 200), and
-// any failure but the channel's absence a refusal (the refund refused).
-func cancelAnswer(a string) int {
-	switch a {
-	case "", "done", "accepted", "failed:service_unavailable":
-		return answer(a)
 	}
 	return aRefused
 }

@@ -332,3 +332,42 @@ func TestASecondPayKeyThatRanBeforeTheRunIsBeyondTheModel(t *testing.T) {
 		t.Errorf("beyond: %q, want %q", ts[0].beyond, want)
 	}
 }
+
+// A key refused in phase 1 whose record the cleanup later removed may be
+// sent again and claim afresh: then it is a new key again, and its claim
+// that goes on to the channel starts a generation of its own.
+func TestARefusedPayKeyThatClaimsAfreshMakesAGeneration(t *testing.T) {
+	first := steps.Intent{Order: "o1", Op: "order.pay", Key: "p1"}
+	second := steps.Intent{Order: "o1", Op: "order.pay", Key: "p2"}
+	var r recording
+	r.add(steps.Claim{Intent: first, Kind: "new", By: "client", Token: 1, Point: "started"},
+		decide(first, 1, "ck-p1", "send"),
+		steps.Claim{Intent: second, Kind: "new", By: "client", Token: 1, Answer: "failed:invalid_transition", Point: "started"},
+		steps.Channel{Call: "charge", Key: "ck-p1", Owner: 1, Status: "declined"},
+		steps.Store{Intent: first, Token: 1, Answer: "failed:payment_declined"},
+		steps.Cleanup{Intent: second, State: "FAILED_FINAL"})
+	r.add(steps.Claim{Intent: second, Kind: "new", By: "client", Token: 1, Point: "started"},
+		decide(second, 1, "ck-p2", "send"),
+		steps.Channel{Call: "charge", Key: "ck-p2", Owner: 1, Status: "succeeded"},
+		steps.Store{Intent: second, Token: 1, Answer: "done"})
+
+	ts := mapRun("run", r)
+	if len(ts) != 2 {
+		t.Fatalf("%d traces, want the first key's and the second's", len(ts))
+	}
+	for _, tc := range []struct {
+		name string
+		want []string
+	}{
+		{"run order o1", []string{"claim[1 1 0 1 0]", "pay2[2 0 0 0 0]", "call[1 1 2 0 0]", "store[1 2 0 0 0]", "pay2[1 0 0 0 0]"}},
+		{"run order o1 pay 2", []string{"claim[1 1 0 1 0]", "call[1 1 1 0 0]", "store[1 1 0 0 0]"}},
+	} {
+		tr := byName(ts, tc.name)
+		if tr == nil || tr.beyond != "" {
+			t.Fatalf("%s: %v", tc.name, tr)
+		}
+		if got := events(tr); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: got %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
