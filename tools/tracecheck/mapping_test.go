@@ -278,18 +278,24 @@ func TestASecondPayKeyThatGoesToTheChannelMakesAGeneration(t *testing.T) {
 	}
 }
 
+// secondRefusedWhileFirstCalls records a first pay key on its way to the
+// channel and a second key of the order refused in phase 1 meanwhile.
+func secondRefusedWhileFirstCalls() (first, second steps.Intent, r recording) {
+	first = steps.Intent{Order: "o1", Op: "order.pay", Key: "p1"}
+	second = steps.Intent{Order: "o1", Op: "order.pay", Key: "p2"}
+	r.add(steps.Claim{Intent: first, Kind: "new", By: "client", Token: 1, Point: "started"},
+		decide(first, 1, "ck-p1", "send"),
+		steps.Claim{Intent: second, Kind: "new", By: "client", Token: 1, Answer: "failed:invalid_transition", Point: "started"})
+	return first, second, r
+}
+
 // A second pay key refused in phase 1 (the order's rule: 409) while the
 // first is at the channel is one event in the first key's trace, pay2[2];
 // nothing else of it is modelled: its answer, its replay and the cleanup
 // of its record are dropped, and it makes no trace of its own.
 func TestASecondPayKeyRefusedInPhaseOneIsOneEvent(t *testing.T) {
-	first := steps.Intent{Order: "o1", Op: "order.pay", Key: "p1"}
-	second := steps.Intent{Order: "o1", Op: "order.pay", Key: "p2"}
-	var r recording
-	r.add(steps.Claim{Intent: first, Kind: "new", By: "client", Token: 1, Point: "started"},
-		decide(first, 1, "ck-p1", "send"),
-		steps.Claim{Intent: second, Kind: "new", By: "client", Token: 1, Answer: "failed:invalid_transition", Point: "started"},
-		steps.Answer{Intent: second, Answer: "failed:invalid_transition"},
+	first, second, r := secondRefusedWhileFirstCalls()
+	r.add(steps.Answer{Intent: second, Answer: "failed:invalid_transition"},
 		steps.Channel{Call: "charge", Key: "ck-p1", Owner: 1, Status: "succeeded"},
 		steps.Reply{Intent: first, Token: 1, Verdict: "moved"},
 		steps.Store{Intent: first, Token: 1, Answer: "done"},
@@ -337,13 +343,8 @@ func TestASecondPayKeyThatRanBeforeTheRunIsBeyondTheModel(t *testing.T) {
 // sent again and claim afresh: then it is a new key again, and its claim
 // that goes on to the channel starts a generation of its own.
 func TestARefusedPayKeyThatClaimsAfreshMakesAGeneration(t *testing.T) {
-	first := steps.Intent{Order: "o1", Op: "order.pay", Key: "p1"}
-	second := steps.Intent{Order: "o1", Op: "order.pay", Key: "p2"}
-	var r recording
-	r.add(steps.Claim{Intent: first, Kind: "new", By: "client", Token: 1, Point: "started"},
-		decide(first, 1, "ck-p1", "send"),
-		steps.Claim{Intent: second, Kind: "new", By: "client", Token: 1, Answer: "failed:invalid_transition", Point: "started"},
-		steps.Channel{Call: "charge", Key: "ck-p1", Owner: 1, Status: "declined"},
+	first, second, r := secondRefusedWhileFirstCalls()
+	r.add(steps.Channel{Call: "charge", Key: "ck-p1", Owner: 1, Status: "declined"},
 		steps.Store{Intent: first, Token: 1, Answer: "failed:payment_declined"},
 		steps.Cleanup{Intent: second, State: "FAILED_FINAL"})
 	r.add(steps.Claim{Intent: second, Kind: "new", By: "client", Token: 1, Point: "started"},
